@@ -1,0 +1,47 @@
+# The README's two commands: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+NODES ?= 4
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install demo test test-fast lint format bench testbed-up testbed-down clean
+
+$(BIN)/raystack: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(BIN)/raystack
+
+testbed-up:
+	slurm/testbed/up --nodes $(NODES)
+
+testbed-down:
+	slurm/testbed/down
+
+demo: install testbed-up
+	bash jobs/demo.sh
+
+test: install
+	$(BIN)/pytest -v tests
+
+test-fast: install
+	$(BIN)/pytest -v -m 'not testbed' tests
+
+lint: install
+	$(BIN)/ruff check raystack tests bench jobs
+	$(BIN)/ruff format --check raystack tests bench jobs
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format raystack tests bench jobs
+	$(BIN)/ruff check --fix raystack tests bench jobs
+
+bench: install testbed-up
+	$(BIN)/python bench/cluster_ready.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

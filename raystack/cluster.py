@@ -1,0 +1,269 @@
+"""The public Python API for clusters; every CLI verb is one call here.
+
+from raystack import Cluster
+c = Cluster.up(nodes=4, profile="isambard", name="grpo")   # submits, waits until READY
+c.status(); c.env(); c.down()
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from raystack import allocation, rayapi, registry, slurm
+from raystack.errors import ClusterError, RayApiError, SlurmError
+from raystack.registry import ClusterRecord, ClusterState
+from raystack.slurm import JobState
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ClusterStatus:
+    """A snapshot joining the record, SLURM's view and Ray's view of one cluster."""
+
+    name: str
+    state: str
+    message: str
+    slurm_job_id: str | None
+    slurm_state: str | None
+    slurm_reason: str | None
+    time_left_s: int | None
+    nodes_expected: int
+    nodes_alive: int | None
+    gpus: float | None
+    cpus: float | None
+    dashboard_url: str | None
+    ray_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == ClusterState.READY.value and self.nodes_alive == self.nodes_expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ready": self.ready}
+
+
+def reconcile(record: ClusterRecord) -> ClusterRecord:
+    """Bring a live-looking record in line with SLURM: a finished allocation ends the cluster.
+
+    The head records STOPPED itself when SLURM signals it; this covers the cases where it could
+    not (SIGKILL, node failure, cancelled while pending).
+    """
+    if record.state.is_terminal() or not record.slurm_job_id:
+        return record
+    info = slurm.job_info(record.slurm_job_id)
+    if info is None or not info.state.is_terminal():
+        return record
+    ended_ok = record.state in (ClusterState.READY, ClusterState.STOPPING)
+    state = ClusterState.STOPPED if ended_ok else ClusterState.FAILED
+    message = (
+        f"allocation {record.slurm_job_id} ended ({info.state.value}"
+        f"{', ' + info.reason if info.reason and info.reason != 'None' else ''}); "
+        f"logs: {registry.logs_dir(record.name)}"
+    )
+    return registry.update(record.name, state=state, message=message)
+
+
+class Cluster:
+    """A handle on one named cluster in $RAYSTACK_HOME."""
+
+    def __init__(self, name: str):
+        self.name = registry.validate_name(name)
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r})"
+
+    # ------------------------------------------------------------------ lookup
+    @classmethod
+    def get(cls, name: str | None = None) -> Cluster:
+        """The named cluster, or the only one there is. Raises ClusterError when missing."""
+        cluster = cls(registry.resolve(name))
+        cluster.record()
+        return cluster
+
+    @classmethod
+    def list(cls) -> list[ClusterRecord]:
+        return [cls(n).record() for n in registry.list_names()]
+
+    def record(self) -> ClusterRecord:
+        return reconcile(registry.read(self.name))
+
+    @property
+    def folder(self) -> Path:
+        return registry.cluster_dir(self.name)
+
+    # ------------------------------------------------------------------ up
+    @classmethod
+    def up(
+        cls,
+        nodes: int,
+        *,
+        wait: bool = True,
+        progress: Progress | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Cluster:
+        """Submit an allocation (see allocation.plan for options) and, by default, wait for READY."""
+        plan = allocation.plan(nodes, **options)
+        cluster = cls.submit(plan)
+        if wait:
+            cluster.wait_ready(progress=progress, timeout=timeout)
+        return cluster
+
+    @classmethod
+    def submit(cls, plan: allocation.AllocationPlan) -> Cluster:
+        """Perform a plan: create the folder and token, write the script, sbatch it."""
+        assert plan.name and plan.script_path
+        if shutil.which("sbatch") is None:
+            raise SlurmError(
+                "`sbatch` is not on PATH: run raystack on a SLURM login node "
+                "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
+            )
+        if registry.exists(plan.name):
+            old = reconcile(registry.read(plan.name))
+            if not old.state.is_terminal():
+                raise ClusterError(
+                    f"name '{plan.name}' is in use by a live cluster (SLURM job {old.slurm_job_id}, "
+                    f"{old.state.value}): `raystack down {plan.name}` first, or choose another --name"
+                )
+        folder = registry.create(plan.name)
+        for stale in (folder / "nodes").glob("*.json"):
+            stale.unlink()
+        registry.atomic_write(plan.script_path, allocation.render_script(plan), mode=0o700)
+        registry.write(
+            ClusterRecord(
+                name=plan.name,
+                profile=plan.profile.name,
+                nodes_expected=plan.nodes or 0,
+                gpus_per_node=plan.gpus_per_node,
+                message="submitting",
+                history=[{"state": "SUBMITTED", "time": time.time(), "message": ""}],
+            )
+        )
+        try:
+            job_id = slurm.sbatch(plan.sbatch_options(), str(plan.script_path))
+        except SlurmError as exc:
+            registry.update(plan.name, state=ClusterState.FAILED, message=str(exc))
+            raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
+        registry.update(plan.name, slurm_job_id=job_id, message=f"submitted as SLURM job {job_id}")
+        return cls(plan.name)
+
+    def wait_ready(
+        self,
+        progress: Progress | None = None,
+        timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> ClusterRecord:
+        """Poll the record (and SLURM, every 2 s) until READY; raise when it ends first."""
+        say = progress or (lambda _msg: None)
+        start, last_slurm, last_said = clock(), -1e9, ""
+        while True:
+            record = registry.read(self.name)
+            if record.state is ClusterState.READY:
+                return record
+            if clock() - last_slurm >= 2:
+                last_slurm = clock()
+                record = reconcile(record)
+                info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+                if info is not None and info.state is JobState.PENDING:
+                    said = f"PENDING in SLURM (job {record.slurm_job_id}, reason: {info.reason})"
+                    if said != last_said:
+                        say(last_said := said)
+            if record.state.is_terminal():
+                raise ClusterError(
+                    f"cluster {self.name} {record.state.value}: {record.message} "
+                    f"(logs: {registry.logs_dir(self.name)})"
+                )
+            if record.state is ClusterState.STARTING:
+                said = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
+                if said != last_said:
+                    say(last_said := said)
+            if timeout is not None and clock() - start > timeout:
+                raise ClusterError(
+                    f"cluster {self.name} not READY after {timeout:.0f}s "
+                    f"({record.state.value}: {record.message}); it is still queued or "
+                    f"starting: `raystack status {self.name}` or `raystack down {self.name}`"
+                )
+            sleep(0.25)
+
+    # ------------------------------------------------------------------ inspect
+    def status(self) -> ClusterStatus:
+        record = self.record()
+        info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+        time_left = None
+        if info and info.state is JobState.RUNNING and info.end_time:
+            time_left = max(0, int(info.end_time - time.time()))
+        nodes = gpus = cpus = None
+        ray_error = None
+        if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
+            try:
+                alive = rayapi.alive_nodes(record.dashboard_url, registry.read_token(self.name), timeout=5)
+                nodes = len(alive)
+                gpus = sum(n.resources.get("GPU", 0) for n in alive)
+                cpus = sum(n.resources.get("CPU", 0) for n in alive)
+            except RayApiError as exc:
+                ray_error = str(exc)
+        return ClusterStatus(
+            name=self.name,
+            state=record.state.value,
+            message=record.message,
+            slurm_job_id=record.slurm_job_id,
+            slurm_state=info.state.value if info else None,
+            slurm_reason=info.reason if info else None,
+            time_left_s=time_left,
+            nodes_expected=record.nodes_expected,
+            nodes_alive=nodes,
+            gpus=gpus,
+            cpus=cpus,
+            dashboard_url=record.dashboard_url,
+            ray_error=ray_error,
+        )
+
+    def env(self) -> dict[str, str]:
+        """Variables with which plain `ray job submit`, `ray job logs` and `ray status` work."""
+        record = self.record()
+        if not record.gcs_address or not record.dashboard_url:
+            raise ClusterError(
+                f"cluster {self.name} has no Ray address yet ({record.state.value}): "
+                f"wait with `raystack up` or check `raystack status {self.name}`"
+            )
+        return {
+            "RAY_ADDRESS": record.gcs_address,  # ray status, ray.init()
+            "RAY_API_SERVER_ADDRESS": record.dashboard_url,  # ray job submit/logs/list
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(registry.token_path(self.name)),
+            "RAYSTACK_CLUSTER": self.name,
+        }
+
+    # ------------------------------------------------------------------ down
+    def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:
+        """Cancel the allocation, wait until SLURM has released its nodes, mark the record."""
+        record = self.record()
+        if record.state.is_terminal():
+            return record
+        registry.update(self.name, state=ClusterState.STOPPING, message="raystack down")
+        if record.slurm_job_id:
+            slurm.scancel(record.slurm_job_id)
+            deadline = time.monotonic() + timeout
+            while True:
+                info = slurm.job_info(record.slurm_job_id)
+                if info is None or info.state.is_terminal():
+                    break
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"SLURM job {record.slurm_job_id} still {info.state.value} "
+                        f"{timeout:.0f}s after scancel; check `squeue -j {record.slurm_job_id}`"
+                    )
+                sleep(0.25)
+        record = registry.read(self.name)
+        if not record.state.is_terminal():
+            record = registry.update(
+                self.name, state=ClusterState.STOPPED, message="stopped by raystack down"
+            )
+        return record

@@ -1,0 +1,536 @@
+"""The per-node program inside an allocation: `srun --ntasks-per-node=1 python -m raystack.node`.
+
+Node 0 (SLURM_NODEID=0) starts the Ray head, records its address in the cluster folder, and
+marks the cluster READY once every node, GPU and CPU is registered and the Jobs API answers an
+authenticated request. The other nodes join the head and stay alive while it lives. Every node
+stops only its own Ray processes (never a global `ray stop`, which would kill other clusters
+sharing the node).
+
+Configuration comes from the environment the allocation script exports:
+RAYSTACK_HOME, RAYSTACK_CLUSTER, RAYSTACK_LOCAL_SCRATCH, RAYSTACK_OBJECT_STORE_MEMORY,
+RAYSTACK_JOIN_TIMEOUT, plus SLURM's own variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TypeVar
+
+from raystack import rayapi, registry, slurm
+from raystack.config import size_to_mb
+from raystack.errors import RaystackError
+from raystack.registry import ClusterState
+
+log = logging.getLogger("raystack.node")
+T = TypeVar("T")
+
+POLL = 0.25  # seconds between readiness checks
+WORKER_PORTS = 512  # size of each node's worker port range
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+# ---------------------------------------------------------------------------- node facts
+@dataclass
+class NodeContext:
+    """What one node knows about itself and its allocation."""
+
+    cluster: str
+    job_id: str
+    node_id: int
+    num_nodes: int
+    host: str
+    ip: str
+    gpus: int
+    cpus: int
+    temp_dir: Path
+    object_store_bytes: int
+    join_timeout: float
+    log_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_id == 0
+
+
+def parse_cpus_per_node(value: str) -> list[int]:
+    """SLURM_JOB_CPUS_PER_NODE, e.g. '16(x3),8' -> [16, 16, 16, 8]."""
+    counts: list[int] = []
+    for part in filter(None, value.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"cannot read SLURM_JOB_CPUS_PER_NODE={value!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def gpus_on_node(env: dict[str, str]) -> int:
+    """GPUs SLURM gave this node: SLURM_GPUS_ON_NODE, else the CUDA_VISIBLE_DEVICES entries."""
+    if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+def default_object_store_bytes(shm: str = "/dev/shm") -> int:
+    """min(30% of RAM, half of /dev/shm's free space): Ray's 30%-of-RAM default can exceed shm."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        stat = os.statvfs(shm)
+        shm_free = stat.f_bavail * stat.f_frsize
+    except OSError:
+        shm_free = ram
+    return max(100 * 1024 * 1024, int(min(0.3 * ram, 0.5 * shm_free)))
+
+
+def node_ip(host: str) -> str:
+    """This node's address: RAYSTACK_NODE_IP, else what its host name resolves to."""
+    override = os.environ.get("RAYSTACK_NODE_IP")
+    if override:
+        return override
+    ip = socket.gethostbyname(host)
+    if ip.startswith("127."):
+        raise RaystackError(
+            f"host name {host} resolves to {ip}; set RAYSTACK_NODE_IP in the profile's env "
+            "to the node's cluster-network address"
+        )
+    return ip
+
+
+def context_from_env(env: dict[str, str]) -> NodeContext:
+    job_id = env["SLURM_JOB_ID"]
+    host = socket.gethostname().split(".")[0]
+    cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+    scratch = Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
+    store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
+    return NodeContext(
+        cluster=env.get("RAYSTACK_CLUSTER") or f"slurm-{job_id}",
+        job_id=job_id,
+        node_id=int(env.get("SLURM_NODEID", "0")),
+        num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1),
+        host=host,
+        ip=node_ip(host),
+        gpus=gpus_on_node(env),
+        cpus=cpus,
+        # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short.
+        temp_dir=scratch / f"rs-{job_id}",
+        object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
+        join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
+        log_path=env.get("RAYSTACK_NODE_LOG", ""),
+    )
+
+
+# ---------------------------------------------------------------------------- ports
+def _bindable(ip: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(ip: str, count: int) -> list[int]:
+    """Ports free on this node now (the kernel picks them; two clusters never share one)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("", 0))
+            socks.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return ports
+
+
+def free_port_range(ip: str, size: int = WORKER_PORTS) -> tuple[int, int]:
+    """A block of `size` ports, all free now, outside the kernel's ephemeral range."""
+    for _ in range(200):
+        base = random.randrange(10000, 32000 - size)
+        if all(_bindable("", p) for p in range(base, base + size, 16)):
+            return base, base + size - 1
+    raise RaystackError(f"no free block of {size} ports on {ip}")
+
+
+def node_ports(ip: str, head: bool) -> dict[str, int]:
+    names = [
+        "object_manager",
+        "node_manager",
+        "agent_listen",
+        "agent_grpc",
+        "metrics",
+        "runtime_env",
+    ]
+    if head:
+        names += ["gcs", "dashboard", "client_server"]
+    ports = dict(zip(names, free_ports(ip, len(names)), strict=True))
+    ports["min_worker"], ports["max_worker"] = free_port_range(ip)
+    return ports
+
+
+# ---------------------------------------------------------------------------- ray processes
+def ray_env(ctx: NodeContext) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(registry.token_path(ctx.cluster)),
+        # NOTE: without this, SIGTERM makes `ray start --block` drain for up to 30 s.
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAYSTACK_CLUSTER=ctx.cluster,
+    )
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def ray_start_argv(ctx: NodeContext, ports: dict[str, int], head_address: str | None) -> list[str]:
+    ray = str(Path(sys.executable).with_name("ray"))
+    argv = [
+        ray if Path(ray).exists() else "ray",
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={ctx.ip}",
+        f"--temp-dir={ctx.temp_dir}",
+        f"--num-cpus={ctx.cpus}",
+        f"--num-gpus={ctx.gpus}",
+        f"--object-store-memory={ctx.object_store_bytes}",
+        f"--object-manager-port={ports['object_manager']}",
+        f"--node-manager-port={ports['node_manager']}",
+        f"--dashboard-agent-listen-port={ports['agent_listen']}",
+        f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+        f"--metrics-export-port={ports['metrics']}",
+        f"--runtime-env-agent-port={ports['runtime_env']}",
+        f"--min-worker-port={ports['min_worker']}",
+        f"--max-worker-port={ports['max_worker']}",
+    ]
+    if head_address is None:
+        argv += [
+            "--head",
+            f"--port={ports['gcs']}",
+            f"--dashboard-host={ctx.ip}",
+            f"--dashboard-port={ports['dashboard']}",
+            f"--ray-client-server-port={ports['client_server']}",
+            "--include-dashboard=true",
+        ]
+    else:
+        argv += [f"--address={head_address}"]
+    return argv
+
+
+class RayProcess:
+    """`ray start --block` and everything it spawned; stopped without touching other clusters."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        log.info("starting: %s", " ".join(argv))
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """TERM `ray start`, then KILL every descendant left (we are their subreaper)."""
+        import psutil
+
+        me = psutil.Process()
+        if self.alive():
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        psutil.wait_procs(me.children(recursive=True), timeout=5)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+
+def become_subreaper() -> None:
+    """Orphaned Ray daemons are re-parented to us, so teardown can find every one of them."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def tcp_open(ip: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class Stop(BaseException):
+    """Raised from the signal handler: SLURM (scancel, walltime) asked this node to stop.
+
+    A BaseException, so that the `except Exception` of library code cannot swallow it.
+    """
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise Stop(signal.Signals(signum).name)
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, alive: RayProcess | None = None
+) -> T:
+    """Poll `condition` until it returns a truthy value, and return that value.
+
+    Raises after `timeout`, or at once when `alive` (the Ray process) has died.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not (value := condition()):
+        if alive is not None and not alive.alive():
+            raise RaystackError(
+                f"ray start exited with code {alive.proc.returncode} while waiting for {what}"
+            )
+        if time.monotonic() > deadline:
+            raise RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, POLL)
+    return value
+
+
+# ---------------------------------------------------------------------------- head
+def missing_nodes(ctx: NodeContext, alive: list[rayapi.NodeSummary]) -> list[str]:
+    """Host names expected in the allocation whose address is not among Ray's alive nodes."""
+    entries = registry.read_node_entries(ctx.cluster)
+    alive_ips = {n.ip for n in alive}
+    record = registry.read(ctx.cluster)
+    return [h for h in record.nodes if entries.get(h, {}).get("ip") not in alive_ips]
+
+
+def node_log(ctx: NodeContext, host: str) -> Path:
+    return registry.logs_dir(ctx.cluster) / f"node-{host}.log"
+
+
+def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
+    """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
+    token = registry.read_token(ctx.cluster)
+    cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
+    want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
+    want_gpus = ctx.gpus * ctx.num_nodes
+    deadline = time.monotonic() + ctx.join_timeout
+    nodes: list[rayapi.NodeSummary] = []
+    joined = -1
+    while True:
+        if not ray.alive():
+            raise RaystackError(
+                f"the Ray head exited with code {ray.proc.returncode}; see {node_log(ctx, ctx.host)}"
+            )
+        with contextlib.suppress(rayapi.RayApiError):
+            nodes = rayapi.alive_nodes(url, token)
+            gpus = sum(n.resources.get("GPU", 0) for n in nodes)
+            cpus = sum(n.resources.get("CPU", 0) for n in nodes)
+            if len(nodes) != joined:
+                joined = len(nodes)
+                log.info("%d/%d nodes joined (%g GPUs, %g CPUs)", joined, ctx.num_nodes, gpus, cpus)
+                registry.update(
+                    ctx.cluster,
+                    nodes_joined=joined,
+                    message=f"{joined}/{ctx.num_nodes} nodes joined",
+                )
+            if (
+                joined >= ctx.num_nodes
+                and gpus >= want_gpus
+                and cpus >= want_cpus
+                and rayapi.jobs_api_answers(url, token)
+            ):
+                return
+        if time.monotonic() > deadline:
+            raise RaystackError(_not_ready_message(ctx, nodes, want_gpus, want_cpus))
+        time.sleep(POLL)
+
+
+def _not_ready_message(ctx: NodeContext, nodes: list[rayapi.NodeSummary], gpus: int, cpus: int) -> str:
+    missing = missing_nodes(ctx, nodes)
+    if missing:
+        return (
+            f"node {missing[0]} did not join within {ctx.join_timeout:.0f}s"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
+            f"its log: {node_log(ctx, missing[0])}"
+        )
+    return (
+        f"cluster not ready within {ctx.join_timeout:.0f}s: expected {gpus} GPUs and {cpus} CPUs "
+        f"on {ctx.num_nodes} nodes and an answering Jobs API; see {node_log(ctx, ctx.host)}"
+    )
+
+
+def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
+    import ray
+
+    info = slurm.job_info(ctx.job_id)
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", ctx.host)
+    return dict(
+        state=ClusterState.STARTING,
+        message=f"Ray head up on {ctx.host}; waiting for nodes",
+        slurm_job_id=ctx.job_id,
+        head_host=ctx.host,
+        head_ip=ctx.ip,
+        ports=ports,
+        gcs_address=f"{ctx.ip}:{ports['gcs']}",
+        dashboard_url=f"http://{ctx.ip}:{ports['dashboard']}",
+        nodes=slurm.hostnames(nodelist),
+        nodes_expected=ctx.num_nodes,
+        nodes_joined=0,
+        gpus_per_node=ctx.gpus,
+        cpus_per_node=ctx.cpus,
+        ray_version=ray.__version__,
+        walltime_end=info.end_time if info and info.end_time else None,
+    )
+
+
+def run_head(ctx: NodeContext) -> int:
+    ports = node_ports(ctx.ip, head=True)
+    ray = RayProcess(ray_start_argv(ctx, ports, None), ray_env(ctx))
+    try:
+        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
+        registry.update(ctx.cluster, **head_record_fields(ctx, ports))
+        wait_ready(ctx, f"http://{ctx.ip}:{ports['dashboard']}", ray)
+        registry.update(
+            ctx.cluster,
+            state=ClusterState.READY,
+            message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
+        )
+        log.info("cluster %s READY", ctx.cluster)
+        code = ray.proc.wait()
+        _finish(
+            ctx,
+            ClusterState.FAILED,
+            f"the Ray head exited with code {code}; see {node_log(ctx, ctx.host)}",
+        )
+        return 1
+    except Stop as stop:
+        _finish(
+            ctx,
+            ClusterState.STOPPED,
+            f"allocation ended ({stop}: raystack down, scancel or walltime)",
+        )
+        return 0
+    except (RaystackError, OSError) as exc:
+        _finish(ctx, ClusterState.FAILED, str(exc))
+        return 1
+    finally:
+        _teardown(ctx, ray)
+
+
+def _finish(ctx: NodeContext, state: ClusterState, message: str) -> None:
+    """Record the end; further signals are ignored so teardown completes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log.info("cluster %s %s: %s", ctx.cluster, state.value, message)
+    record = registry.read(ctx.cluster) if registry.exists(ctx.cluster) else None
+    if record is None or record.slurm_job_id in (None, ctx.job_id):
+        registry.update(ctx.cluster, state=state, message=message)
+
+
+def _teardown(ctx: NodeContext, ray: RayProcess) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ray.stop()
+    shutil.rmtree(ctx.temp_dir, ignore_errors=True)
+    log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)
+
+
+# ---------------------------------------------------------------------------- worker
+def head_record(ctx: NodeContext) -> registry.ClusterRecord | None:
+    """The record once the head of *this* allocation has published its address."""
+    if not registry.exists(ctx.cluster):
+        return None
+    record = registry.read(ctx.cluster)
+    if record.slurm_job_id == ctx.job_id and (record.gcs_address or record.state.is_terminal()):
+        return record
+    return None
+
+
+def run_worker(ctx: NodeContext) -> int:
+    record = wait_for(lambda: head_record(ctx), ctx.join_timeout, "the head to publish its address")
+    if record.state.is_terminal() or not record.gcs_address:
+        log.info("cluster %s is %s before this node joined; exiting", ctx.cluster, record.state.value)
+        return 0
+    head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
+    ray = RayProcess(ray_start_argv(ctx, node_ports(ctx.ip, head=False), record.gcs_address), ray_env(ctx))
+    try:
+        misses = 0
+        while ray.alive() and misses < 3:
+            misses = 0 if tcp_open(head_ip, int(gcs_port)) else misses + 1
+            time.sleep(1)
+        if misses >= 3 or not tcp_open(head_ip, int(gcs_port)):
+            log.info("head %s is gone; leaving", record.gcs_address)
+            return 0
+        log.error("ray start exited with code %s while the head lives", ray.proc.returncode)
+        return 1
+    except Stop as stop:
+        log.info("node %s stopping (%s)", ctx.host, stop)
+        return 0
+    finally:
+        _teardown(ctx, ray)
+
+
+# ---------------------------------------------------------------------------- entry point
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
+    )
+    become_subreaper()
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        ctx = context_from_env(dict(os.environ))
+        folder = registry.cluster_dir(ctx.cluster)
+        for sub in ("logs", "nodes"):
+            (folder / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        registry.ensure_token(ctx.cluster)
+        registry.write_node_entry(
+            ctx.cluster,
+            ctx.host,
+            {
+                "ip": ctx.ip,
+                "node_id": ctx.node_id,
+                "pid": os.getpid(),
+                "gpus": ctx.gpus,
+                "cpus": ctx.cpus,
+                "job_id": ctx.job_id,
+                "started": time.time(),
+            },
+        )
+        log.info(
+            "node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
+            ctx.host,
+            ctx.ip,
+            ctx.node_id,
+            ctx.num_nodes,
+            ctx.gpus,
+            ctx.cpus,
+            ctx.cluster,
+        )
+        sys.exit(run_head(ctx) if ctx.is_head else run_worker(ctx))
+    except Stop as stop:
+        log.info("stopped (%s) before Ray started", stop)
+        sys.exit(0)
+    except RaystackError as exc:
+        log.error("%s", exc)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
