@@ -7,4 +7,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-__all__ = ["__version__"]
+from raystack.cluster import Cluster, ClusterStatus
+from raystack.errors import RaystackError
+
+__all__ = ["Cluster", "ClusterStatus", "RaystackError", "__version__"]

@@ -48,15 +48,15 @@ class ClusterStatus:
         return {**asdict(self), "ready": self.ready}
 
 
-def reconcile(record: ClusterRecord) -> ClusterRecord:
+def reconcile(record: ClusterRecord, info: slurm.JobInfo | None = None) -> ClusterRecord:
     """Bring a live-looking record in line with SLURM: a finished allocation ends the cluster.
 
     The head records STOPPED itself when SLURM signals it; this covers the cases where it could
-    not (SIGKILL, node failure, cancelled while pending).
+    not (SIGKILL, node failure, cancelled while pending). `info` saves a query when known.
     """
     if record.state.is_terminal() or not record.slurm_job_id:
         return record
-    info = slurm.job_info(record.slurm_job_id)
+    info = info or slurm.job_info(record.slurm_job_id)
     if info is None or not info.state.is_terminal():
         return record
     ended_ok = record.state in (ClusterState.READY, ClusterState.STOPPING)
@@ -169,17 +169,17 @@ class Cluster:
                 return record
             if clock() - last_slurm >= 2:
                 last_slurm = clock()
-                record = reconcile(record)
                 info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+                record = reconcile(record, info)
                 if info is not None and info.state is JobState.PENDING:
-                    said = f"PENDING in SLURM (job {record.slurm_job_id}, reason: {info.reason})"
+                    reason = info.reason if info.reason not in ("", "None") else "not scheduled yet"
+                    said = f"PENDING in SLURM (job {record.slurm_job_id}, reason: {reason})"
                     if said != last_said:
                         say(last_said := said)
             if record.state.is_terminal():
-                raise ClusterError(
-                    f"cluster {self.name} {record.state.value}: {record.message} "
-                    f"(logs: {registry.logs_dir(self.name)})"
-                )
+                logs = str(registry.logs_dir(self.name))
+                hint = "" if logs in record.message else f" (logs: {logs})"
+                raise ClusterError(f"cluster {self.name} {record.state.value}: {record.message}{hint}")
             if record.state is ClusterState.STARTING:
                 said = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
                 if said != last_said:

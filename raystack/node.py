@@ -197,6 +197,10 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAYSTACK_CLUSTER=ctx.cluster,
     )
     env.pop("RAY_ADDRESS", None)
+    # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.
+    bindir = str(Path(sys.executable).parent)
+    if env.get("PATH", "").split(os.pathsep)[0] != bindir:
+        env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
     return env
 
 
@@ -412,24 +416,20 @@ def run_head(ctx: NodeContext) -> int:
         )
         log.info("cluster %s READY", ctx.cluster)
         code = ray.proc.wait()
-        _finish(
-            ctx,
-            ClusterState.FAILED,
-            f"the Ray head exited with code {code}; see {node_log(ctx, ctx.host)}",
-        )
-        return 1
+        failure = f"the Ray head exited with code {code}; see {node_log(ctx, ctx.host)}"
     except Stop as stop:
-        _finish(
-            ctx,
-            ClusterState.STOPPED,
-            f"allocation ended ({stop}: raystack down, scancel or walltime)",
-        )
+        _finish(ctx, ClusterState.STOPPED, f"allocation ended ({stop}: raystack down, scancel or walltime)")
+        _teardown(ctx, ray)
         return 0
     except (RaystackError, OSError) as exc:
-        _finish(ctx, ClusterState.FAILED, str(exc))
-        return 1
-    finally:
-        _teardown(ctx, ray)
+        failure = str(exc)
+    _finish(ctx, ClusterState.FAILED, failure)
+    _teardown(ctx, ray)
+    # A failed cluster must not hold its nodes until the walltime: the other nodes' tasks
+    # would otherwise keep the allocation alive.
+    with contextlib.suppress(RaystackError):
+        slurm.scancel(ctx.job_id)
+    return 1
 
 
 def _finish(ctx: NodeContext, state: ClusterState, message: str) -> None:
