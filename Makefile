@@ -25,7 +25,7 @@ testbed-down:
 demo: install testbed-up
 	bash jobs/demo.sh
 
-test: install
+test: install lint
 	$(BIN)/pytest -v tests
 
 test-fast: install

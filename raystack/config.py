@@ -131,7 +131,7 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
-def _one_line(exc: ValidationError, source: str, valid: list[str]) -> str:
+def one_line_error(exc: ValidationError, source: str, valid: list[str]) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
@@ -167,4 +167,4 @@ def load_profile(name: str = "generic") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, f"profile {path}", sorted(Profile.model_fields))) from exc
+        raise ConfigError(one_line_error(exc, f"profile {path}", sorted(Profile.model_fields))) from exc
