@@ -52,7 +52,9 @@ FLOOR = (
     BASE
     + r"""
 if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then
-  srun --overlap --nodes=$((SLURM_JOB_NUM_NODES - 1)) --ntasks-per-node=1 --exclude="$head_host" bash -c \
+  # NOTE: srun inherits SLURM_NTASKS from the batch step: give the task count explicitly.
+  srun --overlap --nodes=$((SLURM_JOB_NUM_NODES - 1)) --ntasks=$((SLURM_JOB_NUM_NODES - 1)) \
+    --ntasks-per-node=1 --exclude="$head_host" bash -c \
     "ray start --address=$head_ip:6379 --node-ip-address=\$(getent hosts \$(hostname) | awk '{{print \$1}}') $OPTS" &
 fi
 wait

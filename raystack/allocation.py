@@ -163,8 +163,10 @@ def render_script(plan: AllocationPlan) -> str:
         'mkdir -p "$logs"',
         'echo "raystack: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (cluster $RAYSTACK_CLUSTER)"',
         "# One task per node with all of the node's CPUs and GPUs; each writes logs/node-<host>.log.",
-        "# --overlap lets `srun --jobid=... --overlap` debug steps run beside the cluster.",
-        'srun --ntasks-per-node=1 --overlap --output="$logs/node-%N.log" \\',
+        "# --overlap lets `srun --jobid=... --overlap` debug steps run beside the cluster; the task",
+        "# count is explicit because srun inherits SLURM_NTASKS from whatever sbatch was given.",
+        'n="$SLURM_JOB_NUM_NODES"',
+        'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --output="$logs/node-%N.log" \\',
         '    "$RAYSTACK_PYTHON" -m raystack.node',
         "",
     ]

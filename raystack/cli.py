@@ -10,6 +10,7 @@ import json
 import shlex
 import socket
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +20,8 @@ from rich.table import Table
 from raystack import __version__, allocation
 from raystack.cluster import Cluster
 from raystack.errors import RaystackError
+from raystack.job import Job
+from raystack.jobs import JobRecord, JobState
 
 app = typer.Typer(
     add_completion=False,
@@ -32,6 +35,10 @@ out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 NameArg = Annotated[str | None, typer.Argument(help="Cluster name; may be omitted when there is one.")]
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster", "-c", help="Cluster name (default: the only one).")
+]
+JobArg = Annotated[str, typer.Argument(help="Job id, as printed by `raystack submit`.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
@@ -93,7 +100,7 @@ def up(
             print("# sbatch argv:\n" + shlex.join(plan.sbatch_argv()))
             print(f"# script ({plan.script_path}):\n" + allocation.render_script(plan), end="")
         return
-    cluster = Cluster.submit(plan)
+    cluster = Cluster.submit_plan(plan)
     record = cluster.record()
     if not as_json:
         err.print(f"submitted SLURM job {record.slurm_job_id} for cluster {name}")
@@ -200,6 +207,115 @@ def down(name: NameArg = None, as_json: JsonOpt = False) -> None:
         _print_json(record.model_dump(mode="json"))
     else:
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
+
+
+# ---------------------------------------------------------------------------- jobs
+def _exit_for(record: JobRecord) -> None:
+    """`--follow` and `logs -f` exit with the job's outcome: 0 only when it SUCCEEDED."""
+    if record.state is not JobState.SUCCEEDED:
+        err.print(f"job {record.id} {record.state.value}: {record.message}", markup=False)
+        raise typer.Exit(1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    args: Annotated[list[str], typer.Argument(help="A job spec (.yaml), or a command after --.")],
+    cluster: ClusterOpt = None,
+    sets: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a spec field: key.sub=value.")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream the log; exit with the job's outcome.")
+    ] = False,
+    now: Annotated[
+        bool, typer.Option("--now", help="Skip the queue: submit as soon as the cluster is READY.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a job (spec file or `-- command`) on the cluster; it may still be PENDING in SLURM."""
+    target = Cluster.get(cluster)
+    is_spec = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
+    job = target.submit(args[0] if is_spec else list(args), sets=sets or [], now=now)
+    record, pos = job.record(), job.position()
+    if as_json:
+        _print_json({"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": pos})
+    else:
+        where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
+        err.print(f"queued job {job.id} on cluster {job.cluster} ({where})", markup=False)
+        if not follow:
+            err.print(f"  follow it: raystack logs {job.id} -f    stop it: raystack stop {job.id}")
+    if follow:
+        _exit_for(job.follow())
+
+
+@app.command("queue")
+def queue_(name: NameArg = None, as_json: JsonOpt = False) -> None:
+    """The cluster's jobs: id, name, state, position, start and duration."""
+    cluster = Cluster.get(name)
+    records = cluster.jobs()
+    if as_json:
+        _print_json([_job_row(cluster.name, r) for r in records])
+        return
+    table = Table("id", "name", "state", "pos", "start", "duration", "message")
+    for r in records:
+        row = _job_row(cluster.name, r)
+        start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
+        table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:60])
+    out.print(table)
+
+
+def _job_row(cluster: str, r: JobRecord) -> dict[str, Any]:
+    end = r.ended or (time.time() if r.started else None)
+    return {
+        "id": r.id,
+        "name": r.name,
+        "state": r.state.value,
+        "cluster": cluster,
+        "position": Job(cluster, r.id).position() if r.state is JobState.QUEUED else 0,
+        "queued": r.request.queued_at,
+        "start": r.started,
+        "end": r.ended,
+        "duration_s": round(end - r.started, 3) if r.started and end else None,
+        "attempts": len(r.attempts),
+        "exit_code": r.exit_code,
+        "message": r.message,
+    }
+
+
+@app.command()
+def logs(
+    job_id: JobArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+    cluster: ClusterOpt = None,
+) -> None:
+    """Print a job's log (kept in the cluster folder, readable after `down`)."""
+    job = Job.get(job_id, cluster)
+    if follow:
+        _exit_for(job.follow())
+    else:
+        print(job.logs(), end="")
+
+
+@app.command()
+def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is cancelled."""
+    record = Job.get(job_id, cluster).stop()
+    _print_job(record, as_json)
+
+
+@app.command()
+def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Remove a job that has not started from the queue (CANCELLED)."""
+    record = Job.get(job_id, cluster).cancel()
+    _print_job(record, as_json)
+
+
+def _print_job(record: JobRecord, as_json: bool) -> None:
+    if as_json:
+        _print_json(record.model_dump(mode="json"))
+    else:
+        out.print(f"job {record.id}: {record.state.value} ({record.message})", markup=False)
 
 
 def main() -> None:

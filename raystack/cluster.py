@@ -14,12 +14,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack import allocation, rayapi, registry, slurm
+from raystack import allocation, jobs, queue, rayapi, registry, slurm
+from raystack import spec as specs
 from raystack.errors import ClusterError, RayApiError, SlurmError
+from raystack.job import Job
+from raystack.jobs import JobRecord
+from raystack.jobs import JobState as RunState
 from raystack.registry import ClusterRecord, ClusterState
 from raystack.slurm import JobState
+from raystack.spec import JobSpec
 
 Progress = Callable[[str], None]
+Argv = list[str]  # (inside Cluster, `list` is the classmethod)
+JobRecords = list[JobRecord]
 
 
 @dataclass
@@ -39,6 +46,8 @@ class ClusterStatus:
     cpus: float | None
     dashboard_url: str | None
     ray_error: str | None = None
+    running_job: str | None = None
+    queued_jobs: int = 0
 
     @property
     def ready(self) -> bool:
@@ -110,13 +119,13 @@ class Cluster:
     ) -> Cluster:
         """Submit an allocation (see allocation.plan for options) and, by default, wait for READY."""
         plan = allocation.plan(nodes, **options)
-        cluster = cls.submit(plan)
+        cluster = cls.submit_plan(plan)
         if wait:
             cluster.wait_ready(progress=progress, timeout=timeout)
         return cluster
 
     @classmethod
-    def submit(cls, plan: allocation.AllocationPlan) -> Cluster:
+    def submit_plan(cls, plan: allocation.AllocationPlan) -> Cluster:
         """Perform a plan: create the folder and token, write the script, sbatch it."""
         assert plan.name and plan.script_path
         if shutil.which("sbatch") is None:
@@ -209,6 +218,8 @@ class Cluster:
                 cpus = sum(n.resources.get("CPU", 0) for n in alive)
             except RayApiError as exc:
                 ray_error = str(exc)
+        ledger = queue.all_jobs(self.name)
+        running = [j.id for j in ledger if j.state in (RunState.RUNNING, RunState.SUBMITTED)]
         return ClusterStatus(
             name=self.name,
             state=record.state.value,
@@ -223,6 +234,8 @@ class Cluster:
             cpus=cpus,
             dashboard_url=record.dashboard_url,
             ray_error=ray_error,
+            running_job=running[0] if running else None,
+            queued_jobs=sum(1 for j in ledger if j.state is RunState.QUEUED),
         )
 
     def env(self) -> dict[str, str]:
@@ -240,6 +253,37 @@ class Cluster:
             "RAY_AUTH_TOKEN_PATH": str(registry.token_path(self.name)),
             "RAYSTACK_CLUSTER": self.name,
         }
+
+    # ------------------------------------------------------------------ jobs
+    def submit(
+        self, spec: str | Path | JobSpec | Argv, *, sets: Argv | None = None, now: bool = False
+    ) -> Job:
+        """Check a job (spec file, JobSpec or command argv) against this cluster and queue it.
+
+        Works while the allocation is still PENDING: the job starts once the cluster is READY.
+        Bad input raises ConfigError before anything is written.
+        """
+        record = self.record()
+        if record.state.is_terminal():
+            raise ClusterError(
+                f"cluster {self.name} is {record.state.value}: start it again with "
+                f"`raystack up --name {self.name} ...`, then submit"
+            )
+        if isinstance(spec, list):
+            job_spec, base, source, file = specs.command_spec(spec, sets), Path.cwd(), "command", None
+        elif isinstance(spec, str | Path):
+            path = Path(spec)
+            job_spec, base = specs.load_spec(path, sets), path.resolve().parent
+            source, file = f"job spec {path}", str(path.resolve())
+        else:
+            job_spec, base, source, file = spec, Path.cwd(), f"job spec {spec.name}", None
+        request = jobs.resolve(job_spec, record, base, source, file)
+        queue.enqueue(request, now=now)
+        return Job(self.name, request.id)
+
+    def jobs(self) -> JobRecords:
+        """Every job of this cluster's ledger, oldest first."""
+        return queue.all_jobs(self.name)
 
     # ------------------------------------------------------------------ down
     def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:

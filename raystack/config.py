@@ -6,6 +6,7 @@ unknown keys list the valid ones.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -132,11 +133,17 @@ def available_profiles() -> list[str]:
 
 
 def one_line_error(exc: ValidationError, source: str, valid: list[str]) -> str:
-    err = exc.errors()[0]
+    """The most useful of pydantic's errors as one line: an unknown key (a typo) comes first."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        return f"{source}: unknown key '{where}'; valid keys: {', '.join(valid)}"
+        close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] not in ("value_error", "assertion_error") and "input" in err:
+        message += f" (got {err['input']!r})"
     return f"{source}: field '{where}': {message}"
 
 

@@ -415,8 +415,7 @@ def run_head(ctx: NodeContext) -> int:
             message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
         )
         log.info("cluster %s READY", ctx.cluster)
-        code = ray.proc.wait()
-        failure = f"the Ray head exited with code {code}; see {node_log(ctx, ctx.host)}"
+        failure = supervise_head(ctx, ray)
     except Stop as stop:
         _finish(ctx, ClusterState.STOPPED, f"allocation ended ({stop}: raystack down, scancel or walltime)")
         _teardown(ctx, ray)
@@ -430,6 +429,78 @@ def run_head(ctx: NodeContext) -> int:
     with contextlib.suppress(RaystackError):
         slurm.scancel(ctx.job_id)
     return 1
+
+
+def start_runner(ctx: NodeContext) -> subprocess.Popen:
+    """The queue runner, a child of this node program (so teardown ends it too)."""
+    logfile = open(registry.logs_dir(ctx.cluster) / "queue-runner.log", "a")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raystack.queue", ctx.cluster],
+        env=ray_env(ctx),
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+    )
+    logfile.close()
+    registry.update(ctx.cluster, runner_pid=proc.pid)
+    log.info("queue runner started (pid %d)", proc.pid)
+    return proc
+
+
+def supervise_head(ctx: NodeContext, ray: RayProcess) -> str:
+    """While Ray lives: keep the queue runner alive (restarting it with back-off), report GPU use.
+
+    Returns why the head ended (only when Ray itself died; signals arrive as Stop).
+    """
+    runner, started, backoff, restarts = start_runner(ctx), time.monotonic(), 0.5, 0
+    while ray.alive():
+        if runner.poll() is not None and time.monotonic() - started >= backoff:
+            restarts += 1
+            log.warning("queue runner exited with code %s; restarting (%d)", runner.returncode, restarts)
+            backoff = 0.5 if time.monotonic() - started > 60 else min(backoff * 2, 30)
+            runner, started = start_runner(ctx), time.monotonic()
+            registry.update(ctx.cluster, runner_restarts=restarts)
+        report_gpu_use(ctx)
+        time.sleep(POLL)
+    return f"the Ray head exited with code {ray.proc.returncode}; see {node_log(ctx, ctx.host)}"
+
+
+def gpu_processes() -> list[tuple[int, int]]:
+    """(pid, MiB) of processes descended from this node program that hold GPU memory.
+
+    We are the subreaper of everything our Ray started, so orphans (vLLM's leftovers) count too.
+    Empty without nvidia-smi (no real GPUs).
+    """
+    import psutil
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    rows = [line.split(",") for line in out.splitlines() if line.strip()]
+    return [(int(pid), int(mib)) for pid, mib in rows if pid.strip().isdigit() and int(pid) in ours]
+
+
+_last_gpu_report = 0.0
+
+
+def report_gpu_use(ctx: NodeContext, every: float = 1.0) -> None:
+    """Publish this node's leftover GPU memory in its node entry (read by the queue runner)."""
+    global _last_gpu_report
+    if not ctx.gpus or shutil.which("nvidia-smi") is None or time.monotonic() - _last_gpu_report < every:
+        return
+    _last_gpu_report = time.monotonic()
+    entry = registry.read_node_entries(ctx.cluster).get(ctx.host, {})
+    entry.update(gpu_procs=gpu_processes(), gpu_checked=time.time())
+    registry.write_node_entry(ctx.cluster, ctx.host, entry)
 
 
 def _finish(ctx: NodeContext, state: ClusterState, message: str) -> None:
@@ -471,6 +542,7 @@ def run_worker(ctx: NodeContext) -> int:
         misses = 0
         while ray.alive() and misses < 3:
             misses = 0 if tcp_open(head_ip, int(gcs_port)) else misses + 1
+            report_gpu_use(ctx)
             time.sleep(1)
         if misses >= 3 or not tcp_open(head_ip, int(gcs_port)):
             log.info("head %s is gone; leaving", record.gcs_address)

@@ -66,6 +66,8 @@ class ClusterRecord(BaseModel):
     dashboard_url: str | None = None
     walltime_end: int | None = None  # epoch seconds
     ray_version: str | None = None
+    runner_pid: int | None = None  # the queue runner on the head
+    runner_restarts: int = 0
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times

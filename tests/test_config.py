@@ -60,7 +60,7 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("partitoin: gpu\n", r"unknown key 'partitoin'; valid keys: .*partition"),
+        ("partitoin: gpu\n", r"unknown key 'partitoin' \(did you mean 'partition'\?\); valid keys: "),
         ("gpus_per_node: -1\n", r"field 'gpus_per_node'"),
         ("gpus_per_node: four\n", r"field 'gpus_per_node'"),
         ("time: forever\n", r"field 'time': 'forever' is not a SLURM time; use minutes"),

@@ -1,0 +1,109 @@
+"""The client's handle on one queued job: wait, logs, follow, stop, cancel.
+
+job = Cluster.get("demo").submit("jobs/debug/hello.yaml", sets=["env.X=1"])
+job.wait(); print(job.logs()); job.record().state
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from raystack import queue, registry
+from raystack.errors import ClusterError, RayApiError
+from raystack.jobs import JobRecord, JobsApi, JobState
+
+
+def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
+    """The cluster holding job `job_id` (searching every cluster when none is named)."""
+    names = [registry.resolve(cluster)] if cluster else registry.list_names()
+    for name in names:
+        if (queue.jobs_dir(name) / f"{job_id}.json").is_file():
+            return name
+    where = f"cluster {cluster}" if cluster else f"any cluster in {registry.clusters_dir()}"
+    raise ClusterError(f"no job '{job_id}' in {where}: list jobs with `raystack queue`")
+
+
+class Job:
+    """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
+
+    def __init__(self, cluster: str, job_id: str):
+        self.cluster = cluster
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.cluster!r}, {self.id!r})"
+
+    @classmethod
+    def get(cls, job_id: str, cluster: str | None = None) -> Job:
+        return cls(find_cluster_of(job_id, cluster), job_id)
+
+    def record(self) -> JobRecord:
+        return queue.read_job(self.cluster, self.id)
+
+    @property
+    def state(self) -> JobState:
+        return self.record().state
+
+    def position(self) -> int:
+        return queue.position(self.cluster, self.id)
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
+        """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (record := self.record()).state.is_terminal():
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClusterError(f"job {self.id} still {record.state.value} after {timeout:.0f}s")
+            time.sleep(poll)
+        return record
+
+    def logs(self) -> str:
+        """The job's log as kept in logs/jobs/<id>.log (readable after the cluster is gone)."""
+        path = queue.job_log(self.cluster, self.id)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def follow(
+        self, out: TextIO | None = None, poll: float = 0.25, stop: Callable[[], bool] | None = None
+    ) -> JobRecord:
+        """Stream the log as it grows until the job ends; returns the final record."""
+        out = out or sys.stdout
+        path, offset = queue.job_log(self.cluster, self.id), 0
+        while True:
+            record = self.record()
+            if path.exists():
+                with path.open("rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                if chunk:
+                    offset += len(chunk)
+                    out.write(chunk.decode(errors="replace"))
+                    out.flush()
+            if record.state.is_terminal() or (stop and stop()):
+                if path.exists() and path.stat().st_size > offset:
+                    continue  # the runner wrote the final log after the state: print it first
+                return record
+            time.sleep(poll)
+
+    def cancel(self) -> JobRecord:
+        return queue.cancel(self.cluster, self.id)
+
+    def stop(self, wait: bool = True) -> JobRecord:
+        """SIGTERM the job, SIGKILL after its stop_grace (Ray's supervisor does both): STOPPED.
+
+        A job still in the queue is cancelled instead.
+        """
+        record = self.record()
+        if record.state.is_terminal():
+            return record
+        if record.state is JobState.QUEUED and not record.attempts:
+            return self.cancel()
+        queue.update_job(self.cluster, self.id, stop_requested=time.time())
+        if record.attempts:  # at once, rather than at the runner's next pass (which acts too)
+            with contextlib.suppress(RayApiError, RuntimeError):
+                JobsApi.for_cluster(self.cluster).stop(record.attempts[-1])
+        if not wait:
+            return self.record()
+        return self.wait(timeout=record.request.stop_grace + 60)

@@ -1,0 +1,367 @@
+"""The persistent job queue: files in the cluster folder, and the runner on the head node.
+
+    clusters/<name>/queue/<seq>-<id>.json   one file per job not yet finished (FIFO by name)
+    clusters/<name>/jobs/<id>.json          the ledger (JobRecord): every state, with times
+    clusters/<name>/logs/jobs/<id>.log      the job's full log, kept after the allocation ends
+
+The runner (`python -m raystack.queue NAME`, started and restarted by the head's node program)
+runs queued jobs one after another: it submits the oldest job to the Jobs API with a submission
+id derived from the raystack job id, follows it, keeps its log, and starts the next only after
+it has ended AND its resources are free again. `--now` jobs skip the line. The submission id is
+written to the ledger *before* the job is submitted, so a restarted runner follows a job that
+is already in Ray instead of running it again (and Ray refuses a duplicate submission id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raystack import rayapi, registry
+from raystack.errors import ClusterError, RayApiError
+from raystack.jobs import RAY_STATES, JobRecord, JobRequest, JobsApi, JobState
+
+log = logging.getLogger("raystack.queue")
+TICK = 0.1  # seconds between runner passes
+LOG_SYNC = 1.0  # seconds between log copies of a running job
+FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
+
+
+# ---------------------------------------------------------------------------- files
+def queue_dir(name: str) -> Path:
+    return registry.cluster_dir(name) / "queue"
+
+
+def jobs_dir(name: str) -> Path:
+    return registry.cluster_dir(name) / "jobs"
+
+
+def job_log(name: str, job_id: str) -> Path:
+    return registry.logs_dir(name) / "jobs" / f"{job_id}.log"
+
+
+def ensure_dirs(name: str) -> None:
+    for folder in (queue_dir(name), jobs_dir(name), registry.logs_dir(name) / "jobs"):
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def read_job(name: str, job_id: str) -> JobRecord:
+    try:
+        return JobRecord.model_validate_json((jobs_dir(name) / f"{job_id}.json").read_text())
+    except FileNotFoundError:
+        raise ClusterError(f"no job '{job_id}' in cluster {name}: see `raystack queue {name}`") from None
+
+
+def write_job(name: str, record: JobRecord) -> None:
+    registry.atomic_write(jobs_dir(name) / f"{record.id}.json", record.model_dump_json(indent=2))
+
+
+def update_job(name: str, job_id: str, **changes: Any) -> JobRecord:
+    """Read-modify-write the ledger under the cluster lock; state changes go into the history."""
+    with registry.locked(name):
+        record = read_job(name, job_id)
+        state = changes.get("state")
+        if state is not None and state != record.state:
+            record.history.append(
+                {
+                    "state": JobState(state).value,
+                    "time": changes.pop("at", time.time()),
+                    "message": changes.get("message", ""),
+                }
+            )
+        changes.pop("at", None)
+        for key, value in changes.items():
+            setattr(record, key, value)
+        write_job(name, record)
+        return record
+
+
+def all_jobs(name: str) -> list[JobRecord]:
+    folder = jobs_dir(name)
+    records = []
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            records.append(JobRecord.model_validate_json(path.read_text()))
+    return sorted(records, key=lambda r: r.request.queued_at)
+
+
+def queue_files(name: str) -> list[Path]:
+    folder = queue_dir(name)
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def job_id_of(path: Path) -> str:
+    return path.stem.split("-", 1)[1]
+
+
+def enqueue(request: JobRequest, now: bool = False) -> tuple[JobRecord, int]:
+    """Write the ledger entry (QUEUED) and the queue file; return the record and its position."""
+    name = request.cluster
+    ensure_dirs(name)
+    record = JobRecord(
+        id=request.id,
+        name=request.name,
+        request=request,
+        history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
+    )
+    with registry.locked(name):
+        write_job(name, record)
+        # The file name orders the queue: --now jobs sort first (prefix 0), the rest by time.
+        seq = f"{0 if now else 1}{time.time_ns():020d}"
+        registry.atomic_write(
+            queue_dir(name) / f"{seq}-{request.id}.json", json.dumps({"id": request.id, "now": now})
+        )
+    return record, position(name, request.id)
+
+
+def position(name: str, job_id: str) -> int:
+    """1-based place among jobs not yet started (0 once started or finished)."""
+    waiting = [job_id_of(p) for p in queue_files(name)]
+    waiting = [j for j in waiting if read_job(name, j).state is JobState.QUEUED]
+    return waiting.index(job_id) + 1 if job_id in waiting else 0
+
+
+def cancel(name: str, job_id: str) -> JobRecord:
+    """Remove a job that has not started from the queue (CANCELLED)."""
+    with registry.locked(name):
+        record = read_job(name, job_id)
+        if record.state is not JobState.QUEUED or record.attempts:
+            raise ClusterError(
+                f"job {job_id} is {record.state.value}, not queued: "
+                f"`raystack stop {job_id}` stops a running job"
+            )
+        for path in queue_files(name):
+            if job_id_of(path) == job_id:
+                path.unlink()
+    return update_job(
+        name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
+    )
+
+
+def gpu_memory_held(name: str, fresh: float = 10.0) -> list[str]:
+    """GPU memory still held on any node by leftover processes of the cluster's jobs.
+
+    Each node program reports, where nvidia-smi exists, the processes among its descendants
+    that hold GPU memory (vLLM is known to leave some behind); stale reports are ignored.
+    """
+    held = []
+    for host, entry in registry.read_node_entries(name).items():
+        if time.time() - float(entry.get("gpu_checked", 0)) <= fresh:
+            held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in entry.get("gpu_procs", [])]
+    return held
+
+
+# ---------------------------------------------------------------------------- runner
+@dataclass
+class Drain:
+    """After a job ends: wait until its actors, placement groups and GPUs are released."""
+
+    job_id: str
+    ray_job_id: str | None
+    deadline: float
+
+
+class Runner:
+    """Feeds the queue to the Jobs API, one job at a time (plus --now jobs at once)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cluster = registry.read(name)
+        self.token = registry.read_token(name)
+        url = self.cluster.dashboard_url
+        if not url:
+            raise ClusterError(f"cluster {name} has no dashboard yet")
+        self.url = url
+        self.api = JobsApi(url, self.token)
+        self.log_sync: dict[str, float] = {}
+        self.stop_sent: set[str] = set()
+        self.finished_logs: dict[str, str] = {}
+        # After a restart we do not know whether the last job's resources were released: check.
+        self.drain: Drain | None = Drain("(restart)", None, time.monotonic() + FREE_TIMEOUT)
+
+    def run_forever(self) -> None:
+        ensure_dirs(self.name)
+        log.info("queue runner for cluster %s started (pid %d)", self.name, os.getpid())
+        while True:
+            try:
+                self.tick()
+            except (RayApiError, OSError, RuntimeError) as exc:
+                log.warning("runner pass failed, retrying: %s", exc)
+                time.sleep(1)
+            time.sleep(TICK)
+
+    def tick(self) -> None:
+        """One pass over the queue: follow jobs in flight, start what may start."""
+        line_busy = False
+        for path in queue_files(self.name):
+            job_id = job_id_of(path)
+            now = json.loads(path.read_text()).get("now", False)
+            record = read_job(self.name, job_id)
+            if record.state.is_terminal():
+                path.unlink()
+                continue
+            if record.attempts:
+                if self.follow(record, now):
+                    path.unlink()
+                elif not now:
+                    line_busy = True
+            elif now or not (line_busy or self.drain):
+                self.start(record)
+                line_busy = line_busy or not now
+        if self.drain and self.resources_free(self.drain):
+            log.info("resources of %s are free", self.drain.job_id)
+            self.drain = None
+
+    # ------------------------------------------------------------------ one job
+    def start(self, record: JobRecord) -> None:
+        sid = record.id if not record.attempts else f"{record.id}-retry{len(record.attempts)}"
+        # NOTE: the submission id is recorded before submitting: a runner killed in between
+        # finds it on restart and asks Ray, instead of submitting the job a second time.
+        record = update_job(self.name, record.id, attempts=[*record.attempts, sid])
+        self.submit(record, sid)
+
+    def submit(self, record: JobRecord, sid: str) -> None:
+        cluster = registry.read(self.name)
+        log.info("submitting %s as %s", record.id, sid)
+        try:
+            self.api.submit(record.request, cluster, sid)
+        except Exception as exc:
+            if "already exists" not in str(exc):
+                update_job(
+                    self.name,
+                    record.id,
+                    state=JobState.FAILED,
+                    ended=time.time(),
+                    message=f"the Jobs API refused the job: {str(exc)[:400]}",
+                )
+                return
+        update_job(self.name, record.id, state=JobState.SUBMITTED, message=f"submitted as {sid}")
+
+    def follow(self, record: JobRecord, now: bool) -> bool:
+        """Advance a job in flight; True once it is finished for good (ledger final)."""
+        sid = record.attempts[-1]
+        info = self.api.info(sid)
+        if info is None:  # recorded but never reached Ray (runner died in between)
+            if not self.drain or now:
+                self.submit(record, sid)
+            return False
+        state = RAY_STATES.get(
+            str(info.status.value if hasattr(info.status, "value") else info.status), JobState.SUBMITTED
+        )
+        if state is JobState.RUNNING and record.state is not JobState.RUNNING:
+            record = update_job(
+                self.name,
+                record.id,
+                state=JobState.RUNNING,
+                ray_job_id=info.job_id,
+                started=(info.start_time or 0) / 1000 or time.time(),
+                message=f"running as {sid}",
+            )
+        self.enforce_stop_and_timeout(record, sid)
+        if not state.is_terminal():
+            self.sync_log(record, sid)
+            return False
+        return self.finish(record, sid, state, info, now)
+
+    def enforce_stop_and_timeout(self, record: JobRecord, sid: str) -> None:
+        timeout = record.request.timeout
+        overdue = (
+            timeout is not None and record.started is not None and time.time() - record.started > timeout
+        )
+        if (record.stop_requested or overdue) and sid not in self.stop_sent:
+            log.info("stopping %s (%s)", sid, "timeout" if overdue and not record.stop_requested else "stop")
+            self.api.stop(sid)
+            self.stop_sent.add(sid)
+
+    def finish(self, record: JobRecord, sid: str, state: JobState, info: Any, now: bool) -> bool:
+        self.sync_log(record, sid, final=True)
+        timeout = record.request.timeout
+        timed_out = state is JobState.STOPPED and not record.stop_requested and timeout is not None
+        if (
+            state is JobState.FAILED
+            and len(record.attempts) <= record.request.retries
+            and not record.stop_requested
+        ):
+            update_job(self.name, record.id, message=f"attempt {len(record.attempts)} failed: {info.message}")
+            self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
+            self.start(read_job(self.name, record.id))
+            return False
+        if timed_out:
+            state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
+        else:
+            message = str(info.message or "")[:1000]
+        update_job(
+            self.name,
+            record.id,
+            state=state,
+            message=message,
+            exit_code=info.driver_exit_code,
+            ray_job_id=info.job_id,
+            ended=(info.end_time or 0) / 1000 or time.time(),
+            at=(info.end_time or 0) / 1000 or time.time(),
+        )
+        log.info("%s %s: %s", record.id, state.value, message)
+        if not now:
+            self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
+        return True
+
+    def sync_log(self, record: JobRecord, sid: str, final: bool = False) -> None:
+        """Copy the job's log (every attempt, in order) into logs/jobs/<id>.log."""
+        if not final and time.monotonic() - float(self.log_sync.get(sid, 0)) < LOG_SYNC:
+            return
+        self.log_sync[sid] = time.monotonic()
+        parts = []
+        for n, attempt in enumerate(record.attempts, start=1):
+            if attempt not in self.finished_logs:
+                text = self.api.logs(attempt)
+                if attempt != sid or final:
+                    self.finished_logs[attempt] = text
+            else:
+                text = self.finished_logs[attempt]
+            header = f"--- raystack: attempt {n} ({attempt}) ---\n" if len(record.attempts) > 1 else ""
+            parts.append(header + text)
+        path = job_log(self.name, record.id)
+        content = "".join(parts)
+        if not path.exists() or path.stat().st_size != len(content.encode()):
+            registry.atomic_write(path, content)
+
+    # ------------------------------------------------------------------ resources
+    def resources_free(self, drain: Drain) -> bool:
+        """No actor or placement group of the job left, every GPU available, no GPU memory held."""
+        if time.monotonic() > drain.deadline:
+            log.warning(
+                "resources of %s not free after %.0fs; starting the next job anyway",
+                drain.job_id,
+                FREE_TIMEOUT,
+            )
+            return True
+        try:
+            if drain.ray_job_id and rayapi.job_leftovers(self.url, self.token, drain.ray_job_id):
+                return False
+            available, total = rayapi.available_gpus(str(self.cluster.gcs_address))
+            if available < total:
+                return False
+            return not gpu_memory_held(self.name)
+        except RayApiError as exc:
+            log.warning("cannot check resources: %s", exc)
+            return False
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s [%(name)s] %(message)s"
+    )
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m raystack.queue CLUSTER")
+    Runner(sys.argv[1]).run_forever()
+
+
+if __name__ == "__main__":
+    main()
