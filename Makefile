@@ -8,9 +8,16 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install demo test test-fast lint format bench testbed-up testbed-down clean
 
+# The debug jobs need torch and DeepSpeed. TORCH is pinned to the CPU build that this machine kind
+# has locally: an unpinned torch pulls GBs of CUDA wheels. On a GPU cluster: TORCH='torch' (or
+# install your site's build first). DS_BUILD_OPS=0: DeepSpeed builds what it needs at run time.
+TORCH ?= torch==2.13.0
+
 $(BIN)/raystack: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q '$(TORCH)'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q 'deepspeed>=0.19,<0.20'
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
@@ -42,6 +49,7 @@ format: install
 
 bench: install testbed-up
 	$(BIN)/python bench/cluster_ready.py
+	$(BIN)/python bench/queue_overhead.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -19,9 +19,7 @@ Needs root and the testbed with max(--nodes) nodes (started here if needed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,7 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raystack import Cluster, __version__, rayapi, registry, slurm  # noqa: E402
+from _report import publish  # noqa: E402
+
+from raystack import Cluster, rayapi, registry, slurm  # noqa: E402
 
 HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 TARGET = 1.5  # raystack within 1.5x of the floor
@@ -144,13 +144,6 @@ def run_raystack(nodes: int, name: str) -> float:
         cluster.down()
 
 
-def versions() -> dict[str, str]:
-    import ray
-
-    sl = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
-    return {"raystack": __version__, "ray": ray.__version__, "slurm": sl, "python": platform.python_version()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -200,27 +193,11 @@ def report(node_counts: list[int], samples: dict[tuple[int, str], list[float]]) 
         for r in rows
     ]
     result = {
-        "benchmark": "cluster_ready",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
-        },
-        "versions": versions(),
         "target": f"raystack <= {TARGET}x floor",
         "samples": {f"{n}/{k}": [round(x, 2) for x in v] for (n, k), v in samples.items()},
         "rows": rows,
     }
-    table = "\n".join(lines)
-    print(table)
-    print(json.dumps(result))
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cluster_ready.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "cluster_ready.txt").write_text(
-        f"{result['date']} {result['machine']} {result['versions']}\n{table}\n"
-    )
+    publish("cluster_ready", "\n".join(lines), result)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,19 @@ def _show_ready(cluster: Cluster, as_json: bool) -> None:
 
 
 @app.command()
+def wait(
+    name: NameArg = None,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until a cluster (e.g. one started with --no-wait) is READY; exit 1 if it ends first."""
+    cluster = Cluster.get(name)
+    say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
+    cluster.wait_ready(progress=say, timeout=timeout)
+    _show_ready(cluster, as_json)
+
+
+@app.command()
 def env(name: NameArg = None, as_json: JsonOpt = False) -> None:
     """Print the exports with which plain `ray job submit` and `ray status` reach the cluster."""
     values = Cluster.get(name).env()

@@ -75,7 +75,9 @@ def reconcile(record: ClusterRecord, info: slurm.JobInfo | None = None) -> Clust
         f"{', ' + info.reason if info.reason and info.reason != 'None' else ''}); "
         f"logs: {registry.logs_dir(record.name)}"
     )
-    return registry.update(record.name, state=state, message=message)
+    record = registry.update(record.name, state=state, message=message)
+    queue.interrupt_in_flight(record.name, f"SLURM job {record.slurm_job_id} {info.state.value}")
+    return record
 
 
 class Cluster:

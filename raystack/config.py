@@ -19,7 +19,7 @@ from raystack.errors import ConfigError
 
 # SLURM's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?$", re.IGNORECASE)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +48,16 @@ def validate_time(value: str, field: str = "--time") -> str:
             f"{field}: {value!r} is not a SLURM time; use minutes, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00)"
         )
     return value
+
+
+def validate_env(value: dict[str, Any]) -> dict[str, str]:
+    """Environment of a profile or job spec: valid names, string values, no CUDA_VISIBLE_DEVICES."""
+    for key in value:
+        if not ENV_NAME.match(key):
+            raise ValueError(f"{key!r} is not an environment variable name")
+        if key == "CUDA_VISIBLE_DEVICES":
+            raise ValueError("never set CUDA_VISIBLE_DEVICES: SLURM and Ray assign GPUs")
+    return {k: str(v) for k, v in value.items()}
 
 
 def size_to_mb(value: str | int) -> int:
@@ -97,12 +107,7 @@ class Profile(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-            if key == "CUDA_VISIBLE_DEVICES":
-                raise ValueError("never set CUDA_VISIBLE_DEVICES: SLURM and Ray assign GPUs")
-        return {k: str(v) for k, v in value.items()}
+        return validate_env(value)
 
     @field_validator("extra_sbatch")
     @classmethod

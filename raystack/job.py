@@ -51,12 +51,30 @@ class Job:
     def position(self) -> int:
         return queue.position(self.cluster, self.id)
 
+    def cluster_ended(self) -> bool:
+        """True once the job's cluster has ended (STOPPED/FAILED), reconciled with SLURM."""
+        from raystack.cluster import reconcile
+
+        record = registry.read(self.cluster)
+        return record.state.is_terminal() or reconcile(record).state.is_terminal()
+
     def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
-        """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED."""
+        """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED.
+
+        Raises ClusterError after `timeout`, or when the cluster ends while the job is queued.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+        checked = time.monotonic()
         while not (record := self.record()).state.is_terminal():
             if deadline is not None and time.monotonic() > deadline:
                 raise ClusterError(f"job {self.id} still {record.state.value} after {timeout:.0f}s")
+            if time.monotonic() - checked > 2:
+                checked = time.monotonic()
+                if self.cluster_ended() and not (record := self.record()).state.is_terminal():
+                    raise ClusterError(
+                        f"cluster {self.cluster} ended; job {self.id} is still "
+                        f"{record.state.value} (it runs when the cluster is up again)"
+                    )
             time.sleep(poll)
         return record
 
@@ -70,9 +88,14 @@ class Job:
     ) -> JobRecord:
         """Stream the log as it grows until the job ends; returns the final record."""
         out = out or sys.stdout
-        path, offset = queue.job_log(self.cluster, self.id), 0
+        path, offset, checked = queue.job_log(self.cluster, self.id), 0, time.monotonic()
+        if stop is None:
+            stop = self.cluster_ended
         while True:
             record = self.record()
+            ended = False
+            if not record.state.is_terminal() and time.monotonic() - checked > 2:
+                checked, ended = time.monotonic(), stop()
             if path.exists():
                 with path.open("rb") as fh:
                     fh.seek(offset)
@@ -81,7 +104,7 @@ class Job:
                     offset += len(chunk)
                     out.write(chunk.decode(errors="replace"))
                     out.flush()
-            if record.state.is_terminal() or (stop and stop()):
+            if record.state.is_terminal() or ended:
                 if path.exists() and path.stat().st_size > offset:
                     continue  # the runner wrote the final log after the state: print it first
                 return record

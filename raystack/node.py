@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.metadata
 import logging
 import os
 import random
@@ -31,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from raystack import rayapi, registry, slurm
+from raystack import queue, rayapi, registry, slurm
 from raystack.config import size_to_mb
 from raystack.errors import RaystackError
 from raystack.registry import ClusterState
@@ -379,13 +380,11 @@ def _not_ready_message(ctx: NodeContext, nodes: list[rayapi.NodeSummary], gpus: 
 
 
 def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
-    import ray
-
     info = slurm.job_info(ctx.job_id)
     nodelist = os.environ.get("SLURM_JOB_NODELIST", ctx.host)
     return dict(
         state=ClusterState.STARTING,
-        message=f"Ray head up on {ctx.host}; waiting for nodes",
+        message=f"Ray head starting on {ctx.host}; waiting for nodes",
         slurm_job_id=ctx.job_id,
         head_host=ctx.host,
         head_ip=ctx.ip,
@@ -397,7 +396,7 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
         nodes_joined=0,
         gpus_per_node=ctx.gpus,
         cpus_per_node=ctx.cpus,
-        ray_version=ray.__version__,
+        ray_version=importlib.metadata.version("ray"),
         walltime_end=info.end_time if info and info.end_time else None,
     )
 
@@ -406,8 +405,10 @@ def run_head(ctx: NodeContext) -> int:
     ports = node_ports(ctx.ip, head=True)
     ray = RayProcess(ray_start_argv(ctx, ports, None), ray_env(ctx))
     try:
-        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
+        # The ports are fixed before Ray starts, so the address is published at once and the
+        # workers start alongside the head (their `ray start --address` waits for the GCS).
         registry.update(ctx.cluster, **head_record_fields(ctx, ports))
+        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
         wait_ready(ctx, f"http://{ctx.ip}:{ports['dashboard']}", ray)
         registry.update(
             ctx.cluster,
@@ -418,12 +419,12 @@ def run_head(ctx: NodeContext) -> int:
         failure = supervise_head(ctx, ray)
     except Stop as stop:
         _finish(ctx, ClusterState.STOPPED, f"allocation ended ({stop}: raystack down, scancel or walltime)")
-        _teardown(ctx, ray)
+        _teardown(ctx, ray, interrupted=f"{stop}")
         return 0
     except (RaystackError, OSError) as exc:
         failure = str(exc)
     _finish(ctx, ClusterState.FAILED, failure)
-    _teardown(ctx, ray)
+    _teardown(ctx, ray, interrupted="the cluster failed")
     # A failed cluster must not hold its nodes until the walltime: the other nodes' tasks
     # would otherwise keep the allocation alive.
     with contextlib.suppress(RaystackError):
@@ -513,11 +514,17 @@ def _finish(ctx: NodeContext, state: ClusterState, message: str) -> None:
         registry.update(ctx.cluster, state=state, message=message)
 
 
-def _teardown(ctx: NodeContext, ray: RayProcess) -> None:
+def _teardown(ctx: NodeContext, ray: RayProcess, interrupted: str | None = None) -> None:
+    """Stop this node's Ray (and, on the head, the queue runner); `interrupted`: record why in the
+    ledger of jobs that were running (after the runner is gone, so it cannot overwrite it)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ray.stop()
     shutil.rmtree(ctx.temp_dir, ignore_errors=True)
     log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)
+    if interrupted is not None:
+        with contextlib.suppress(RaystackError, OSError):
+            for job_id in queue.interrupt_in_flight(ctx.cluster, interrupted):
+                log.info("job %s was running when the allocation ended", job_id)
 
 
 # ---------------------------------------------------------------------------- worker
@@ -539,12 +546,14 @@ def run_worker(ctx: NodeContext) -> int:
     head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
     ray = RayProcess(ray_start_argv(ctx, node_ports(ctx.ip, head=False), record.gcs_address), ray_env(ctx))
     try:
-        misses = 0
+        misses, seen = 0, False  # misses count only once the head has answered
         while ray.alive() and misses < 3:
-            misses = 0 if tcp_open(head_ip, int(gcs_port)) else misses + 1
+            up = tcp_open(head_ip, int(gcs_port))
+            seen = seen or up
+            misses = 0 if up or not seen else misses + 1
             report_gpu_use(ctx)
             time.sleep(1)
-        if misses >= 3 or not tcp_open(head_ip, int(gcs_port)):
+        if misses >= 3 or (seen and not tcp_open(head_ip, int(gcs_port))):
             log.info("head %s is gone; leaving", record.gcs_address)
             return 0
         log.error("ray start exited with code %s while the head lives", ray.proc.returncode)

@@ -158,6 +158,25 @@ def gpu_memory_held(name: str, fresh: float = 10.0) -> list[str]:
     return held
 
 
+def interrupt_in_flight(name: str, reason: str) -> list[str]:
+    """The allocation ended: jobs that were given to Ray and had not finished are FAILED.
+
+    Queued jobs stay QUEUED (their files stay in the queue folder).
+    """
+    interrupted = []
+    for record in all_jobs(name):
+        if record.attempts and not record.state.is_terminal():
+            update_job(
+                name,
+                record.id,
+                state=JobState.FAILED,
+                ended=time.time(),
+                message=f"the allocation ended while the job was {record.state.value} ({reason})",
+            )
+            interrupted.append(record.id)
+    return interrupted
+
+
 # ---------------------------------------------------------------------------- runner
 @dataclass
 class Drain:
@@ -213,25 +232,30 @@ class Runner:
                 elif not now:
                     line_busy = True
             elif now or not (line_busy or self.drain):
-                self.start(record)
+                record = self.start(record)
+                self.submit(record, record.attempts[-1])
                 line_busy = line_busy or not now
         if self.drain and self.resources_free(self.drain):
             log.info("resources of %s are free", self.drain.job_id)
             self.drain = None
 
     # ------------------------------------------------------------------ one job
-    def start(self, record: JobRecord) -> None:
+    def start(self, record: JobRecord) -> JobRecord:
+        """Give the job its next submission id; the next pass (or this one) submits it."""
         sid = record.id if not record.attempts else f"{record.id}-retry{len(record.attempts)}"
         # NOTE: the submission id is recorded before submitting: a runner killed in between
         # finds it on restart and asks Ray, instead of submitting the job a second time.
-        record = update_job(self.name, record.id, attempts=[*record.attempts, sid])
-        self.submit(record, sid)
+        return update_job(self.name, record.id, attempts=[*record.attempts, sid])
 
     def submit(self, record: JobRecord, sid: str) -> None:
+        import requests
+
         cluster = registry.read(self.name)
         log.info("submitting %s as %s", record.id, sid)
         try:
             self.api.submit(record.request, cluster, sid)
+        except (requests.ConnectionError, requests.Timeout):
+            raise  # transient: the next pass finds the id unknown to Ray and submits again
         except Exception as exc:
             if "already exists" not in str(exc):
                 update_job(
@@ -248,7 +272,16 @@ class Runner:
         """Advance a job in flight; True once it is finished for good (ledger final)."""
         sid = record.attempts[-1]
         info = self.api.info(sid)
-        if info is None:  # recorded but never reached Ray (runner died in between)
+        if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
+            if record.stop_requested:
+                update_job(
+                    self.name,
+                    record.id,
+                    state=JobState.STOPPED,
+                    ended=time.time(),
+                    message="stopped before it was submitted again",
+                )
+                return True
             if not self.drain or now:
                 self.submit(record, sid)
             return False
@@ -289,9 +322,13 @@ class Runner:
             and len(record.attempts) <= record.request.retries
             and not record.stop_requested
         ):
-            update_job(self.name, record.id, message=f"attempt {len(record.attempts)} failed: {info.message}")
+            update_job(
+                self.name,
+                record.id,
+                message=f"attempt {len(record.attempts)} failed, retrying: {info.message}",
+            )
             self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
-            self.start(read_job(self.name, record.id))
+            self.start(read_job(self.name, record.id))  # submitted once the resources are free
             return False
         if timed_out:
             state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
@@ -304,6 +341,7 @@ class Runner:
             message=message,
             exit_code=info.driver_exit_code,
             ray_job_id=info.job_id,
+            started=record.started or (info.start_time or 0) / 1000 or None,
             ended=(info.end_time or 0) / 1000 or time.time(),
             at=(info.end_time or 0) / 1000 or time.time(),
         )

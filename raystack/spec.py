@@ -16,11 +16,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from raystack.config import load_yaml, one_line_error
+from raystack.config import ENV_NAME, load_yaml, one_line_error, validate_env
 from raystack.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 # Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
@@ -117,12 +116,7 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-            if key == "CUDA_VISIBLE_DEVICES":
-                raise ValueError("never set CUDA_VISIBLE_DEVICES: Ray assigns GPUs to workers")
-        return {k: str(v) for k, v in value.items()}
+        return validate_env(value)
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -138,7 +132,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _outputs(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _ENV_NAME.match(key):
+            if not ENV_NAME.match(key):
                 raise ValueError(f"{key!r} must be usable in RAYSTACK_OUTPUT_<NAME>: letters, digits, '_'")
         return value
 

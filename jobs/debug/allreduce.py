@@ -18,6 +18,7 @@ import time
 import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from rendezvous import free_endpoint
 
 
 @ray.remote
@@ -26,9 +27,7 @@ class Rank:
         self.rank, self.world, self.device = rank, world, device
 
     def endpoint(self) -> tuple[str, int]:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return free_endpoint()
 
     def run(self, master: tuple[str, int], size_mb: float, iters: int) -> dict:
         import torch

@@ -17,6 +17,7 @@ import sys
 import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from rendezvous import free_endpoint
 
 
 @ray.remote
@@ -25,9 +26,7 @@ class Learner:
         self.rank, self.world, self.cuda = rank, world, cuda
 
     def endpoint(self) -> tuple[str, int]:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return free_endpoint()
 
     def train(self, master: tuple[str, int], steps: int, hidden: int) -> dict:
         os.environ.update(

@@ -1,0 +1,46 @@
+"""What every benchmark records with its result: date, machine, versions; and where it goes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def context() -> dict[str, Any]:
+    import ray
+
+    from raystack import __version__
+
+    slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+        },
+        "versions": {
+            "raystack": __version__,
+            "ray": ray.__version__,
+            "slurm": slurm,
+            "python": platform.python_version(),
+        },
+    }
+
+
+def publish(name: str, table: str, result: dict[str, Any]) -> None:
+    """Print the table and one JSON line; keep both under bench/results/<name>.{txt,json}."""
+    result = {"benchmark": name, **context(), **result}
+    print(table)
+    print(json.dumps(result))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    header = f"{result['date']} {result['machine']} {result['versions']}"
+    (RESULTS / f"{name}.txt").write_text(f"{header}\n{table}\n")
