@@ -346,6 +346,9 @@ class Runner:
             at=(info.end_time or 0) / 1000 or time.time(),
         )
         log.info("%s %s: %s", record.id, state.value, message)
+        for attempt in record.attempts:  # its log is on disk now; keep the runner's memory flat
+            self.finished_logs.pop(attempt, None)
+            self.log_sync.pop(attempt, None)
         if not now:
             self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
         return True

@@ -182,6 +182,18 @@ def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
     return _validate(apply_sets(data, sets or []), f"job spec {file}")
 
 
+def command_name(argv: list[str]) -> str:
+    """A job name from a command: `python train.py` -> train, `python -m pkg.mod` -> mod."""
+    word = Path(argv[0]).name
+    if word.startswith("python") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2:
+            word = argv[2].rsplit(".", 1)[-1]
+        elif not argv[1].startswith("-"):
+            word = Path(argv[1]).stem
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", word).lstrip("-._")[:63]
+    return clean or "job"
+
+
 def command_spec(argv: list[str], sets: list[str] | None = None, name: str | None = None) -> JobSpec:
     """A spec for a bare command: `raystack submit -- python train.py --lr 1e-6`."""
     import shlex
@@ -190,11 +202,7 @@ def command_spec(argv: list[str], sets: list[str] | None = None, name: str | Non
         raise ConfigError(
             "submit: give a spec file or a command after --, e.g. raystack submit -- python x.py"
         )
-    stem = Path(argv[1]).stem if len(argv) > 1 and argv[0].startswith("python") else Path(argv[0]).name
-    data = {
-        "name": name or re.sub(r"[^A-Za-z0-9_.-]", "-", stem)[:63] or "job",
-        "entrypoint": shlex.join(argv),
-    }
+    data = {"name": name or command_name(argv), "entrypoint": shlex.join(argv)}
     return _validate(apply_sets(data, sets or []), "command")
 
 

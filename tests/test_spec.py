@@ -121,9 +121,19 @@ def test_set_types_values_as_yaml() -> None:
     assert load_spec(REPO / "jobs" / "debug" / "hello.yaml", ["name=hi"]).name == "hi"
 
 
-def test_command_spec_name() -> None:
-    assert command_spec(["python", "x/train.py"]).name == "train"
-    assert command_spec(["./run.sh"]).name == "run.sh"
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["python", "x/train.py", "--lr", "1"], "train"),
+        (["python3", "-m", "open_instruct.grpo_fast"], "grpo_fast"),
+        (["python", "-c", "print(1)"], "python"),
+        (["./run.sh"], "run.sh"),
+        (["torchrun", "--nproc-per-node=4", "train.py"], "torchrun"),
+        (["...", "x"], "job"),
+    ],
+)
+def test_command_spec_name(argv: list[str], name: str) -> None:
+    assert command_spec(argv).name == name
 
 
 def test_debug_specs_load() -> None:
