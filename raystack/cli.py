@@ -181,6 +181,7 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
             ("GPUs", f"{st.gpus if st.gpus is not None else '-'}"),
             ("CPUs", f"{st.cpus if st.cpus is not None else '-'}"),
             ("dashboard", st.dashboard_url or "-"),
+            ("jobs", f"running {st.running_job or '-'}, {st.queued_jobs} queued"),
         ]
         if st.ray_error:
             rows.append(("ray", st.ray_error))

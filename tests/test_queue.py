@@ -209,6 +209,7 @@ def test_now_skips_the_queue_and_status_shows_the_running_job(qc: dict) -> None:
     wait_until(lambda: long.state is JobState.RUNNING, 120, "the long job to run")
     st = json.loads(raystack("status", "qc", "--json").stdout)
     assert st["running_job"] == long.id and st["queued_jobs"] == 1
+    assert f"running {long.id}, 1 queued" in raystack("status", "qc").stdout
     quick = raystack(
         "submit", "--cluster", "qc", "--now", "--follow", "--", "python", "-c", "print('jumped the queue')"
     )
