@@ -1,13 +1,35 @@
 """raystack: a persistent, authenticated Ray cluster and a job queue on a SLURM allocation."""
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("raystack")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-from raystack.cluster import Cluster, ClusterStatus
-from raystack.errors import RaystackError
+if TYPE_CHECKING:
+    from raystack.cluster import Cluster, ClusterStatus
+    from raystack.errors import RaystackError
+    from raystack.job import Job
 
-__all__ = ["Cluster", "ClusterStatus", "RaystackError", "__version__"]
+__all__ = ["Cluster", "ClusterStatus", "Job", "RaystackError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports: `python -m raystack.node` / `raystack.queue` import only what they use."""
+    if name in ("Cluster", "ClusterStatus"):
+        from raystack import cluster
+
+        return getattr(cluster, name)
+    if name == "Job":
+        from raystack.job import Job
+
+        return Job
+    if name == "RaystackError":
+        from raystack.errors import RaystackError
+
+        return RaystackError
+    raise AttributeError(f"module 'raystack' has no attribute {name!r}")

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -145,16 +145,20 @@ def cancel(name: str, job_id: str) -> JobRecord:
     )
 
 
-def gpu_memory_held(name: str, fresh: float = 10.0) -> list[str]:
+def gpu_memory_held(name: str, since: float) -> list[str] | None:
     """GPU memory still held on any node by leftover processes of the cluster's jobs.
 
     Each node program reports, where nvidia-smi exists, the processes among its descendants
-    that hold GPU memory (vLLM is known to leave some behind); stale reports are ignored.
+    that hold GPU memory (vLLM is known to leave some behind). Only reports taken after `since`
+    (the job's end) count: None means some GPU node has not reported since, so wait.
     """
     held = []
     for host, entry in registry.read_node_entries(name).items():
-        if time.time() - float(entry.get("gpu_checked", 0)) <= fresh:
-            held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in entry.get("gpu_procs", [])]
+        if "gpu_checked" not in entry:
+            continue  # no nvidia-smi on that node: no real GPUs to check
+        if float(entry["gpu_checked"]) < since:
+            return None
+        held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in entry.get("gpu_procs", [])]
     return held
 
 
@@ -185,6 +189,7 @@ class Drain:
     job_id: str
     ray_job_id: str | None
     deadline: float
+    ended: float = field(default_factory=time.time)  # wall clock: GPU reports must be newer
 
 
 class Runner:
@@ -389,7 +394,8 @@ class Runner:
             available, total = rayapi.available_gpus(str(self.cluster.gcs_address))
             if available < total:
                 return False
-            return not gpu_memory_held(self.name)
+            held = gpu_memory_held(self.name, since=drain.ended)
+            return held is not None and not held
         except RayApiError as exc:
             log.warning("cannot check resources: %s", exc)
             return False

@@ -231,3 +231,16 @@ def test_resolve_is_pure_and_checks_before_writing(home: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs\.gpus=17"):
         jobs.resolve(spec, registry.read("c4"), home, "job spec x")
     assert not queue.queue_dir("c4").exists() or queue.queue_files("c4") == []
+
+
+def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
+    """The queue waits for leftover GPU memory; a report from before the job ended proves nothing."""
+    end = 1000.0
+    registry.write_node_entry("c4", "node1", {"ip": "x"})  # no nvidia-smi there: not a GPU node
+    assert queue.gpu_memory_held("c4", since=end) == []
+    registry.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": []})
+    assert queue.gpu_memory_held("c4", since=end) is None  # stale: wait for a fresh report
+    registry.write_node_entry("c4", "node2", {"gpu_checked": end + 1, "gpu_procs": [[42, 4110]]})
+    assert queue.gpu_memory_held("c4", since=end) == ["node2 pid 42 (4110 MiB)"]
+    registry.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})
+    assert queue.gpu_memory_held("c4", since=end) == []

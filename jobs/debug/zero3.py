@@ -86,6 +86,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--learners", type=int, default=0, help="default: one per node")
+    parser.add_argument(
+        "--strategy",
+        default="STRICT_SPREAD",
+        choices=["STRICT_SPREAD", "PACK", "SPREAD"],
+        help="placement of the learner bundles (STRICT_SPREAD: one per node)",
+    )
     args = parser.parse_args()
     ray.init()
     import torch
@@ -94,7 +100,10 @@ def main() -> int:
     nodes = len([n for n in ray.nodes() if n["Alive"]])
     world = args.learners or nodes
     bundle = {"GPU": 1, "CPU": 1} if cuda else {"CPU": 1}
-    pg = placement_group([bundle] * world, strategy="STRICT_SPREAD")
+    if args.strategy == "STRICT_SPREAD" and world > nodes:
+        print(f"zero3: {world} learners cannot be STRICT_SPREAD over {nodes} nodes (it would wait forever)")
+        return 2
+    pg = placement_group([bundle] * world, strategy=args.strategy)
     ray.get(pg.ready(), timeout=300)
     learners = [
         Learner.options(
@@ -120,7 +129,8 @@ def main() -> int:
         "params_local": [r["params_local"] for r in results],
     }
     print("ZERO3 " + json.dumps(summary))
-    return 0 if summary["loss_went_down"] and sharded and len(summary["hosts"]) == world else 1
+    spread = len(summary["hosts"]) == world or args.strategy != "STRICT_SPREAD"
+    return 0 if summary["loss_went_down"] and sharded and spread else 1
 
 
 if __name__ == "__main__":
