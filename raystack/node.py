@@ -128,8 +128,9 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         ip=node_ip(host),
         gpus=gpus_on_node(env),
         cpus=cpus,
-        # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short.
-        temp_dir=scratch / f"rs-{job_id}",
+        # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short. The host
+        # name keeps it per node even where the "local" scratch is shared between nodes.
+        temp_dir=scratch / f"rs-{job_id}-{host}",
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         log_path=env.get("RAYSTACK_NODE_LOG", ""),

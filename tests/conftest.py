@@ -62,7 +62,7 @@ def slurm_jobs_alive() -> list[str]:
 
 @pytest.fixture
 def rs_home(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh RAYSTACK_HOME on the testbed's shared filesystem (node /tmp is node-local).
+    """A fresh RAYSTACK_HOME in the testbed's state folder, seen by every node.
 
     At the end every cluster still live in it is cancelled, so no test leaks an allocation.
     """
