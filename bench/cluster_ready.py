@@ -41,8 +41,10 @@ BASE = r"""#!/bin/bash
 set -u
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 export PATH={bindir}:$PATH
-OPTS="--num-cpus=4 --num-gpus=4 --object-store-memory=268435456 --disable-usage-stats --block"
-ip() {{ getent hosts "$(hostname)" | awk '{{print $1}}'; }}
+# Testbed nodes share /tmp: each Ray node needs its own temp dir (raystack uses rs-<job>-<host>).
+# $(hostname) is expanded by the bash -c on each node, not here.
+OPTS='--num-cpus=4 --num-gpus=4 --object-store-memory=268435456 --disable-usage-stats --block'
+OPTS="$OPTS --temp-dir=/tmp/rb-$SLURM_JOB_ID-"'$(hostname)'
 head_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
 head_ip=$(getent hosts "$head_host" | awk '{{print $1}}')
 srun --overlap --nodes=1 --ntasks=1 -w "$head_host" bash -c \

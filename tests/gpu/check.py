@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raystack import Cluster, registry
 from raystack.jobs import JobState
-from raystack.node import gpu_processes
+from raystack.rayproc import gpu_processes
 
 DEBUG = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 

@@ -1,0 +1,137 @@
+"""Ray's processes on one node: free ports, `ray start --block` and everything it spawned, and
+the GPU memory its descendants hold. Used by the node program (raystack.node).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import random
+import shutil
+import socket
+import subprocess
+
+from raystack.errors import RaystackError
+
+log = logging.getLogger("raystack.node")
+
+WORKER_PORTS = 512  # size of each node's worker port range
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _bindable(ip: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(ip: str, count: int) -> list[int]:
+    """Ports free on this node now (the kernel picks them; two clusters never share one)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("", 0))
+            socks.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return ports
+
+
+def free_port_range(ip: str, size: int = WORKER_PORTS) -> tuple[int, int]:
+    """A block of `size` ports, all free now, outside the kernel's ephemeral range."""
+    for _ in range(200):
+        base = random.randrange(10000, 32000 - size)
+        if all(_bindable("", p) for p in range(base, base + size, 16)):
+            return base, base + size - 1
+    raise RaystackError(f"no free block of {size} ports on {ip}")
+
+
+def node_ports(ip: str, head: bool) -> dict[str, int]:
+    names = [
+        "object_manager",
+        "node_manager",
+        "agent_listen",
+        "agent_grpc",
+        "metrics",
+        "runtime_env",
+    ]
+    if head:
+        names += ["gcs", "dashboard", "client_server"]
+    ports = dict(zip(names, free_ports(ip, len(names)), strict=True))
+    ports["min_worker"], ports["max_worker"] = free_port_range(ip)
+    return ports
+
+
+class RayProcess:
+    """`ray start --block` and everything it spawned; stopped without touching other clusters."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        log.info("starting: %s", " ".join(argv))
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """TERM `ray start`, then KILL every descendant left (we are their subreaper)."""
+        import psutil
+
+        me = psutil.Process()
+        if self.alive():
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        psutil.wait_procs(me.children(recursive=True), timeout=5)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+
+def become_subreaper() -> None:
+    """Orphaned Ray daemons are re-parented to us, so teardown can find every one of them."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def tcp_open(ip: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def gpu_processes() -> list[tuple[int, int]]:
+    """(pid, MiB) of processes descended from this node program that hold GPU memory.
+
+    We are the subreaper of everything our Ray started, so orphans (vLLM's leftovers) count too.
+    Empty without nvidia-smi (no real GPUs).
+    """
+    import psutil
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    rows = [line.split(",") for line in out.splitlines() if line.strip()]
+    return [(int(pid), int(mib)) for pid, mib in rows if pid.strip().isdigit() and int(pid) in ours]
