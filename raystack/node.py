@@ -425,12 +425,28 @@ def head_record(ctx: NodeContext) -> registry.ClusterRecord | None:
     return None
 
 
+def head_ended(ctx: NodeContext) -> bool:
+    record = registry.read(ctx.cluster)
+    return record.slurm_job_id == ctx.job_id and record.state.is_terminal()
+
+
 def run_worker(ctx: NodeContext) -> int:
     record = wait_for(lambda: head_record(ctx), ctx.join_timeout, "the head to publish its address")
     if record.state.is_terminal() or not record.gcs_address:
         log.info("cluster %s is %s before this node joined; exiting", ctx.cluster, record.state.value)
         return 0
     head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
+    # NOTE: the head publishes its address before its GCS listens. A `ray start --address` that
+    # finds no GCS blocks in a connect timeout and then sleeps 1 s per retry (ray 2.60,
+    # Node._init_gcs_client), seconds lost: poll the port cheaply first.
+    wait_for(
+        lambda: tcp_open(head_ip, int(gcs_port), timeout=0.5) or head_ended(ctx),
+        ctx.join_timeout,
+        "the head's GCS to listen",
+    )
+    if head_ended(ctx):
+        log.info("cluster %s ended before this node joined; exiting", ctx.cluster)
+        return 0
     ray = RayProcess(ray_start_argv(ctx, node_ports(ctx.ip, head=False), record.gcs_address), ray_env(ctx))
     try:
         misses, seen = 0, False  # misses count only once the head has answered
