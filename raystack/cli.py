@@ -302,12 +302,15 @@ def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
     cluster: ClusterOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The job's state and whole log as JSON.")] = False,
 ) -> None:
     """Print a job's log (kept in the cluster folder, readable after `down`)."""
     job = Job.get(job_id, cluster)
     if follow:
-        _exit_for(job.follow())
-    else:
+        _exit_for(job.follow(out=sys.stderr if as_json else None))
+    if as_json:
+        _print_json({**_job_row(job.cluster, job.record()), "log": job.logs()})
+    elif not follow:
         print(job.logs(), end="")
 
 

@@ -249,6 +249,8 @@ def test_logs_and_ledger_outlive_the_allocation(qc: dict) -> None:
     first = qc["early"][0][0]
     done = raystack("logs", first.id)
     assert done.returncode == 0 and "early job 0" in done.stdout
+    as_json = json.loads(raystack("logs", first.id, "--json").stdout)
+    assert as_json["state"] == "SUCCEEDED" and "early job 0" in as_json["log"]
     assert raystack("logs", first.id, "-f").returncode == 0
     failed = next(r for r in cluster.jobs() if r.state is JobState.FAILED)
     assert raystack("logs", failed.id, "--follow").returncode == 1
