@@ -6,6 +6,7 @@ torn down at the end if this session started it. Set RAYSTACK_KEEP_TESTBED=1 to 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -53,6 +54,16 @@ def testbed() -> Iterator[Path]:
     yield TESTBED_DIR / "home"
     if started and not os.environ.get("RAYSTACK_KEEP_TESTBED"):
         subprocess.run([str(TESTBED / "down")], check=True)
+
+
+@contextlib.contextmanager
+def module_home(testbed: Path, name: str) -> Iterator[Path]:
+    """RAYSTACK_HOME for a module-scoped fixture (monkeypatch is per test): a folder on the testbed."""
+    home = testbed / f"rs-{name}-{os.getpid()}"
+    home.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAYSTACK_HOME", str(home))
+        yield home
 
 
 def slurm_jobs_alive() -> list[str]:

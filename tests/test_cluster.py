@@ -16,7 +16,7 @@ import pytest
 from raystack import Cluster, registry
 from raystack.registry import ClusterState
 
-from .conftest import NODES, processes_of_job
+from .conftest import NODES, module_home, processes_of_job
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -62,10 +62,7 @@ def resources_from(output: str) -> dict:
 @pytest.fixture(scope="module")
 def four(testbed: Path) -> Iterator[dict]:
     """One 4-node cluster shared by the tests of this module, started with the real CLI."""
-    home = testbed / f"rs-four-{os.getpid()}"
-    home.mkdir(exist_ok=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAYSTACK_HOME", str(home))
+    with module_home(testbed, "four") as home:
         up = raystack("up", "--nodes", str(NODES), "--profile", "testbed", "--name", "four")
         assert up.returncode == 0, up.stderr + up.stdout
         yield {"home": home, "up": up, "job": registry.read("four").slurm_job_id}

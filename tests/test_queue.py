@@ -19,7 +19,7 @@ from raystack.job import Job
 from raystack.jobs import JobRecord, JobsApi, JobState
 from raystack.registry import ClusterState
 
-from .conftest import NODES, processes_of_job, wait_until
+from .conftest import NODES, module_home, processes_of_job, wait_until
 from .test_cluster import ray_job_submit, raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -34,10 +34,7 @@ def py(code: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def qc(testbed: Path) -> Iterator[dict]:
-    home = testbed / f"rs-queue-{os.getpid()}"
-    home.mkdir(exist_ok=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAYSTACK_HOME", str(home))
+    with module_home(testbed, "queue") as home:
         cluster = Cluster.up(NODES, profile="testbed", name="qc", wait=False)
         early = []
         for i in range(3):
