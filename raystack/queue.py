@@ -67,18 +67,7 @@ def update_job(name: str, job_id: str, **changes: Any) -> JobRecord:
     """Read-modify-write the ledger under the cluster lock; state changes go into the history."""
     with registry.locked(name):
         record = read_job(name, job_id)
-        state = changes.get("state")
-        if state is not None and state != record.state:
-            record.history.append(
-                {
-                    "state": JobState(state).value,
-                    "time": changes.pop("at", time.time()),
-                    "message": changes.get("message", ""),
-                }
-            )
-        changes.pop("at", None)
-        for key, value in changes.items():
-            setattr(record, key, value)
+        registry.apply_changes(record, changes)
         write_job(name, record)
         return record
 

@@ -183,19 +183,26 @@ def update(name: str, **changes: Any) -> ClusterRecord:
     """Read-modify-write under the lock; a state change is appended to the history."""
     with locked(name):
         record = read(name) if exists(name) else ClusterRecord(name=name)
-        new_state = changes.get("state")
-        if new_state is not None and new_state != record.state:
-            record.history.append(
-                {
-                    "state": ClusterState(new_state).value,
-                    "time": time.time(),
-                    "message": changes.get("message", ""),
-                }
-            )
-        for key, value in changes.items():
-            setattr(record, key, value)
+        apply_changes(record, changes)
         write(record)
         return record
+
+
+def apply_changes(record: Any, changes: dict[str, Any]) -> None:
+    """Set fields of a record with a `state` and a `history`; a state change is appended to the
+    history with its time (`at`, default now) and message. Shared by cluster and job records."""
+    at = changes.pop("at", None)
+    state = changes.get("state")
+    if state is not None and state != record.state:
+        record.history.append(
+            {
+                "state": type(record.state)(state).value,
+                "time": at or time.time(),
+                "message": changes.get("message", ""),
+            }
+        )
+    for key, value in changes.items():
+        setattr(record, key, value)
 
 
 def list_names() -> list[str]:
