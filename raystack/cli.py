@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raystack import __version__, allocation
+from raystack import __version__, allocation, queue
 from raystack.cluster import Cluster
 from raystack.errors import RaystackError
 from raystack.job import Job
@@ -267,26 +267,27 @@ def queue_(name: NameArg = None, as_json: JsonOpt = False) -> None:
     """The cluster's jobs: id, name, state, position, start and duration."""
     cluster = Cluster.get(name)
     records = cluster.jobs()
+    places = queue.positions(cluster.name)
     if as_json:
-        _print_json([_job_row(cluster.name, r) for r in records])
+        _print_json([_job_row(cluster.name, r, places) for r in records])
         return
     table = Table("id", "name", "state", "pos", "start", "duration", "message")
     for r in records:
-        row = _job_row(cluster.name, r)
+        row = _job_row(cluster.name, r, places)
         start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
         table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:60])
     out.print(table)
 
 
-def _job_row(cluster: str, r: JobRecord) -> dict[str, Any]:
+def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:
     end = r.ended or (time.time() if r.started else None)
     return {
         "id": r.id,
         "name": r.name,
         "state": r.state.value,
         "cluster": cluster,
-        "position": Job(cluster, r.id).position() if r.state is JobState.QUEUED else 0,
+        "position": places.get(r.id, 0),
         "queued": r.request.queued_at,
         "start": r.started,
         "end": r.ended,
@@ -309,7 +310,7 @@ def logs(
     if follow:
         _exit_for(job.follow(out=sys.stderr if as_json else None))
     if as_json:
-        _print_json({**_job_row(job.cluster, job.record()), "log": job.logs()})
+        _print_json({**_job_row(job.cluster, job.record(), queue.positions(job.cluster)), "log": job.logs()})
     elif not follow:
         print(job.logs(), end="")
 

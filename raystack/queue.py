@@ -90,6 +90,11 @@ def job_id_of(path: Path) -> str:
     return path.stem.split("-", 1)[1]
 
 
+def is_now(path: Path) -> bool:
+    """--now jobs' queue files sort first: their sequence starts with 0 (see enqueue)."""
+    return path.name.startswith("0")
+
+
 def enqueue(request: JobRequest, now: bool = False) -> tuple[JobRecord, int]:
     """Write the ledger entry (QUEUED) and the queue file; return the record and its position."""
     name = request.cluster
@@ -110,11 +115,16 @@ def enqueue(request: JobRequest, now: bool = False) -> tuple[JobRecord, int]:
     return record, position(name, request.id)
 
 
-def position(name: str, job_id: str) -> int:
-    """1-based place among jobs not yet started (0 once started or finished)."""
+def positions(name: str) -> dict[str, int]:
+    """1-based place of every job not yet started, in queue order."""
     waiting = [job_id_of(p) for p in queue_files(name)]
     waiting = [j for j in waiting if read_job(name, j).state is JobState.QUEUED]
-    return waiting.index(job_id) + 1 if job_id in waiting else 0
+    return {job_id: i for i, job_id in enumerate(waiting, start=1)}
+
+
+def position(name: str, job_id: str) -> int:
+    """1-based place among jobs not yet started (0 once started or finished)."""
+    return positions(name).get(job_id, 0)
 
 
 def cancel(name: str, job_id: str) -> JobRecord:
@@ -214,9 +224,8 @@ class Runner:
         """One pass over the queue: follow jobs in flight, start what may start."""
         line_busy = False
         for path in queue_files(self.name):
-            job_id = job_id_of(path)
-            now = json.loads(path.read_text()).get("now", False)
-            record = read_job(self.name, job_id)
+            now = is_now(path)
+            record = read_job(self.name, job_id_of(path))
             if record.state.is_terminal():
                 path.unlink()
                 continue
