@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable
 from typing import TextIO
 
 from raystack import queue, registry
@@ -55,8 +54,7 @@ class Job:
         """True once the job's cluster has ended (STOPPED/FAILED), reconciled with SLURM."""
         from raystack.cluster import reconcile
 
-        record = registry.read(self.cluster)
-        return record.state.is_terminal() or reconcile(record).state.is_terminal()
+        return reconcile(registry.read(self.cluster)).state.is_terminal()
 
     def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
         """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED.
@@ -83,19 +81,15 @@ class Job:
         path = queue.job_log(self.cluster, self.id)
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def follow(
-        self, out: TextIO | None = None, poll: float = 0.25, stop: Callable[[], bool] | None = None
-    ) -> JobRecord:
-        """Stream the log as it grows until the job ends; returns the final record."""
+    def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:
+        """Stream the log as it grows until the job ends (or its cluster does); the final record."""
         out = out or sys.stdout
         path, offset, checked = queue.job_log(self.cluster, self.id), 0, time.monotonic()
-        if stop is None:
-            stop = self.cluster_ended
         while True:
             record = self.record()
             ended = False
             if not record.state.is_terminal() and time.monotonic() - checked > 2:
-                checked, ended = time.monotonic(), stop()
+                checked, ended = time.monotonic(), self.cluster_ended()
             if path.exists():
                 with path.open("rb") as fh:
                     fh.seek(offset)

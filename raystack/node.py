@@ -37,6 +37,7 @@ from raystack.rayproc import (
     RayProcess,
     become_subreaper,
     gpu_processes,
+    has_nvidia_smi,
     node_ports,
     tcp_open,
 )
@@ -383,7 +384,7 @@ _last_gpu_report = 0.0
 def report_gpu_use(ctx: NodeContext, every: float = 1.0) -> None:
     """Publish this node's leftover GPU memory in its node entry (read by the queue runner)."""
     global _last_gpu_report
-    if not ctx.gpus or shutil.which("nvidia-smi") is None or time.monotonic() - _last_gpu_report < every:
+    if time.monotonic() - _last_gpu_report < every or not ctx.gpus or not has_nvidia_smi():
         return
     _last_gpu_report = time.monotonic()
     entry = registry.read_node_entries(ctx.cluster).get(ctx.host, {})

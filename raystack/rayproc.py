@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import random
@@ -112,6 +113,12 @@ def tcp_open(ip: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+@functools.cache
+def has_nvidia_smi() -> bool:
+    """Real GPUs can be inspected here (looked up once per process)."""
+    return shutil.which("nvidia-smi") is not None
+
+
 def gpu_processes() -> list[tuple[int, int]]:
     """(pid, MiB) of processes descended from this node program that hold GPU memory.
 
@@ -120,7 +127,7 @@ def gpu_processes() -> list[tuple[int, int]]:
     """
     import psutil
 
-    if shutil.which("nvidia-smi") is None:
+    if not has_nvidia_smi():
         return []
     try:
         out = subprocess.run(
