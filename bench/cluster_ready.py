@@ -1,7 +1,7 @@
 """Benchmark: time from the allocation becoming RUNNING to a usable Ray cluster, N = 1, 2, 4, 8.
 
 Three ways to start Ray in the same SLURM allocation shape, measured in the same run:
-  raystack  `raystack up` (raystack.node): free ports, token auth, READY = all nodes + GPUs +
+  raystack  `raystack up` (raystack.allocation.node): free ports, token auth, READY = all nodes + GPUs +
             CPUs registered and the Jobs API answering an authenticated request.
   floor     bare `ray start --head` and every worker started at once (one srun), no checks.
   ray-docs  the pattern of Ray's SLURM documentation: head, `sleep 10`, then the workers one by
@@ -32,7 +32,11 @@ sys.path.insert(0, str(REPO))
 
 from _report import publish  # noqa: E402
 
-from raystack import Cluster, rayapi, registry, slurm  # noqa: E402
+from raystack import Cluster  # noqa: E402
+from raystack.adapters import slurm  # noqa: E402
+from raystack.adapters.ray import Dashboard  # noqa: E402
+from raystack.errors import RayApiError  # noqa: E402
+from raystack.store import cluster as clusters  # noqa: E402
 
 HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 TARGET = 1.5  # raystack within 1.5x of the floor
@@ -80,7 +84,7 @@ def wait_running(job: str) -> float:
     """Epoch time at which squeue first shows the job RUNNING (50 ms polling)."""
     while True:
         info = slurm.squeue([job]).get(job)
-        if info and info.state is slurm.JobState.RUNNING:
+        if info and info.state is slurm.SlurmState.RUNNING:
             return time.time()
         if info and info.state.is_terminal():
             raise RuntimeError(f"job {job} ended before running: {info.state}")
@@ -91,9 +95,9 @@ def wait_alive(url: str, nodes: int, timeout: float = 300) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if len(rayapi.alive_nodes(url, token="", timeout=2)) >= nodes:
+            if len(Dashboard(url, token="").alive_nodes(timeout=2)) >= nodes:
                 return time.time()
-        except rayapi.RayApiError:
+        except RayApiError:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{nodes} nodes not alive at {url} within {timeout}s")
@@ -140,7 +144,7 @@ def run_raystack(nodes: int, name: str) -> float:
     try:
         running = wait_running(job)
         cluster.wait_ready(timeout=300)
-        ready = next(h["time"] for h in registry.read(name).history if h["state"] == "READY")
+        ready = next(h["time"] for h in clusters.read(name).history if h["state"] == "READY")
         return ready - running
     finally:
         cluster.down()

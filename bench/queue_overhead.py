@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from _report import publish  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
-from raystack.jobs import JobsApi, JobState  # noqa: E402
+from raystack.store.ledger import JobState  # noqa: E402
 
 HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 TRIVIAL = ["python", "-c", "pass"]
@@ -64,14 +64,14 @@ def queue_latency(cluster: Cluster, n: int) -> list[float]:
 
 
 def floor(cluster: Cluster, n: int) -> dict:
-    api = JobsApi.for_cluster(cluster.name)
+    api = cluster.dashboard()
     start, latencies = time.time(), []
     for _ in range(n):
         t0 = time.time()
-        sid = api.client.submit_job(entrypoint="python -c pass")
+        sid = api.jobs.submit_job(entrypoint="python -c pass")
         seen_running = None
         while True:
-            status = str(api.client.get_job_status(sid).value)
+            status = str(api.jobs.get_job_status(sid).value)
             if status == "RUNNING" and seen_running is None:
                 seen_running = time.time()
             if status in ("SUCCEEDED", "FAILED", "STOPPED"):

@@ -11,23 +11,19 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+source"
 
 if TYPE_CHECKING:
-    from raystack.cluster import Cluster, ClusterStatus
+    from raystack.client.cluster import Cluster, ClusterStatus
+    from raystack.client.job import Job
     from raystack.errors import RaystackError
-    from raystack.job import Job
 
 __all__ = ["Cluster", "ClusterStatus", "Job", "RaystackError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    """Lazy exports: `python -m raystack.node` / `raystack.queue` import only what they use."""
-    if name in ("Cluster", "ClusterStatus"):
-        from raystack import cluster
+    """Lazy exports: the node program and the runner import only what they use."""
+    if name in ("Cluster", "ClusterStatus", "Job"):
+        from raystack import client
 
-        return getattr(cluster, name)
-    if name == "Job":
-        from raystack.job import Job
-
-        return Job
+        return getattr(client, name)
     if name == "RaystackError":
         from raystack.errors import RaystackError
 

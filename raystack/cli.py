@@ -17,11 +17,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raystack import __version__, allocation, queue
-from raystack.cluster import Cluster
+from raystack import __version__
+from raystack.allocation import sbatch as allocation
+from raystack.client import Cluster, Job
 from raystack.errors import RaystackError
-from raystack.job import Job
-from raystack.jobs import JobRecord, JobState
+from raystack.store import queue
+from raystack.store.ledger import JobRecord, JobState
 
 app = typer.Typer(
     add_completion=False,

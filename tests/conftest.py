@@ -81,10 +81,11 @@ def rs_home(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home.mkdir(parents=True)
     monkeypatch.setenv("RAYSTACK_HOME", str(home))
     yield home
-    from raystack import registry, slurm
+    from raystack.adapters import slurm
+    from raystack.store import cluster as clusters
 
-    for name in registry.list_names():
-        job = registry.read(name).slurm_job_id
+    for record in clusters.read_all():
+        job = record.slurm_job_id
         if job and job in slurm_jobs_alive():
             slurm.scancel(job)
     shutil.rmtree(home, ignore_errors=True)

@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from raystack import Cluster, registry
-from raystack.jobs import JobState
-from raystack.rayproc import gpu_processes
+from raystack import Cluster
+from raystack.allocation.rayproc import gpu_processes
+from raystack.store import cluster as clusters
+from raystack.store.ledger import JobState
 
 DEBUG = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 
@@ -23,7 +24,7 @@ def main() -> int:
     ngpu = int(sys.argv[1])
     t0 = time.time()
     cluster = Cluster("gpu")
-    while not registry.exists("gpu"):
+    while not clusters.exists("gpu"):
         time.sleep(0.2)
     cluster.wait_ready(timeout=300)
     print(f"READY after {time.time() - t0:.1f}s: {cluster.status().to_dict()}")
@@ -59,7 +60,7 @@ def main() -> int:
         checks["zero3 loss down and sharded"] = z3["loss_went_down"] and z3["sharded"]
     if "HELLO " in logs["hello"]:
         checks["hello sees every GPU"] = marker(logs["hello"], "HELLO")["gpus"] == ngpu
-    entry = registry.read_node_entries("gpu")
+    entry = clusters.read_node_entries("gpu")
     print("node entries:", entry)
     checks["node reports GPU use"] = all(time.time() - e.get("gpu_checked", 0) < 10 for e in entry.values())
     # The leftover-GPU-memory check: a descendant holding GPU memory must be seen.

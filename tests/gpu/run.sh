@@ -14,7 +14,7 @@ export SLURM_GPUS_ON_NODE=$ngpu SLURM_CPUS_ON_NODE=16 SLURM_JOB_CPUS_PER_NODE=16
 export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((ngpu - 1)))
 export RAYSTACK_NODE_IP=${RAYSTACK_NODE_IP:-127.0.0.1} RAYSTACK_OBJECT_STORE_MEMORY=4GB RAYSTACK_JOIN_TIMEOUT=300
 mkdir -p "$RAYSTACK_HOME/clusters/gpu/logs"
-python3 -m raystack.node >"$RAYSTACK_HOME/clusters/gpu/logs/node-$(hostname -s).log" 2>&1 &
+python3 -m raystack.allocation.node >"$RAYSTACK_HOME/clusters/gpu/logs/node-$(hostname -s).log" 2>&1 &
 node=$!
 status=0
 python3 tests/gpu/check.py "$ngpu" || status=$?

@@ -1,0 +1,178 @@
+"""The one adapter to a cluster's Ray dashboard (Jobs API, State API) and GCS.
+
+`Dashboard(url, token)` is the only client: Ray's own SDK clients underneath
+(JobSubmissionClient, StateApiClient), the token as an explicit `Authorization: Bearer` header
+(which Ray's clients prefer over the process-wide token cache, so one process can talk to
+several clusters with different tokens), one timeout, and Ray's error texts matched here only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from raystack.errors import RayApiError
+
+TIMEOUT = 10  # seconds for one State API call
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def short(exc: BaseException) -> str:
+    """One line for an exception from Ray's clients (their messages span many lines)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return type(exc).__name__ == "AuthenticationError" or "401" in text or "Unauthorized" in text
+
+
+def is_not_found(exc: BaseException) -> bool:
+    text = str(exc)
+    return "does not exist" in text or "404" in text
+
+
+def is_already_exists(exc: BaseException) -> bool:
+    return "already exists" in str(exc)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    import requests
+
+    return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError)
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """One alive Ray node as the State API reports it."""
+
+    node_id: str
+    ip: str
+    is_head: bool
+    resources: dict[str, float]
+
+
+class Dashboard:
+    """A cluster's dashboard, authenticated with its token."""
+
+    def __init__(self, url: str, token: str):
+        self.url = url
+        self.token = token
+
+    @functools.cached_property
+    def jobs(self) -> Any:
+        """Ray's JobSubmissionClient (created on first use: it asks the dashboard for its version)."""
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            return JobSubmissionClient(self.url, headers=auth_headers(self.token))
+        except Exception as exc:
+            raise RayApiError(f"Jobs API at {self.url} did not answer: {self._why(exc)}") from exc
+
+    def _why(self, exc: BaseException) -> str:
+        if is_auth_error(exc):
+            return "401 from the Jobs API: the token was refused (is it this cluster's token file?)"
+        return short(exc)
+
+    # ------------------------------------------------------------------ readiness
+    def probe(self) -> str | None:
+        """None when the Jobs API accepts an authenticated request, else why it did not."""
+        try:
+            self.jobs.list_jobs()
+            return None
+        except RayApiError as exc:
+            return str(exc)
+        except Exception as exc:
+            return f"Jobs API at {self.url}: {self._why(exc)}"
+
+    def alive_nodes(self, timeout: int = TIMEOUT) -> list[NodeSummary]:
+        """Alive nodes with their total resources (one cluster-wide query)."""
+        from ray.util.state.common import NodeState
+
+        nodes = self._state_list("nodes", [("state", "=", "ALIVE")], detail=True, timeout=timeout)
+        return [
+            NodeSummary(
+                node_id=n.node_id,
+                ip=n.node_ip,
+                is_head=bool(n.is_head_node),
+                resources=dict(n.resources_total or {}),
+            )
+            for n in nodes
+            if isinstance(n, NodeState)
+        ]
+
+    def _state_list(
+        self, resource: str, filters: list[tuple[str, str, str]], detail: bool = False, timeout: int = TIMEOUT
+    ) -> list[Any]:
+        from ray.util.state.api import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        try:
+            client = StateApiClient(address=self.url, headers=auth_headers(self.token))
+            return client.list(
+                StateResource(resource),
+                options=ListApiOptions(filters=filters, detail=detail, timeout=timeout),  # type: ignore[arg-type]
+                raise_on_missing_output=False,
+            )
+        except Exception as exc:
+            raise RayApiError(f"State API at {self.url} did not answer: {self._why(exc)}") from exc
+
+    def job_leftovers(self, ray_job_id: str) -> list[str]:
+        """Actors still alive and placement groups not yet removed that a Ray job created."""
+        actors = self._state_list("actors", [("job_id", "=", ray_job_id), ("state", "=", "ALIVE")])
+        groups = self._state_list("placement_groups", [("creator_job_id", "=", ray_job_id)])
+        return [f"actor {a.actor_id} ({a.class_name})" for a in actors] + [
+            f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
+        ]
+
+    # ------------------------------------------------------------------ jobs
+    def submit(
+        self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], **options: Any
+    ) -> None:
+        """Submit a job. Raises Ray's own exception (callers tell 'already exists' apart)."""
+        self.jobs.submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, **options
+        )
+
+    def info(self, submission_id: str) -> Any | None:
+        """Ray's JobDetails, or None when Ray does not know this submission id."""
+        try:
+            return self.jobs.get_job_info(submission_id)
+        except RuntimeError as exc:
+            if is_not_found(exc):
+                return None
+            raise
+
+    def logs(self, submission_id: str) -> str:
+        return str(self.jobs.get_job_logs(submission_id))
+
+    def stop(self, submission_id: str) -> bool:
+        return bool(self.jobs.stop_job(submission_id))
+
+    def list_jobs(self) -> list[Any]:
+        return list(self.jobs.list_jobs())
+
+
+def ray_state(info: Any) -> str:
+    """Ray's JobStatus of a JobDetails as a plain string."""
+    return str(info.status.value if hasattr(info.status, "value") else info.status)
+
+
+def available_gpus(gcs_address: str) -> tuple[float, float]:
+    """(available, total) GPUs as the GCS reports them (what `ray status` shows).
+
+    NOTE: ray.autoscaler.v2.sdk is what `ray status` uses. It authenticates with this process's
+    RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH: only the runner, which inherits its node's, calls it.
+    """
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    try:
+        status = get_cluster_status(gcs_address, timeout=TIMEOUT)
+    except Exception as exc:
+        raise RayApiError(f"GCS at {gcs_address} did not report its resources: {short(exc)}") from exc
+    return status.available_resources().get("GPU", 0.0), status.total_resources().get("GPU", 0.0)

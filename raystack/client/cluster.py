@@ -1,0 +1,303 @@
+"""The public Python API for clusters; every CLI verb is one call here.
+
+from raystack import Cluster
+c = Cluster.up(nodes=4, profile="isambard", name="grpo")   # submits, waits until READY
+c.status(); c.env(); c.down()
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from raystack.adapters import slurm
+from raystack.adapters.ray import Dashboard
+from raystack.adapters.slurm import SlurmState
+from raystack.allocation import sbatch as allocation
+from raystack.client.job import Job
+from raystack.client.reconcile import reconcile
+from raystack.errors import ClusterError, RayApiError, SlurmError
+from raystack.spec import job as specs
+from raystack.spec.job import JobSpec
+from raystack.spec.resolve import resolve
+from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.files import atomic_write
+from raystack.store.ledger import JobRecord, JobState, all_jobs
+from raystack.store.queue import enqueue
+
+Progress = Callable[[str], None]
+Argv = list[str]  # (inside Cluster, `list` is the classmethod)
+JobRecords = list[JobRecord]
+
+
+@dataclass
+class ClusterStatus:
+    """A snapshot joining the record, SLURM's view and Ray's view of one cluster."""
+
+    name: str
+    state: str
+    message: str
+    slurm_job_id: str | None
+    slurm_state: str | None
+    slurm_reason: str | None
+    time_left_s: int | None
+    nodes_expected: int
+    nodes_alive: int | None
+    gpus: float | None
+    cpus: float | None
+    dashboard_url: str | None
+    ray_error: str | None = None
+    running_job: str | None = None
+    queued_jobs: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == ClusterState.READY.value and self.nodes_alive == self.nodes_expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ready": self.ready}
+
+
+class Cluster:
+    """A handle on one named cluster in $RAYSTACK_HOME."""
+
+    def __init__(self, name: str):
+        self.name = paths.validate_name(name)
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r})"
+
+    # ------------------------------------------------------------------ lookup
+    @classmethod
+    def get(cls, name: str | None = None) -> Cluster:
+        """The named cluster, or the only one there is. Raises ClusterError when missing."""
+        cluster = cls(records.resolve(name))
+        cluster.record()
+        return cluster
+
+    @classmethod
+    def list(cls) -> list[ClusterRecord]:
+        return [cls(n).record() for n in records.list_names()]
+
+    def record(self) -> ClusterRecord:
+        return reconcile(records.read(self.name))
+
+    @property
+    def folder(self) -> Path:
+        return paths.cluster(self.name).root
+
+    # ------------------------------------------------------------------ up
+    @classmethod
+    def up(
+        cls,
+        nodes: int,
+        *,
+        wait: bool = True,
+        progress: Progress | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Cluster:
+        """Submit an allocation (see allocation.plan for options) and, by default, wait for READY."""
+        plan = allocation.plan(nodes, **options)
+        cluster = cls.submit_plan(plan)
+        if wait:
+            cluster.wait_ready(progress=progress, timeout=timeout)
+        return cluster
+
+    @classmethod
+    def submit_plan(cls, plan: allocation.AllocationPlan) -> Cluster:
+        """Perform a plan: create the folder and token, write the script, sbatch it."""
+        assert plan.name and plan.script_path
+        if shutil.which("sbatch") is None:
+            raise SlurmError(
+                "`sbatch` is not on PATH: run raystack on a SLURM login node "
+                "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
+            )
+        if records.exists(plan.name):
+            old = reconcile(records.read(plan.name))
+            if not old.state.is_terminal():
+                raise ClusterError(
+                    f"name '{plan.name}' is in use by a live cluster (SLURM job {old.slurm_job_id}, "
+                    f"{old.state.value}): `raystack down {plan.name}` first, or choose another --name"
+                )
+        records.create(plan.name)
+        records.clear_node_entries(plan.name)
+        atomic_write(plan.script_path, allocation.render_script(plan), mode=0o700)
+        records.write(
+            ClusterRecord(
+                name=plan.name,
+                profile=plan.profile.name,
+                nodes_expected=plan.nodes or 0,
+                gpus_per_node=plan.gpus_per_node,
+                message="submitting",
+                history=[{"state": "SUBMITTED", "time": time.time(), "message": ""}],
+            )
+        )
+        try:
+            job_id = slurm.sbatch(plan.sbatch_options(), str(plan.script_path))
+        except SlurmError as exc:
+            records.update(plan.name, state=ClusterState.FAILED, message=str(exc))
+            raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
+        records.update(plan.name, slurm_job_id=job_id, message=f"submitted as SLURM job {job_id}")
+        return cls(plan.name)
+
+    def wait_ready(
+        self,
+        progress: Progress | None = None,
+        timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> ClusterRecord:
+        """Poll the record (and SLURM, every 2 s) until READY; raise when it ends first."""
+        say = progress or (lambda _msg: None)
+        start, last_slurm, last_said = clock(), -1e9, ""
+        while True:
+            record = records.read(self.name)
+            if record.state is ClusterState.READY:
+                return record
+            if clock() - last_slurm >= 2:
+                last_slurm = clock()
+                info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+                record = reconcile(record, info)
+                if info is not None and info.state is SlurmState.PENDING:
+                    reason = info.reason if info.reason not in ("", "None") else "not scheduled yet"
+                    said = f"PENDING in SLURM (job {record.slurm_job_id}, reason: {reason})"
+                    if said != last_said:
+                        say(last_said := said)
+            if record.state.is_terminal():
+                logs = str(paths.cluster(self.name).logs)
+                hint = "" if logs in record.message else f" (logs: {logs})"
+                raise ClusterError(f"cluster {self.name} {record.state.value}: {record.message}{hint}")
+            if record.state is ClusterState.STARTING:
+                said = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
+                if said != last_said:
+                    say(last_said := said)
+            if timeout is not None and clock() - start > timeout:
+                raise ClusterError(
+                    f"cluster {self.name} not READY after {timeout:.0f}s "
+                    f"({record.state.value}: {record.message}); it is still queued or "
+                    f"starting: `raystack status {self.name}` or `raystack down {self.name}`"
+                )
+            sleep(0.25)
+
+    # ------------------------------------------------------------------ inspect
+    def status(self) -> ClusterStatus:
+        record = self.record()
+        info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+        time_left = None
+        if info and info.state is SlurmState.RUNNING and info.end_time:
+            time_left = max(0, int(info.end_time - time.time()))
+        nodes = gpus = cpus = None
+        ray_error = None
+        if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
+            try:
+                alive = Dashboard(record.dashboard_url, records.read_token(self.name)).alive_nodes(timeout=5)
+                nodes = len(alive)
+                gpus = sum(n.resources.get("GPU", 0) for n in alive)
+                cpus = sum(n.resources.get("CPU", 0) for n in alive)
+            except RayApiError as exc:
+                ray_error = str(exc)
+        ledger = all_jobs(self.name)
+        running = [j.id for j in ledger if j.state in (JobState.RUNNING, JobState.SUBMITTED)]
+        return ClusterStatus(
+            name=self.name,
+            state=record.state.value,
+            message=record.message,
+            slurm_job_id=record.slurm_job_id,
+            slurm_state=info.state.value if info else None,
+            slurm_reason=info.reason if info else None,
+            time_left_s=time_left,
+            nodes_expected=record.nodes_expected,
+            nodes_alive=nodes,
+            gpus=gpus,
+            cpus=cpus,
+            dashboard_url=record.dashboard_url,
+            ray_error=ray_error,
+            running_job=running[0] if running else None,
+            queued_jobs=sum(1 for j in ledger if j.state is JobState.QUEUED),
+        )
+
+    def dashboard(self) -> Dashboard:
+        """An authenticated client of this cluster's dashboard (Jobs and State APIs)."""
+        record = self.record()
+        if not record.dashboard_url:
+            raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
+        return Dashboard(record.dashboard_url, records.read_token(self.name))
+
+    def env(self) -> dict[str, str]:
+        """Variables with which plain `ray job submit`, `ray job logs` and `ray status` work."""
+        record = self.record()
+        if not record.gcs_address or not record.dashboard_url:
+            raise ClusterError(
+                f"cluster {self.name} has no Ray address yet ({record.state.value}): "
+                f"wait with `raystack up` or check `raystack status {self.name}`"
+            )
+        return {
+            "RAY_ADDRESS": record.gcs_address,  # ray status, ray.init()
+            "RAY_API_SERVER_ADDRESS": record.dashboard_url,  # ray job submit/logs/list
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(paths.cluster(self.name).token),
+            "RAYSTACK_CLUSTER": self.name,
+        }
+
+    # ------------------------------------------------------------------ jobs
+    def submit(
+        self, spec: str | Path | JobSpec | Argv, *, sets: Argv | None = None, now: bool = False
+    ) -> Job:
+        """Check a job (spec file, JobSpec or command argv) against this cluster and queue it.
+
+        Works while the allocation is still PENDING: the job starts once the cluster is READY.
+        Bad input raises ConfigError before anything is written.
+        """
+        record = self.record()
+        if record.state.is_terminal():
+            raise ClusterError(
+                f"cluster {self.name} is {record.state.value}: start it again with "
+                f"`raystack up --name {self.name} ...`, then submit"
+            )
+        if isinstance(spec, list):
+            job_spec, base, source, file = specs.command_spec(spec, sets), Path.cwd(), "command", None
+        elif isinstance(spec, str | Path):
+            path = Path(spec)
+            job_spec, base = specs.load_spec(path, sets), path.resolve().parent
+            source, file = f"job spec {path}", str(path.resolve())
+        else:
+            job_spec, base, source, file = spec, Path.cwd(), f"job spec {spec.name}", None
+        request = resolve(job_spec, record, base, source, file)
+        enqueue(request, now=now)
+        return Job(self.name, request.id)
+
+    def jobs(self) -> JobRecords:
+        """Every job of this cluster's ledger, oldest first."""
+        return all_jobs(self.name)
+
+    # ------------------------------------------------------------------ down
+    def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:
+        """Cancel the allocation, wait until SLURM has released its nodes, mark the record."""
+        record = self.record()
+        if record.state.is_terminal():
+            return record
+        records.update(self.name, state=ClusterState.STOPPING, message="raystack down")
+        if record.slurm_job_id:
+            slurm.scancel(record.slurm_job_id)
+            deadline = time.monotonic() + timeout
+            while True:
+                info = slurm.job_info(record.slurm_job_id)
+                if info is None or info.state.is_terminal():
+                    break
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"SLURM job {record.slurm_job_id} still {info.state.value} "
+                        f"{timeout:.0f}s after scancel; check `squeue -j {record.slurm_job_id}`"
+                    )
+                sleep(0.25)
+        record = records.read(self.name)
+        if not record.state.is_terminal():
+            record = records.update(self.name, state=ClusterState.STOPPED, message="stopped by raystack down")
+        return record

@@ -1,0 +1,132 @@
+"""The client's handle on one queued job: wait, logs, follow, stop, cancel.
+
+job = Cluster.get("demo").submit("jobs/debug/hello.yaml", sets=["env.X=1"])
+job.wait(); print(job.logs()); job.record().state
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import TextIO
+
+from raystack.adapters.ray import Dashboard
+from raystack.client.reconcile import reconcile
+from raystack.errors import ClusterError, RayApiError
+from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store.ledger import JobRecord, JobState, read_job, update_job
+from raystack.store.queue import cancel, position
+
+
+def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
+    """The cluster holding job `job_id` (searching every cluster when none is named)."""
+    names = [records.resolve(cluster)] if cluster else records.list_names()
+    for name in names:
+        if paths.cluster(name).ledger(job_id).is_file():
+            return name
+    where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
+    raise ClusterError(f"no job '{job_id}' in {where}: list jobs with `raystack queue`")
+
+
+class Job:
+    """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
+
+    def __init__(self, cluster: str, job_id: str):
+        self.cluster = cluster
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.cluster!r}, {self.id!r})"
+
+    @classmethod
+    def get(cls, job_id: str, cluster: str | None = None) -> Job:
+        return cls(find_cluster_of(job_id, cluster), job_id)
+
+    def record(self) -> JobRecord:
+        return read_job(self.cluster, self.id)
+
+    @property
+    def state(self) -> JobState:
+        return self.record().state
+
+    def position(self) -> int:
+        return position(self.cluster, self.id)
+
+    def cluster_ended(self) -> bool:
+        """True once the job's cluster has ended (STOPPED/FAILED), reconciled with SLURM."""
+        return reconcile(records.read(self.cluster)).state.is_terminal()
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
+        """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED.
+
+        Raises ClusterError after `timeout`, or when the cluster ends while the job is queued.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        checked = time.monotonic()
+        while not (record := self.record()).state.is_terminal():
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClusterError(f"job {self.id} still {record.state.value} after {timeout:.0f}s")
+            if time.monotonic() - checked > 2:
+                checked = time.monotonic()
+                if self.cluster_ended() and not (record := self.record()).state.is_terminal():
+                    raise ClusterError(
+                        f"cluster {self.cluster} ended; job {self.id} is still "
+                        f"{record.state.value} (it runs when the cluster is up again)"
+                    )
+            time.sleep(poll)
+        return record
+
+    def logs(self) -> str:
+        """The job's log as kept in logs/jobs/<id>.log (readable after the cluster is gone)."""
+        path = paths.cluster(self.cluster).job_log(self.id)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:
+        """Stream the log as it grows until the job ends (or its cluster does); the final record."""
+        out = out or sys.stdout
+        path, offset, checked = paths.cluster(self.cluster).job_log(self.id), 0, time.monotonic()
+        while True:
+            record = self.record()
+            ended = False
+            if not record.state.is_terminal() and time.monotonic() - checked > 2:
+                checked, ended = time.monotonic(), self.cluster_ended()
+            if path.exists():
+                with path.open("rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                if chunk:
+                    offset += len(chunk)
+                    out.write(chunk.decode(errors="replace"))
+                    out.flush()
+            if record.state.is_terminal() or ended:
+                if path.exists() and path.stat().st_size > offset:
+                    continue  # the runner wrote the final log after the state: print it first
+                return record
+            time.sleep(poll)
+
+    def cancel(self) -> JobRecord:
+        return cancel(self.cluster, self.id)
+
+    def stop(self, wait: bool = True) -> JobRecord:
+        """SIGTERM the job, SIGKILL after its stop_grace (Ray's supervisor does both): STOPPED.
+
+        A job still in the queue is cancelled instead.
+        """
+        record = self.record()
+        if record.state.is_terminal():
+            return record
+        if record.state is JobState.QUEUED and not record.attempts:
+            return self.cancel()
+        update_job(self.cluster, self.id, stop_requested=time.time())
+        if record.attempts:  # at once, rather than at the runner's next pass (which acts too)
+            with contextlib.suppress(RayApiError, RuntimeError):
+                cluster = records.read(self.cluster)
+                if cluster.dashboard_url:
+                    Dashboard(cluster.dashboard_url, records.read_token(self.cluster)).stop(
+                        record.attempts[-1]
+                    )
+        if not wait:
+            return self.record()
+        return self.wait(timeout=record.request.stop_grace + 60)

@@ -1,0 +1,1 @@
+"""Profiles and job specs: load, validate, resolve into a request for the queue."""

@@ -1,0 +1,204 @@
+"""Job specs (jobs/*.yaml): typed, validated on load, overridable with `--set key.sub=value`.
+
+A spec is resolved against the submitter's filesystem and the live cluster *before* anything is
+queued: working_dir must exist and fit Ray's upload limit, outputs become absolute paths on the
+shared filesystem, and `needs` must fit the cluster. Every problem is one ConfigError line that
+names the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from raystack.errors import ConfigError
+from raystack.spec.values import ENV_NAME, load_yaml, one_line_error, parse_duration, validate_env
+from raystack.store.paths import NAME
+
+# Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
+DEFAULT_EXCLUDES = [
+    ".git/",
+    ".hg/",
+    ".venv/",
+    "venv/",
+    ".env/",
+    "env/",
+    "__pycache__/",
+    "*.pyc",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    "wandb/",
+    "checkpoints/",
+    "checkpoint/",
+    "ckpt/",
+    "outputs/",
+    "output/",
+    "runs/",
+    "logs/",
+    "*.safetensors",
+    "*.pt",
+    "*.bin",
+]
+
+
+class Needs(BaseModel):
+    """What the job needs from the cluster; checked against the live cluster before queueing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: int | None = Field(default=None, ge=1)
+    gpus: int | None = Field(default=None, ge=0)
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    cpus_per_gpu: float | None = Field(default=None, ge=0)
+
+
+class JobSpec(BaseModel):
+    """One job: what to run, with what environment, needing what, with which outputs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    entrypoint: str
+    working_dir: str | None = None
+    excludes: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    entrypoint_num_cpus: float = Field(default=0, ge=0)
+    entrypoint_num_gpus: float = Field(default=0, ge=0)
+    entrypoint_resources: dict[str, float] = Field(default_factory=dict)
+    needs: Needs = Field(default_factory=Needs)
+    timeout: float | None = None  # seconds; the job is stopped after it
+    retries: int = Field(default=0, ge=0, le=100)
+    stop_grace: float = 30.0  # seconds between SIGTERM and kill on `raystack stop`
+    outputs: dict[str, str] = Field(default_factory=dict)  # name -> path (absolute once resolved)
+    uv: bool = False  # let Ray manage workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a job name; use letters, digits, '.', '_' and '-'")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty; give the command to run, e.g. 'python train.py'")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, Any]) -> dict[str, str]:
+        return validate_env(value)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("stop_grace", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} must be usable in RAYSTACK_OUTPUT_<NAME>: letters, digits, '_'")
+        return value
+
+
+# ---------------------------------------------------------------------------- overrides
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """'needs.gpus=8' -> (['needs', 'gpus'], 8); the value is read as YAML (so 8 is an int)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: use --set key.sub=value, e.g. --set env.LR=1e-6")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """Apply --set overrides to raw spec data. Unknown paths list the valid keys at that level."""
+    for item in items:
+        path, value = parse_set(item)
+        node: dict[str, Any] = data
+        model_fields: dict[str, Any] | None = dict(JobSpec.model_fields)
+        for i, part in enumerate(path):
+            last = i == len(path) - 1
+            if model_fields is not None and part not in model_fields:
+                where = ".".join(path[:i]) or "the spec"
+                valid = ", ".join(sorted(model_fields))
+                raise ConfigError(f"--set {item!r}: '{part}' is not a field of {where}; valid: {valid}")
+            if last:
+                node[part] = value
+                break
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: '{'.'.join(path[: i + 1])}' is not a mapping")
+            node = child
+            annotation = model_fields[part].annotation if model_fields else None
+            model_fields = dict(annotation.model_fields) if annotation is Needs else None
+    return data
+
+
+def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
+    """Load and validate a spec file; --set overrides are applied first."""
+    file = Path(path)
+    data = load_yaml(file)
+    data.setdefault("name", file.stem)
+    return _validate(apply_sets(data, sets or []), f"job spec {file}")
+
+
+def command_name(argv: list[str]) -> str:
+    """A job name from a command: `python train.py` -> train, `python -m pkg.mod` -> mod."""
+    word = Path(argv[0]).name
+    if word.startswith("python") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2:
+            word = argv[2].rsplit(".", 1)[-1]
+        elif not argv[1].startswith("-"):
+            word = Path(argv[1]).stem
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", word).lstrip("-._")[:63]
+    return clean or "job"
+
+
+def command_spec(argv: list[str], sets: list[str] | None = None, name: str | None = None) -> JobSpec:
+    """A spec for a bare command: `raystack submit -- python train.py --lr 1e-6`."""
+    import shlex
+
+    if not argv:
+        raise ConfigError(
+            "submit: give a spec file or a command after --, e.g. raystack submit -- python x.py"
+        )
+    data = {"name": name or command_name(argv), "entrypoint": shlex.join(argv)}
+    return _validate(apply_sets(data, sets or []), "command")
+
+
+def _validate(data: dict[str, Any], source: str) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = any(e["type"] == "extra_forbidden" for e in errors)  # a typo explains a "missing"
+        err = errors[0]
+        if err["type"] == "missing" and not unknown:
+            field = ".".join(str(p) for p in err["loc"])
+            raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), err)
+        valid = sorted(Needs.model_fields if first["loc"][:1] == ("needs",) else JobSpec.model_fields)
+        raise ConfigError(one_line_error(exc, source, valid)) from exc
+
+
+def new_job_id(name: str) -> str:
+    return f"{name[:40]}-{secrets.token_hex(3)}"

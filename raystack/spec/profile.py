@@ -1,0 +1,103 @@
+"""Cluster profiles: a site's sbatch defaults, setup lines, environment and Ray node settings.
+
+Built-ins ship with the package (slurm/profiles in the repository); the user's own in
+~/.config/raystack/profiles are searched first. Unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from raystack.errors import ConfigError
+from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env, validate_time
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILTIN_PROFILES = REPO_ROOT / "slurm" / "profiles"
+
+
+class Profile(BaseModel):
+    """A cluster profile: sbatch defaults, environment setup and Ray node settings of a site."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "generic"
+    description: str = ""
+    # sbatch defaults
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"
+    gpus_per_node: int = Field(default=0, ge=0, le=64)
+    gpu_type: str | None = None  # e.g. "volta" -> --gpus-per-node=volta:2
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    mem: str | None = None  # e.g. "0" (all of the node) or "200G"
+    extra_sbatch: list[str] = Field(default_factory=list)
+    # the allocation's environment
+    setup: list[str] = Field(default_factory=list)  # shell lines run before Ray starts
+    env: dict[str, str] = Field(default_factory=dict)
+    # Ray on each node
+    local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
+    object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
+    join_timeout: int = Field(default=300, ge=5)  # seconds for every node to join the head
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        try:
+            return validate_time(value, "time")
+        except ConfigError as exc:  # pydantic reports ValueErrors with the file and field
+            raise ValueError(str(exc).removeprefix("time: ")) from None
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, Any]) -> dict[str, str]:
+        return validate_env(value)
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _extra(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not str(option).startswith("--"):
+                raise ValueError(f"{option!r} must be a long sbatch option such as --exclusive")
+        return value
+
+    @field_validator("object_store_memory")
+    @classmethod
+    def _object_store(cls, value: str | None) -> str | None:
+        if value is not None:
+            size_to_mb(value)
+        return value
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up, the user's first: ~/.config/raystack/profiles, built-ins."""
+    dirs = [Path(p) for p in os.environ.get("RAYSTACK_PROFILE_PATH", "").split(os.pathsep) if p]
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return [*dirs, config_home / "raystack" / "profiles", BUILTIN_PROFILES]
+
+
+def available_profiles() -> list[str]:
+    names = {p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.yaml")}
+    return sorted(names)
+
+
+def load_profile(name: str = "generic") -> Profile:
+    """Load a profile by name (or path to a .yaml file)."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else None
+    if path is None:
+        path = next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
+    if path is None or not path.is_file():
+        raise ConfigError(
+            f"unknown profile '{name}': choose one of {', '.join(available_profiles())} "
+            f"or add {profile_dirs()[-2]}/{name}.yaml"
+        )
+    data = load_yaml(path)
+    data.setdefault("name", path.stem)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(one_line_error(exc, f"profile {path}", sorted(Profile.model_fields))) from exc

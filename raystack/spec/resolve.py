@@ -1,0 +1,105 @@
+"""Resolve a validated spec against the submitter's filesystem and the cluster into a JobRequest.
+
+Nothing is written here: the working_dir must exist and fit Ray's upload limit, outputs become
+absolute paths on the shared filesystem, and `needs` must fit the cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raystack.errors import ConfigError
+from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, new_job_id
+from raystack.store.cluster import ClusterRecord
+from raystack.store.ledger import JobRequest
+
+
+def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
+    """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
+    nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
+    fix = "lower it, or start a larger cluster with raystack up"
+    n = spec.needs
+    have = f"cluster '{cluster.name}' has {nodes} nodes x {gpn} GPUs"
+    if n.nodes is not None and n.nodes > nodes:
+        raise ConfigError(f"{source}: needs.nodes={n.nodes} but {have}; {fix}")
+    if n.gpus is not None and n.gpus > nodes * gpn:
+        raise ConfigError(f"{source}: needs.gpus={n.gpus} but {have} = {nodes * gpn}; {fix}")
+    if n.gpus_per_node is not None and n.gpus_per_node > gpn:
+        raise ConfigError(f"{source}: needs.gpus_per_node={n.gpus_per_node} but {have}; {fix}")
+    if n.cpus_per_gpu is not None and cpn:
+        per_node = n.cpus_per_gpu * (n.gpus_per_node or gpn)
+        if per_node > cpn:
+            raise ConfigError(
+                f"{source}: needs.cpus_per_gpu={n.cpus_per_gpu:g} asks {per_node:g} CPUs per node "
+                f"but cluster '{cluster.name}' has {cpn}; lower it or raise cpus_per_task"
+            )
+    if spec.entrypoint_num_gpus > gpn:
+        raise ConfigError(f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but {have}; {fix}")
+    if cpn and spec.entrypoint_num_cpus > cpn:
+        raise ConfigError(
+            f"{source}: entrypoint_num_cpus={spec.entrypoint_num_cpus:g} but nodes have {cpn} CPUs"
+        )
+
+
+def upload_size(folder: Path, excludes: list[str]) -> int:
+    """Bytes Ray would package from `folder` (Ray's own exclude matching, .gitignore/.rayignore)."""
+    # NOTE: private Ray helpers (ray 2.60), used so that our check agrees with Ray's packaging.
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    total = 0
+
+    def add(path: Path) -> None:
+        nonlocal total
+        if path.is_file():
+            total += path.stat().st_size
+
+    _dir_travel(folder, [_get_excludes(folder, excludes)], add, include_gitignore=True, logger=None)
+    return total
+
+
+def upload_limit() -> int:
+    from ray._private.runtime_env.packaging import GCS_STORAGE_MAX_SIZE
+
+    return int(GCS_STORAGE_MAX_SIZE)
+
+
+def resolve(
+    spec: JobSpec, cluster: ClusterRecord, base_dir: Path, source: str, spec_file: str | None = None
+) -> JobRequest:
+    """Check and resolve a spec for a cluster; nothing is written."""
+    check_needs(spec, cluster, source)
+    working_dir = None
+    excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
+    if spec.working_dir is not None:
+        folder = (base_dir / spec.working_dir).resolve()
+        if not folder.is_dir():
+            raise ConfigError(
+                f"{source}: working_dir '{spec.working_dir}' is not a folder ({folder}); "
+                "fix the path (relative paths start at the spec's folder)"
+            )
+        size, limit = upload_size(folder, excludes), upload_limit()
+        if size >= limit:
+            raise ConfigError(
+                f"{source}: working_dir {folder} is {size / 2**20:.0f} MiB, over Ray's upload "
+                f"limit of {limit / 2**20:.0f} MiB; add large folders to excludes"
+            )
+        working_dir = str(folder)
+    outputs = {key: str((base_dir / path).resolve()) for key, path in spec.outputs.items()}
+    return JobRequest(
+        id=new_job_id(spec.name),
+        name=spec.name,
+        cluster=cluster.name,
+        entrypoint=spec.entrypoint,
+        working_dir=working_dir,
+        excludes=excludes,
+        env=dict(spec.env),
+        entrypoint_num_cpus=spec.entrypoint_num_cpus,
+        entrypoint_num_gpus=spec.entrypoint_num_gpus,
+        entrypoint_resources=dict(spec.entrypoint_resources),
+        timeout=spec.timeout,
+        retries=spec.retries,
+        stop_grace=spec.stop_grace,
+        outputs=outputs,
+        uv=spec.uv,
+        spec_file=spec_file,
+    )

@@ -1,0 +1,56 @@
+"""What Ray receives for a JobRequest: the entrypoint, runtime_env (env_vars, working_dir,
+excludes), resources and metadata. Pure functions; the queue runner submits the result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from raystack.store.cluster import ClusterRecord
+from raystack.store.ledger import JobRequest
+
+
+def job_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, str]:
+    """The environment conventions every job gets (documented in the README), spec env on top."""
+    env = {
+        # Frameworks call ray.init(runtime_env={"env_vars": dict(os.environ)}), which otherwise
+        # fails to merge with the job's own env_vars.
+        "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "1" if request.uv else "0",
+        "RAYSTACK_CLUSTER": cluster.name,
+        "RAYSTACK_JOB_ID": request.id,
+        # Read by Ray's job supervisor: SIGTERM, then SIGKILL after this many seconds.
+        "RAY_JOB_STOP_WAIT_TIME_S": str(max(1, math.ceil(request.stop_grace))),
+    }
+    if cluster.walltime_end:
+        env["RAYSTACK_DEADLINE"] = str(int(cluster.walltime_end))
+    for key, path in request.outputs.items():
+        env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
+    env.update(request.env)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def runtime_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
+    renv: dict[str, Any] = {"env_vars": job_env(request, cluster)}
+    if request.working_dir:
+        renv["working_dir"] = request.working_dir
+        renv["excludes"] = request.excludes
+    return renv
+
+
+def submit_options(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
+    """Keyword arguments of Dashboard.submit for this request (besides its submission id)."""
+    return {
+        "entrypoint": request.entrypoint,
+        "runtime_env": runtime_env(request, cluster),
+        "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
+        "entrypoint_num_gpus": request.entrypoint_num_gpus or None,
+        "entrypoint_resources": request.entrypoint_resources or None,
+        "metadata": {
+            "raystack_job": request.id,
+            "raystack_name": request.name,
+            "raystack_cluster": cluster.name,
+        },
+    }

@@ -1,0 +1,199 @@
+"""The cluster record (cluster.json), the token and the node entries of one cluster folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from raystack.errors import ClusterError
+from raystack.store import paths
+from raystack.store.files import atomic_write, locked, make_private_dirs, quarantine
+from raystack.store.paths import ClusterPaths
+
+
+class ClusterState(str, Enum):
+    """The Ray cluster's state (never SLURM's: see adapters.slurm.SlurmState)."""
+
+    SUBMITTED = "SUBMITTED"  # sbatch accepted it; the allocation may be pending
+    STARTING = "STARTING"  # the allocation runs; Ray is coming up
+    READY = "READY"  # every node, GPU and CPU registered and the Jobs API answers
+    STOPPING = "STOPPING"  # `down` asked for it
+    STOPPED = "STOPPED"  # ended by `down` or by the allocation's own end
+    FAILED = "FAILED"  # could not start, or died
+
+    def is_terminal(self) -> bool:
+        return self in (ClusterState.STOPPED, ClusterState.FAILED)
+
+
+class ClusterRecord(BaseModel):
+    """cluster.json: everything a client needs to find and judge a cluster."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    state: ClusterState = ClusterState.SUBMITTED
+    message: str = ""
+    profile: str = "generic"
+    slurm_job_id: str | None = None
+    nodes_expected: int = 0
+    gpus_per_node: int = 0
+    cpus_per_node: int = 0
+    nodes: list[str] = Field(default_factory=list)  # host names, head first
+    nodes_joined: int = 0
+    head_host: str | None = None
+    head_ip: str | None = None
+    ports: dict[str, int] = Field(default_factory=dict)
+    gcs_address: str | None = None
+    dashboard_url: str | None = None
+    walltime_end: int | None = None  # epoch seconds
+    ray_version: str | None = None
+    runner_pid: int | None = None  # the queue runner on the head
+    runner_restarts: int = 0
+    created: float = Field(default_factory=time.time)
+    updated: float = Field(default_factory=time.time)
+    history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times
+
+
+def exists(name: str) -> bool:
+    return paths.cluster(name).record.is_file()
+
+
+def list_names() -> list[str]:
+    base = paths.clusters_dir()
+    if not base.is_dir():
+        return []
+    return sorted(
+        p.name for p in base.iterdir() if paths.NAME.fullmatch(p.name) and (p / paths.RECORD).is_file()
+    )
+
+
+def read(name: str) -> ClusterRecord:
+    """The record of cluster `name`; an unreadable one is moved aside and reported as missing."""
+    p = paths.cluster(name)
+    try:
+        return ClusterRecord.model_validate_json(p.record.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+        moved = quarantine(p, p.record, f"not a cluster record ({type(exc).__name__})")
+        raise ClusterError(
+            f"the record of cluster '{name}' was unreadable and was moved to {moved}; "
+            f"`raystack up --name {name}` starts it afresh"
+        ) from None
+    known = ", ".join(list_names()) or "none"
+    raise ClusterError(
+        f"no cluster named '{name}' in {paths.clusters_dir()} (known: {known}); start one with "
+        f"`raystack up --name {name}`"
+    )
+
+
+def read_all() -> list[ClusterRecord]:
+    """Every readable record (unreadable ones are moved aside with a warning, not fatal)."""
+    records = []
+    for name in list_names():
+        try:
+            records.append(read(name))
+        except ClusterError:
+            continue
+    return records
+
+
+def write(record: ClusterRecord) -> None:
+    record.updated = time.time()
+    atomic_write(paths.cluster(record.name).record, record.model_dump_json(indent=2), mode=0o600)
+
+
+def update(name: str, **changes: Any) -> ClusterRecord:
+    """Read-modify-write under the lock; a state change is appended to the history."""
+    with locked(paths.cluster(name)):
+        record = read(name) if exists(name) else ClusterRecord(name=name)
+        apply_changes(record, changes)
+        write(record)
+        return record
+
+
+def apply_changes(record: Any, changes: dict[str, Any]) -> None:
+    """Set fields of a record with a `state` and a `history`; a state change is appended to the
+    history with its time (`at`, default now) and message. Shared by cluster and job records."""
+    at = changes.pop("at", None)
+    state = changes.get("state")
+    if state is not None and state != record.state:
+        record.history.append(
+            {
+                "state": type(record.state)(state).value,
+                "time": at or time.time(),
+                "message": changes.get("message", ""),
+            }
+        )
+    for key, value in changes.items():
+        setattr(record, key, value)
+
+
+def resolve(name: str | None) -> str:
+    """The cluster meant: NAME, or the only live cluster, or the only cluster at all."""
+    if name:
+        return paths.validate_name(name)
+    records = read_all()
+    names = [r.name for r in records]
+    live = [r.name for r in records if not r.state.is_terminal()]
+    for candidates in (live, names):
+        if len(candidates) == 1:
+            return candidates[0]
+    if not names:
+        raise ClusterError(f"no clusters in {paths.clusters_dir()}: start one with `raystack up --nodes N`")
+    raise ClusterError(
+        f"several clusters ({', '.join(live or names)}): name one, e.g. `--cluster {(live or names)[0]}`"
+    )
+
+
+# ---------------------------------------------------------------------------- folder and token
+def create(name: str) -> ClusterPaths:
+    """Make (or reuse) a cluster's folder with private permissions and a fresh token."""
+    p = paths.cluster(name)
+    make_private_dirs(p)
+    atomic_write(p.token, secrets.token_hex(32), mode=0o600)
+    return p
+
+
+def ensure_token(name: str) -> Path:
+    """The token file, created (0600) when missing: an allocation started by hand has none yet."""
+    p = paths.cluster(name)
+    if not p.token.exists():
+        with locked(p):
+            if not p.token.exists():
+                atomic_write(p.token, secrets.token_hex(32), mode=0o600)
+    return p.token
+
+
+def read_token(name: str) -> str:
+    return paths.cluster(name).token.read_text().strip()
+
+
+# ---------------------------------------------------------------------------- node entries
+def write_node_entry(name: str, host: str, entry: dict[str, Any]) -> None:
+    atomic_write(paths.cluster(name).node_entry(host), json.dumps(entry), mode=0o600)
+
+
+def read_node_entries(name: str) -> dict[str, dict[str, Any]]:
+    folder = paths.cluster(name).nodes
+    entries = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            entries[path.stem] = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            continue  # being rewritten; atomic writes make this rare
+    return entries
+
+
+def clear_node_entries(name: str) -> None:
+    for stale in paths.cluster(name).nodes.glob("*.json"):
+        os.unlink(stale)

@@ -1,0 +1,144 @@
+"""Every path in a cluster's folder, defined once.
+
+$RAYSTACK_HOME/clusters/<name>/          (0700)
+  cluster.json         the cluster record (ClusterRecord), written atomically under the lock
+  token                the Ray auth token (0600)
+  .lock                flock'ed by every read-modify-write of the folder
+  raystack.sbatch      the allocation script that was submitted
+  nodes/<host>.json    one entry per node of the current allocation (ip, pid, GPU report)
+  queue/<seq>-<id>     one empty file per job not yet started, in queue order (the name orders it)
+  queue/journal        one line per change of the queue (appended), so the runner reads only changes
+  active/<id>          one empty file per job given to Ray and not yet finished
+  jobs/<id>.json       the ledger (JobRecord): every state a job went through
+  jobs/finished        one line per job that reached a final state (appended), newest last
+  logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>.log
+  corrupt/             files moved aside because they could not be read
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from raystack.errors import ConfigError
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+RECORD = "cluster.json"
+TOKEN = "token"
+SCRIPT = "raystack.sbatch"
+LOGS = "logs"
+NODE_LOG = "node-{host}.log"
+ALLOCATION_LOG = "allocation-{job}.log"
+
+
+def home() -> Path:
+    """$RAYSTACK_HOME, default ~/.raystack: on the shared filesystem, seen by every node."""
+    return Path(os.environ.get("RAYSTACK_HOME") or Path.home() / ".raystack").expanduser()
+
+
+def clusters_dir() -> Path:
+    return home() / "clusters"
+
+
+def validate_name(name: str, field: str = "--name") -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ConfigError(
+            f"{field}: {name!r} is not a valid cluster name; use letters, digits, '.', '_' and '-' "
+            "(at most 63, starting with a letter or digit)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    """The folder of one cluster and everything in it."""
+
+    name: str
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / RECORD
+
+    @property
+    def token(self) -> Path:
+        return self.root / TOKEN
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def script(self) -> Path:
+        return self.root / SCRIPT
+
+    @property
+    def nodes(self) -> Path:
+        return self.root / "nodes"
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue"
+
+    @property
+    def journal(self) -> Path:
+        return self.queue / "journal"
+
+    @property
+    def active(self) -> Path:
+        return self.root / "active"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def finished(self) -> Path:
+        return self.jobs / "finished"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS
+
+    @property
+    def job_logs(self) -> Path:
+        return self.logs / "jobs"
+
+    @property
+    def corrupt(self) -> Path:
+        return self.root / "corrupt"
+
+    @property
+    def runner_log(self) -> Path:
+        return self.logs / "queue-runner.log"
+
+    @property
+    def runner_lease(self) -> Path:
+        return self.root / "runner.lease"
+
+    def node_entry(self, host: str) -> Path:
+        return self.nodes / f"{host}.json"
+
+    def node_log(self, host: str) -> Path:
+        return self.logs / NODE_LOG.format(host=host)
+
+    def allocation_log(self, job: str) -> Path:
+        return self.logs / ALLOCATION_LOG.format(job=job)
+
+    def ledger(self, job_id: str) -> Path:
+        return self.jobs / f"{job_id}.json"
+
+    def job_log(self, job_id: str) -> Path:
+        return self.job_logs / f"{job_id}.log"
+
+    def folders(self) -> list[Path]:
+        """Every folder the cluster needs (created 0700)."""
+        return [self.root, self.nodes, self.queue, self.active, self.jobs, self.logs, self.job_logs]
+
+
+def cluster(name: str) -> ClusterPaths:
+    """The paths of cluster `name` (validated: it becomes a folder name)."""
+    return ClusterPaths(validate_name(name), clusters_dir() / validate_name(name))

@@ -1,0 +1,135 @@
+"""The allocation plan and script: golden files, quoting that survives a real shell."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from raystack.allocation import sbatch as allocation
+from raystack.allocation.sbatch import AllocationPlan
+from raystack.errors import ConfigError
+from raystack.spec.profile import Profile
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+REPO = Path(__file__).resolve().parents[2]
+
+TRICKY = {
+    "WITH_SPACES": "a value with spaces",
+    "WITH_QUOTES": 'it\'s "quoted"',
+    "WITH_DOLLAR": "$HOME and `date` stay literal",
+    "WITH_NEWLINE": "line one\nline two",
+    "NCCL_NET": "AWS Libfabric",
+}
+
+
+def tricky_plan() -> AllocationPlan:
+    profile = Profile(
+        name="site",
+        partition="gpu batch",
+        account="proj's",
+        time="1-00:00:00",
+        gpus_per_node=4,
+        gpu_type="h100",
+        cpus_per_task=72,
+        setup=["module load cuda/12.6", 'source "/shared/my venv/bin/activate"'],
+        env=TRICKY,
+        local_scratch="/local scratch",
+        object_store_memory="2GB",
+        extra_sbatch=["--exclusive", "--comment=a b"],
+    )
+    return AllocationPlan(
+        profile=profile,
+        nodes=4,
+        name="grpo-7b",
+        home="/shared/it's home/.raystack",
+        time=profile.time,
+        partition=profile.partition,
+        account=profile.account,
+        gpus_per_node=4,
+        python="/shared/my venv/bin/python",
+        extra_sbatch=tuple(profile.extra_sbatch),
+        env=dict(profile.env),
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("RAYSTACK_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with RAYSTACK_UPDATE_GOLDEN=1 if intended"
+
+
+def test_script_golden() -> None:
+    check_golden("tricky.sbatch", allocation.render_script(tricky_plan()))
+
+
+def test_sbatch_argv_golden() -> None:
+    check_golden("tricky.argv", "\n".join(tricky_plan().sbatch_argv()) + "\n")
+
+
+def test_argv_keeps_values_whole() -> None:
+    argv = tricky_plan().sbatch_argv()
+    assert "--partition=gpu batch" in argv
+    assert "--account=proj's" in argv
+    assert "--gpus-per-node=h100:4" in argv
+    assert argv[-1] == "/shared/it's home/.raystack/clusters/grpo-7b/raystack.sbatch"
+
+
+def test_script_is_valid_bash_and_exports_survive_quoting(tmp_path: Path) -> None:
+    script = allocation.render_script(tricky_plan())
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    # Run the script up to the point where it would start srun, and read its environment.
+    prefix = script.split('\nlogs="', 1)[0]
+    prefix = "\n".join(line for line in prefix.splitlines() if not line.startswith(("module", "source")))
+    out = subprocess.run(
+        ["bash", "-c", prefix + "\nenv -0"], capture_output=True, text=True, check=True
+    ).stdout
+    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    for key, value in TRICKY.items():
+        assert env[key] == value
+    assert env["RAYSTACK_HOME"] == "/shared/it's home/.raystack"
+    assert env["RAYSTACK_LOCAL_SCRATCH"] == "/local scratch"
+
+
+def test_hand_template_is_committed() -> None:
+    """slurm/raystack.sbatch is the generic script; it must match what raystack renders."""
+    committed = (REPO / "slurm" / "raystack.sbatch").read_text()
+    assert committed == allocation.hand_template(), (
+        "slurm/raystack.sbatch is stale: python -c 'from raystack.allocation import sbatch as allocation; "
+        'print(allocation.hand_template(), end="")\' > slurm/raystack.sbatch'
+    )
+
+
+def test_hand_template_takes_name_and_home_from_the_environment() -> None:
+    text = allocation.hand_template()
+    assert 'RAYSTACK_CLUSTER="${RAYSTACK_CLUSTER:-slurm-$SLURM_JOB_ID}"' in text
+    assert 'RAYSTACK_HOME="${RAYSTACK_HOME:-$HOME/.raystack}"' in text
+    assert "-m raystack.allocation.node" in text
+
+
+def test_plan_uses_profile_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    plan = allocation.plan(2, profile="isambard", name="x")
+    assert plan.time == "24:00:00" and plan.gpus_per_node == 4 and "--exclusive" in plan.sbatch_argv()
+    plan = allocation.plan(2, profile="isambard", name="x", time="2:00:00", gpus_per_node=2, partition="p")
+    assert {"--time=2:00:00", "--gpus-per-node=2", "--partition=p"} <= set(plan.sbatch_argv())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nodes": 0}, r"--nodes: 0 is not a positive number"),
+        ({"nodes": -3}, r"--nodes: -3"),
+        ({"nodes": 1, "time": "soon"}, r"--time: 'soon' is not a SLURM time"),
+        ({"nodes": 1, "name": "bad name"}, r"--name: 'bad name' is not a valid cluster name"),
+        ({"nodes": 1, "gpus_per_node": -1}, r"--gpus-per-node: -1 is negative"),
+        ({"nodes": 1, "extra_sbatch": ["exclusive"]}, r"--sbatch: 'exclusive' must be a long"),
+        ({"nodes": 1, "profile": "nope"}, r"unknown profile 'nope'"),
+    ],
+)
+def test_bad_requests_fail_before_anything_is_submitted(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        allocation.plan(**kwargs)

@@ -1,0 +1,87 @@
+"""Cluster API logic that needs no SLURM: waiting with an injected clock, records, name lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.errors import ClusterError
+from raystack.store import cluster as clusters
+from raystack.store.cluster import ClusterRecord, ClusterState
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    return tmp_path
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for tests that must not wait."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_wait_ready_gives_up_after_timeout_without_waiting(home: Path) -> None:
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, nodes_expected=4, nodes_joined=1))
+    clock, said = FakeClock(), []
+    with pytest.raises(ClusterError, match=r"not READY after 30s \(STARTING: .*raystack down c"):
+        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock, sleep=clock.sleep)
+    assert said == ["STARTING: 1/4 nodes joined"]  # said once, not every poll
+    assert 30 < clock.now < 31
+
+
+def test_wait_ready_returns_once_ready_and_reports_progress(home: Path) -> None:
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, nodes_expected=2))
+    clock, said = FakeClock(), []
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        joined = min(2, int(clock.now))
+        changes = {"nodes_joined": joined, **({"state": ClusterState.READY} if clock.now > 3 else {})}
+        clusters.update("c", **changes)
+
+    record = Cluster("c").wait_ready(progress=said.append, clock=clock, sleep=sleep)
+    assert record.state is ClusterState.READY
+    assert said == [f"STARTING: {k}/2 nodes joined" for k in range(3)]
+
+
+def test_wait_ready_raises_with_the_reason_and_logs_when_the_start_failed(home: Path) -> None:
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.FAILED, message="node node3 did not join"))
+    with pytest.raises(ClusterError, match=r"cluster c FAILED: node node3 did not join \(logs: .*/c/logs\)"):
+        Cluster("c").wait_ready(timeout=5)
+
+
+def test_state_history_records_every_change_once(home: Path) -> None:
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c"))
+    for state in (ClusterState.STARTING, ClusterState.STARTING, ClusterState.READY):
+        clusters.update("c", state=state)
+    assert [h["state"] for h in clusters.read("c").history] == ["STARTING", "READY"]
+
+
+def test_name_resolution(home: Path) -> None:
+    with pytest.raises(ClusterError, match=r"no clusters in .*raystack up --nodes N"):
+        clusters.resolve(None)
+    for name, state in (("a", ClusterState.STOPPED), ("b", ClusterState.READY)):
+        clusters.create(name)
+        clusters.write(ClusterRecord(name=name, state=state))
+    assert clusters.resolve(None) == "b"  # the only live one
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.READY))
+    with pytest.raises(ClusterError, match=r"several clusters \(b, c\)"):
+        clusters.resolve(None)
+    with pytest.raises(ClusterError, match="no cluster named 'zz'"):
+        Cluster.get("zz")

@@ -1,0 +1,251 @@
+"""Job specs: parsing, --set overrides, resolution, and the catalogue of bad input.
+
+Every bad spec gives one line naming the file, the field and the fix, and queues nothing. These
+checks happen before anything reaches SLURM or Ray, so the cluster here is a record in a private
+RAYSTACK_HOME (a 4-node x 4-GPU x 16-CPU cluster still starting); the same errors against a live
+cluster are covered in test_queue.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raystack.allocation.runner import gpu_memory_held
+from raystack.errors import ConfigError
+from raystack.spec import submission as jobs
+from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec
+from raystack.spec.resolve import resolve, upload_limit
+from raystack.spec.values import parse_duration
+from raystack.store import cluster as clusters
+from raystack.store import ledger, paths, queue
+from raystack.store.cluster import ClusterRecord, ClusterState
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    clusters.create("c4")
+    clusters.write(
+        ClusterRecord(
+            name="c4",
+            state=ClusterState.STARTING,
+            nodes_expected=4,
+            gpus_per_node=4,
+            cpus_per_node=16,
+            walltime_end=2_000_000_000,
+        )
+    )
+    return tmp_path
+
+
+def submit(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raystack.cli", "submit", "--cluster", "c4", *args],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        env=dict(os.environ),
+        timeout=60,
+    )
+
+
+def write(home: Path, text: str, name: str = "job.yaml") -> str:
+    (home / name).write_text(text)
+    return str(home / name)
+
+
+GOOD = "name: t\nentrypoint: python t.py\n"
+
+
+def test_good_spec_is_queued_with_conventions(home: Path) -> None:
+    (home / "src").mkdir()
+    (home / "src" / "t.py").write_text("print(1)\n")
+    path = write(
+        home,
+        GOOD + "working_dir: src\nenv: {LR: '1e-6'}\noutputs: {ckpt: out/ckpt}\n"
+        "needs: {nodes: 4, gpus: 16, gpus_per_node: 4, cpus_per_gpu: 4}\ntimeout: 2h\nstop_grace: 5\n",
+    )
+    done = submit(home, path, "--set", "env.LR=3e-6", "--json")
+    assert done.returncode == 0, done.stderr
+    [record] = ledger.all_jobs("c4")
+    req = record.request
+    assert record.state.value == "QUEUED" and len(queue.queue_files("c4")) == 1
+    assert req.working_dir == str(home / "src") and req.env == {"LR": "3e-6"}
+    assert req.outputs == {"ckpt": str(home / "out" / "ckpt")} and req.timeout == 7200 and req.stop_grace == 5
+    assert set(DEFAULT_EXCLUDES) <= set(req.excludes)
+    env = jobs.job_env(req, clusters.read("c4"))
+    assert env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] == "1" and env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
+    assert env["RAYSTACK_DEADLINE"] == "2000000000" and env["RAYSTACK_CLUSTER"] == "c4"
+    assert (
+        env["RAYSTACK_OUTPUT_CKPT"] == str(home / "out" / "ckpt") and env["RAY_JOB_STOP_WAIT_TIME_S"] == "5"
+    )
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_bare_command_is_taken_verbatim(home: Path) -> None:
+    done = submit(home, "--", "python", "train.py", "--lr", "1e-6", "--name", "a b")
+    assert done.returncode == 0, done.stderr
+    [record] = ledger.all_jobs("c4")
+    assert record.request.entrypoint == "python train.py --lr 1e-6 --name 'a b'"
+    assert record.name == "train"
+
+
+def test_queue_positions_follow_submission_order(home: Path) -> None:
+    for _ in range(3):
+        assert submit(home, "--", "true").returncode == 0
+    ids = [r.id for r in ledger.all_jobs("c4")]
+    assert [queue.position("c4", i) for i in ids] == [1, 2, 3]
+    queue.cancel("c4", ids[1])
+    assert [queue.position("c4", i) for i in ids] == [1, 0, 2]
+
+
+def test_uv_opt_in() -> None:
+    spec = JobSpec(name="u", entrypoint="x", uv=True)
+    req = ledger.JobRequest(id="u-1", name="u", cluster="c", entrypoint="x", uv=spec.uv)
+    assert jobs.job_env(req, ClusterRecord(name="c"))["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(90, 90), ("90s", 90), ("15m", 900), ("2h30m", 9000), ("1d", 86400), ("01:00:05", 3605)],
+)
+def test_durations(value: object, seconds: float) -> None:
+    assert parse_duration(value) == seconds  # type: ignore[arg-type]
+
+
+def test_set_types_values_as_yaml() -> None:
+    data = apply_sets({"name": "a", "entrypoint": "x"}, ["needs.gpus=8", "env.FLAG=true", "retries=2"])
+    assert data["needs"] == {"gpus": 8} and data["env"] == {"FLAG": True} and data["retries"] == 2
+    assert load_spec(REPO / "jobs" / "debug" / "hello.yaml", ["name=hi"]).name == "hi"
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["python", "x/train.py", "--lr", "1"], "train"),
+        (["python3", "-m", "open_instruct.grpo_fast"], "grpo_fast"),
+        (["python", "-c", "print(1)"], "python"),
+        (["./run.sh"], "run.sh"),
+        (["torchrun", "--nproc-per-node=4", "train.py"], "torchrun"),
+        (["...", "x"], "job"),
+    ],
+)
+def test_command_spec_name(argv: list[str], name: str) -> None:
+    assert command_spec(argv).name == name
+
+
+def test_debug_specs_load() -> None:
+    for name in ("hello", "allreduce", "zero3", "resume"):
+        assert load_spec(REPO / "jobs" / "debug" / f"{name}.yaml").name == name
+
+
+BAD = [
+    # (spec text, extra args, expected message)
+    ("name: t\n", [], r"missing field 'entrypoint'; add it"),
+    (GOOD + "entrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\); valid keys: "),
+    ("name: t\nentrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\)"),
+    (
+        GOOD + "entrypoint_num_gpus: lots\n",
+        [],
+        r"field 'entrypoint_num_gpus': .*valid number.* \(got 'lots'\)",
+    ),
+    (GOOD + "entrypoint_num_gpus: -1\n", [], r"field 'entrypoint_num_gpus': .*greater than or equal to 0"),
+    (GOOD + "needs: {gpus: -2}\n", [], r"field 'needs.gpus'"),
+    (GOOD + "needs: {gpus: 32}\n", [], r"needs.gpus=32 but cluster 'c4' has 4 nodes x 4 GPUs = 16; lower it"),
+    (GOOD + "needs: {nodes: 5}\n", [], r"needs.nodes=5 but cluster 'c4' has 4 nodes"),
+    (GOOD + "needs: {gpus_per_node: 8}\n", [], r"needs.gpus_per_node=8 but cluster 'c4'"),
+    (
+        GOOD + "needs: {cpus_per_gpu: 10}\n",
+        [],
+        r"needs.cpus_per_gpu=10 asks 40 CPUs per node but cluster 'c4' has 16",
+    ),
+    (
+        GOOD + "needs: {gpu: 1}\n",
+        [],
+        r"unknown key 'needs.gpu' \(did you mean 'gpus'\?\); valid keys: cpus_per_gpu, gpus, gpus_per_node",
+    ),
+    (GOOD + "entrypoint_num_gpus: 8\n", [], r"entrypoint_num_gpus=8 but cluster 'c4'"),
+    (GOOD + "working_dir: nowhere\n", [], r"working_dir 'nowhere' is not a folder .* fix the path"),
+    (GOOD + "env: {CUDA_VISIBLE_DEVICES: '0'}\n", [], r"never set CUDA_VISIBLE_DEVICES"),
+    (GOOD + "env: {'1BAD': x}\n", [], r"'1BAD' is not an environment variable name"),
+    (GOOD + "timeout: forever\n", [], r"field 'timeout': 'forever' is not a duration"),
+    (GOOD + "retries: -1\n", [], r"field 'retries'"),
+    (GOOD + "stop_grace: soon\n", [], r"field 'stop_grace'"),
+    (GOOD + "outputs: {'my-dir': x}\n", [], r"field 'outputs': 'my-dir' must be usable in RAYSTACK_OUTPUT_"),
+    ("name: 'bad name'\nentrypoint: x\n", [], r"field 'name': 'bad name' is not a job name"),
+    ("name: t\nentrypoint: '  '\n", [], r"field 'entrypoint': is empty"),
+    ("- a\n- b\n", [], r"must be a mapping"),
+    ("name: [unclosed\n", [], r"not valid YAML"),
+    (GOOD, ["--set", "nedds.gpus=1"], r"--set 'nedds.gpus=1': 'nedds' is not a field of the spec; valid: "),
+    (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus_per_gpu, gpus"),
+    (GOOD, ["--set", "needs"], r"--set 'needs': use --set key.sub=value"),
+    (GOOD, ["--set", "name.x=1"], r"'name' is not a mapping"),
+]
+
+
+@pytest.mark.parametrize(("text", "extra", "message"), BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_spec_is_one_line_and_queues_nothing(
+    home: Path, text: str, extra: list[str], message: str
+) -> None:
+    path = write(home, text)
+    done = submit(home, path, *extra)
+    assert done.returncode == 1, done.stdout
+    line = done.stderr.strip()
+    assert "\n" not in line, line
+    assert line.startswith("raystack: error: ")
+    pytest.importorskip("re").search(message, line) or pytest.fail(f"{message!r} not in {line!r}")
+    if "--set" not in extra[:1] and "mapping" not in message and "YAML" not in message:
+        assert "job.yaml" in line  # names the file
+    assert queue.queue_files("c4") == [] and ledger.all_jobs("c4") == []
+
+
+def test_missing_spec_file(home: Path) -> None:
+    done = submit(home, str(home / "nope.yaml"))
+    assert done.returncode == 1 and "nope.yaml: cannot read" in done.stderr
+
+
+def test_working_dir_over_the_upload_limit(home: Path) -> None:
+    big = home / "big"
+    big.mkdir()
+    with open(big / "weights.dat", "wb") as fh:  # sparse: costs no disk
+        fh.truncate(upload_limit() + 1)
+    path = write(home, GOOD + "working_dir: big\n")
+    done = submit(home, path)
+    assert done.returncode == 1
+    assert "over Ray's upload limit" in done.stderr and "add large folders to excludes" in done.stderr
+    assert ledger.all_jobs("c4") == []
+    # Excluding it makes the same folder acceptable.
+    assert submit(home, path, "--set", "excludes=[weights.dat]").returncode == 0
+
+
+def test_stopped_cluster_refuses_jobs(home: Path) -> None:
+    clusters.update("c4", state=ClusterState.STOPPED)
+    done = submit(home, "--", "true")
+    assert done.returncode == 1 and "cluster c4 is STOPPED: start it again" in done.stderr
+
+
+def test_resolve_is_pure_and_checks_before_writing(home: Path) -> None:
+    spec = JobSpec(name="x", entrypoint="true", needs={"gpus": 17})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"needs\.gpus=17"):
+        resolve(spec, clusters.read("c4"), home, "job spec x")
+    assert not paths.cluster("c4").queue.exists() or queue.queue_files("c4") == []
+
+
+def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
+    """The queue waits for leftover GPU memory; a report from before the job ended proves nothing."""
+    end = 1000.0
+    clusters.write_node_entry("c4", "node1", {"ip": "x"})  # no nvidia-smi there: not a GPU node
+    assert gpu_memory_held("c4", since=end) == []
+    clusters.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": []})
+    assert gpu_memory_held("c4", since=end) is None  # stale: wait for a fresh report
+    clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 1, "gpu_procs": [[42, 4110]]})
+    assert gpu_memory_held("c4", since=end) == ["node2 pid 42 (4110 MiB)"]
+    clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})
+    assert gpu_memory_held("c4", since=end) == []

@@ -1,0 +1,97 @@
+"""Profiles: typed, validated when loaded; errors are one line naming file, field and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raystack.errors import ConfigError
+from raystack.spec import profile as config
+from raystack.spec.profile import Profile, load_profile
+from raystack.spec.values import size_to_mb, time_to_seconds, validate_time
+
+
+@pytest.mark.parametrize("name", ["generic", "testbed", "isambard", "brtx", "supercloud"])
+def test_builtin_profiles_load(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.name == name
+    assert "CUDA_VISIBLE_DEVICES" not in profile.env
+
+
+def test_site_facts_from_the_seeds() -> None:
+    isambard, brtx, supercloud = (load_profile(n) for n in ("isambard", "brtx", "supercloud"))
+    assert isambard.gpus_per_node == 4 and time_to_seconds(isambard.time) == 24 * 3600
+    assert isambard.env["NCCL_CUMEM_ENABLE"] == "0" and isambard.env["FI_PROVIDER"] == "cxi"
+    assert brtx.gpus_per_node == 8 and brtx.partition == "brtx6" and brtx.local_scratch == "/srv/local1"
+    assert supercloud.gpus_per_node == 2 and supercloud.gpu_type == "volta"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30", 1800), ("10:30", 630), ("24:00:00", 86400), ("1-00", 86400), ("2-03:04:05", 183845)],
+)
+def test_slurm_time_forms(value: str, seconds: int) -> None:
+    assert time_to_seconds(validate_time(value)) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "0", "1h", "24:00:00:00", "-5", "abc"])
+def test_bad_time_names_the_field_and_the_fix(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"--time: .* use minutes, HH:MM:SS or D-HH:MM:SS"):
+        validate_time(bad)
+
+
+def test_sizes() -> None:
+    assert size_to_mb("256MB") == 256 and size_to_mb("2GB") == 2048 and size_to_mb("1.5GiB") == 1536
+    with pytest.raises(ValueError):
+        size_to_mb("lots")
+
+
+def write_profile(folder: Path, name: str, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder.parents[1]))
+
+
+def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_profile(tmp_path / "cfg/raystack/profiles", "generic", "time: '00:05:00'\n", monkeypatch)
+    assert load_profile("generic").time == "00:05:00"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("partitoin: gpu\n", r"unknown key 'partitoin' \(did you mean 'partition'\?\); valid keys: "),
+        ("gpus_per_node: -1\n", r"field 'gpus_per_node'"),
+        ("gpus_per_node: four\n", r"field 'gpus_per_node'"),
+        ("time: forever\n", r"field 'time': 'forever' is not a SLURM time; use minutes"),
+        ("env: {CUDA_VISIBLE_DEVICES: '0'}\n", r"never set CUDA_VISIBLE_DEVICES"),
+        ("env: {'BAD-NAME': x}\n", r"not an environment variable name"),
+        ("extra_sbatch: ['-p gpu']\n", r"must be a long sbatch option"),
+        ("object_store_memory: lots\n", r"field 'object_store_memory'"),
+        ("- a\n- b\n", r"must be a mapping"),
+        ("time: [unclosed\n", r"not valid YAML"),
+    ],
+)
+def test_bad_profile_is_one_line_naming_file_and_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, message: str
+) -> None:
+    write_profile(tmp_path / "cfg/raystack/profiles", "mysite", text, monkeypatch)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_profile("mysite")
+    assert "\n" not in str(info.value)
+    assert "mysite.yaml" in str(info.value)
+
+
+def test_unknown_profile_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown profile 'nope': choose one of .*isambard.*testbed"):
+        load_profile("nope")
+
+
+def test_profile_is_frozen() -> None:
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error type varies
+        Profile().time = "1"  # type: ignore[misc]
+
+
+def test_builtin_dir_is_in_the_repo() -> None:
+    assert (config.BUILTIN_PROFILES / "generic.yaml").is_file()

@@ -1,0 +1,174 @@
+"""`raystack up/env/status/list/down` on the testbed: real SLURM, real multi-node Ray, real Jobs API."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from raystack import Cluster
+from raystack.store import cluster as clusters
+from raystack.store import paths
+from raystack.store.cluster import ClusterState
+
+from ..conftest import NODES, module_home, processes_of_job
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+RESOURCES_JOB = """
+import json, ray
+ray.init()
+alive = [n for n in ray.nodes() if n["Alive"]]
+print("RESOURCES " + json.dumps({"nodes": len(alive), **ray.cluster_resources()}))
+"""
+
+
+def raystack(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "raystack.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def ray_job_submit(cluster: str, workdir: Path, *entrypoint: str) -> subprocess.CompletedProcess:
+    """Plain `ray job submit`, configured only by `raystack env` (as the README says)."""
+    exports = json.loads(raystack("env", cluster, "--json").stdout)
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    return subprocess.run(
+        [ray_cli, "job", "submit", "--working-dir", str(workdir), "--", *entrypoint],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **exports},
+    )
+
+
+def resources_from(output: str) -> dict:
+    line = next(ln for ln in output.splitlines() if ln.startswith("RESOURCES "))
+    return json.loads(line.removeprefix("RESOURCES "))
+
+
+@pytest.fixture(scope="module")
+def four(testbed: Path) -> Iterator[dict]:
+    """One 4-node cluster shared by the tests of this module, started with the real CLI."""
+    with module_home(testbed, "four") as home:
+        up = raystack("up", "--nodes", str(NODES), "--profile", "testbed", "--name", "four")
+        assert up.returncode == 0, up.stderr + up.stdout
+        yield {"home": home, "up": up, "job": clusters.read("four").slurm_job_id}
+        raystack("down", "four")
+
+
+def test_up_reports_ready_with_dashboard_tunnel_and_env(four: dict) -> None:
+    out = four["up"].stdout
+    record = clusters.read("four")
+    assert record.state is ClusterState.READY
+    assert f"cluster four READY: SLURM job {four['job']}, {NODES} nodes" in out
+    assert f"{NODES * 4} GPUs" in out
+    port = record.ports["dashboard"]
+    assert f"dashboard: http://{record.head_ip}:{port}" in out
+    assert f"ssh -N -L {port}:{record.head_ip}:{port} " in out
+    assert 'eval "$(raystack env four)"' in out
+    assert "STARTING" in four["up"].stderr  # progress was shown while waiting
+    assert record.nodes == [f"node{i}" for i in range(1, NODES + 1)]
+    assert record.walltime_end and record.walltime_end > record.created
+
+
+def test_plain_ray_job_submit_sees_every_node_and_gpu(four: dict, tmp_path: Path) -> None:
+    workdir = four["home"] / "resources-job"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "resources.py").write_text(RESOURCES_JOB)
+    done = ray_job_submit("four", workdir, "python", "resources.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = resources_from(done.stdout)
+    assert found["nodes"] == NODES
+    assert found["GPU"] == NODES * 4
+    assert found["CPU"] == NODES * 4  # the testbed profile asks --cpus-per-task=4
+
+
+def test_ray_status_works_with_raystack_env(four: dict) -> None:
+    exports = json.loads(raystack("env", "four", "--json").stdout)
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    done = subprocess.run(
+        [ray_cli, "status"], capture_output=True, text=True, timeout=60, env={**os.environ, **exports}
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{float(NODES * 4)} GPU" in done.stdout or f"0.0/{float(NODES * 4)} GPU" in done.stdout
+
+
+def test_env_prints_token_by_path_not_value(four: dict) -> None:
+    out = raystack("env", "four").stdout
+    token = clusters.read_token("four")
+    assert token not in out
+    assert f"export RAY_AUTH_TOKEN_PATH={paths.cluster('four').token}" in out
+    assert "export RAY_AUTH_MODE=token" in out
+
+
+def test_jobs_api_refuses_requests_without_the_token(four: dict) -> None:
+    url = clusters.read("four").dashboard_url
+    assert httpx.get(f"{url}/api/jobs/").status_code in (401, 403)
+    wrong = {"Authorization": "Bearer " + "0" * 64}
+    assert httpx.get(f"{url}/api/jobs/", headers=wrong).status_code in (401, 403)
+    right = {"Authorization": f"Bearer {clusters.read_token('four')}"}
+    assert httpx.get(f"{url}/api/jobs/", headers=right).status_code == 200
+
+
+def test_token_and_folder_are_private(four: dict) -> None:
+    assert stat.S_IMODE(os.stat(paths.cluster("four").token).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(paths.cluster("four").root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(paths.cluster("four").record).st_mode) == 0o600
+
+
+def test_dashboard_binds_the_node_address_only(four: dict) -> None:
+    record = clusters.read("four")
+    assert record.dashboard_url == f"http://{record.head_ip}:{record.ports['dashboard']}"
+    assert not record.head_ip.startswith(("0.", "127."))
+
+
+def test_status_json_and_exit_code(four: dict) -> None:
+    done = raystack("status", "four", "--json")
+    assert done.returncode == 0, done.stderr
+    st = json.loads(done.stdout)
+    assert st["ready"] is True
+    assert st["nodes_alive"] == NODES and st["gpus"] == NODES * 4
+    assert st["slurm_state"] == "RUNNING" and 0 < st["time_left_s"] <= 2 * 3600
+
+
+def test_name_may_be_omitted_with_one_cluster(four: dict) -> None:
+    assert raystack("status").returncode == 0
+    listed = json.loads(raystack("list", "--json").stdout)
+    assert [(c["name"], c["state"]) for c in listed] == [("four", "READY")]
+
+
+def test_name_in_use_is_refused_and_the_live_cluster_survives(four: dict) -> None:
+    done = raystack("up", "--nodes", "1", "--profile", "testbed", "--name", "four")
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0
+    assert "name 'four' is in use by a live cluster" in done.stderr
+    assert "raystack down four" in done.stderr
+    assert Cluster.get("four").status().ready
+
+
+def test_down_releases_the_nodes_and_leaves_no_process(four: dict) -> None:
+    done = raystack("down", "four")
+    assert done.returncode == 0, done.stderr
+    assert "STOPPED" in done.stdout
+    assert clusters.read("four").state is ClusterState.STOPPED
+    assert processes_of_job(four["job"]) == []
+    assert raystack("status", "four").returncode == 1
+    # The logs outlive the allocation.
+    logs = paths.cluster("four").logs
+    assert (logs / f"allocation-{four['job']}.log").is_file()
+    assert {p.name for p in logs.glob("node-*.log")} == {f"node-node{i}.log" for i in range(1, NODES + 1)}

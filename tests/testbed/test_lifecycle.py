@@ -1,0 +1,152 @@
+"""Cluster lifecycles on the testbed: sharing nodes, scancel, refusals, failures while starting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.adapters import slurm
+from raystack.store import cluster as clusters
+from raystack.store import paths
+from raystack.store.cluster import ClusterState
+
+from ..conftest import NODES, processes_of_job, wait_until
+from .test_cluster import RESOURCES_JOB, ray_job_submit, raystack, resources_from
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+
+def test_two_clusters_share_nodes_and_down_of_one_spares_the_other(rs_home: Path) -> None:
+    """Both heads on node1 and both workers on node2: ports must not collide."""
+    share = [
+        "--nodes",
+        "2",
+        "--profile",
+        "testbed",
+        "--gpus-per-node",
+        "2",
+        "--sbatch=--nodelist=node1,node2",
+    ]
+    for name in ("a", "b"):
+        done = raystack("up", *share, "--name", name, "--no-wait")
+        assert done.returncode == 0, done.stderr
+    a, b = Cluster("a"), Cluster("b")
+    a.wait_ready(timeout=180)
+    b.wait_ready(timeout=180)
+    ra, rb = clusters.read("a"), clusters.read("b")
+    assert ra.head_host == rb.head_host == "node1"
+    assert set(ra.ports.values()).isdisjoint(rb.ports.values())
+    workdir = rs_home / "job"
+    workdir.mkdir()
+    (workdir / "resources.py").write_text(RESOURCES_JOB)
+    for name in ("a", "b"):
+        done = ray_job_submit(name, workdir, "python", "resources.py")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert resources_from(done.stdout)["GPU"] == 4  # 2 nodes x 2 GPUs each, not the other's
+
+    a.down()
+    assert clusters.read("a").state is ClusterState.STOPPED
+    assert processes_of_job(ra.slurm_job_id) == []
+    assert b.status().ready
+    done = ray_job_submit("b", workdir, "python", "resources.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    b.down()
+    assert processes_of_job(rb.slurm_job_id) == []
+
+
+def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
+    cluster = Cluster.up(2, profile="testbed", name="victim", timeout=180)
+    job = clusters.read("victim").slurm_job_id
+    assert job and processes_of_job(job)
+    slurm.scancel(job)
+    wait_until(lambda: cluster.record().state.is_terminal(), 60, "the record to turn terminal")
+    record = cluster.record()
+    assert record.state is ClusterState.STOPPED, record.message
+    assert "SIGTERM" in record.message or "CANCELLED" in record.message
+    wait_until(lambda: processes_of_job(job) == [], 30, f"every process of job {job} to end")
+    assert raystack("status", "victim").returncode == 1
+
+
+def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None:
+    done = raystack("up", "--nodes", str(NODES + 1), "--profile", "testbed", "--name", "huge")
+    assert done.returncode == 1
+    assert done.stderr.startswith("raystack: error: SLURM refused the allocation:")
+    assert "Node count specification invalid" in done.stderr
+    assert done.stderr.strip().count("\n") == 0
+    assert clusters.read("huge").state is ClusterState.FAILED
+
+
+def test_no_sbatch_on_path_is_one_line_naming_the_fix(rs_home: Path) -> None:
+    done = raystack("up", "--nodes", "1", env={"PATH": str(Path(sys.executable).parent)})
+    assert done.returncode == 1
+    assert "`sbatch` is not on PATH" in done.stderr and "slurm/testbed/up" in done.stderr
+    assert clusters.list_names() == []  # nothing was created
+
+
+def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> None:
+    waiting = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raystack.cli",
+            "up",
+            "--nodes",
+            "1",
+            "--profile",
+            "testbed",
+            "--name",
+            "later",
+            "--sbatch=--begin=now+1hour",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    assert waiting.stderr is not None
+    seen = []
+    while not any("BeginTime" in line for line in seen):  # the CLI shows SLURM's reason
+        line = waiting.stderr.readline()
+        assert line, "raystack up ended before showing the PENDING reason: " + "".join(seen)
+        seen.append(line)
+    job = clusters.read("later").slurm_job_id
+    slurm.scancel(str(job))
+    _, rest = waiting.communicate(timeout=60)
+    err = "".join(seen) + rest
+    assert waiting.returncode == 1
+    assert f"PENDING in SLURM (job {job}, reason: BeginTime)" in err
+    assert "cluster later FAILED" in err and "CANCELLED" in err
+    assert str(paths.cluster("later").logs) in err
+
+
+def test_node_that_never_joins_fails_the_start_naming_node_and_log(
+    rs_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node2's Python hangs (as on a node with a stuck filesystem); the head gives up in time."""
+    wrapper = rs_home / "python-wrapper"
+    wrapper.write_text(
+        f'#!/bin/bash\n[ "$(hostname)" = node2 ] && exec sleep 600\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    profiles = tmp_path / "cfg" / "raystack" / "profiles"
+    profiles.mkdir(parents=True)
+    (profiles / "stuck.yaml").write_text(
+        "partition: testbed\ngpus_per_node: 1\ncpus_per_task: 1\nobject_store_memory: 128MB\n"
+        f"join_timeout: 10\nsetup: ['RAYSTACK_PYTHON={wrapper}']\n"
+    )
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    done = raystack("up", "--nodes", "2", "--profile", "stuck", "--name", "stuck")
+    assert done.returncode == 1
+    message = clusters.read("stuck").message
+    assert message.startswith("node node2 did not join within 10s")
+    assert str(paths.cluster("stuck").logs / "node-node2.log") in message
+    assert "node node2 did not join" in done.stderr
+    job = clusters.read("stuck").slurm_job_id
+    # The failed cluster releases its allocation instead of holding the nodes until walltime.
+    wait_until(lambda: (i := slurm.job_info(str(job))) and i.state.is_terminal(), 60, "release")
+    wait_until(lambda: processes_of_job(str(job)) == [], 30, "every process to end")

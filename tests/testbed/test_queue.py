@@ -1,0 +1,257 @@
+"""The persistent queue on a real 4-node cluster: order, failures, stop, runner restarts, debug jobs.
+
+One cluster serves the whole module; its first three jobs are queued before it is READY.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.client import Job
+from raystack.store import cluster as clusters
+from raystack.store.cluster import ClusterState
+from raystack.store.ledger import JobRecord, JobState
+
+from ..conftest import NODES, module_home, processes_of_job, wait_until
+from .test_cluster import ray_job_submit, raystack
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+REPO = Path(__file__).resolve().parents[2]
+DEBUG = REPO / "jobs" / "debug"
+
+
+def py(code: str) -> list[str]:
+    """A bare-command job running a line of Python."""
+    return ["python", "-c", code]
+
+
+@pytest.fixture(scope="module")
+def qc(testbed: Path) -> Iterator[dict]:
+    with module_home(testbed, "queue") as home:
+        cluster = Cluster.up(NODES, profile="testbed", name="qc", wait=False)
+        early = []
+        for i in range(3):
+            job = cluster.submit(
+                py(f"import time; print('early job {i}'); time.sleep(0.5)"), sets=[f"name=early{i}"]
+            )
+            early.append((job, clusters.read("qc").state))
+        cluster.wait_ready(timeout=180)
+        yield {"cluster": cluster, "early": early, "home": home}
+        if not clusters.read("qc").state.is_terminal():
+            cluster.down()
+
+
+def finished(job: Job, timeout: float = 240) -> JobRecord:
+    return job.wait(timeout=timeout)
+
+
+def marker(job: Job, prefix: str) -> dict:
+    line = next(ln for ln in job.logs().splitlines() if ln.startswith(prefix + " "))
+    return json.loads(line.removeprefix(prefix + " "))
+
+
+def test_jobs_queued_before_ready_run_in_order_and_never_overlap(qc: dict) -> None:
+    jobs = [job for job, _ in qc["early"]]
+    assert all(state is not ClusterState.READY for _, state in qc["early"]), "queued too late"
+    records = [finished(job) for job in jobs]
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 3
+    for i, (job, record) in enumerate(zip(jobs, records, strict=True)):
+        assert f"early job {i}" in job.logs()
+        assert record.attempts == [record.id]
+    for before, after in itertools.pairwise(records):
+        assert before.ended is not None and after.started is not None
+        assert before.ended <= after.started, f"{before.id} overlaps {after.id}"
+        queued = after.time_in(JobState.QUEUED)
+        assert queued is not None and queued <= before.started  # all were waiting together
+
+
+def test_debug_jobs_hello_allreduce_zero3_succeed(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    hello, allreduce, zero3 = (cluster.submit(DEBUG / f"{n}.yaml") for n in ("hello", "allreduce", "zero3"))
+    for job in (hello, allreduce, zero3):
+        record = finished(job, timeout=420)
+        assert record.state is JobState.SUCCEEDED, f"{job.id}: {record.message}\n{job.logs()[-3000:]}"
+    info = marker(hello, "HELLO")
+    assert info["nodes"] == NODES and info["gpus"] == NODES * 4
+    assert sorted(n["host"] for n in info["per_node"]) == [f"node{i}" for i in range(1, NODES + 1)]
+    reduce = marker(allreduce, "ALLREDUCE")
+    assert reduce["all_ok"] and reduce["world"] == NODES and len(reduce["hosts"]) == NODES
+    assert reduce["backend"] == "gloo" and reduce["busbw_gb_s"] > 0
+    z3 = marker(zero3, "ZERO3")
+    assert z3["loss_went_down"] and z3["sharded"] and len(z3["hosts"]) == z3["world"] == NODES
+
+
+def test_failing_job_is_recorded_and_the_next_still_runs(qc: dict) -> None:
+    follow = raystack(
+        "submit",
+        "--cluster",
+        "qc",
+        "--follow",
+        "--",
+        "python",
+        "-c",
+        "import sys; print('about to fail'); sys.exit(3)",
+    )
+    assert "queued job" in follow.stderr, follow.stderr
+    assert follow.returncode == 1  # --follow exits with the job's outcome
+    assert "about to fail" in follow.stdout
+    assert "FAILED" in follow.stderr
+    failed = [r for r in Cluster("qc").jobs() if r.state is JobState.FAILED][-1]
+    assert failed.exit_code == 3 and "exit code 3" in failed.message.lower()
+    nxt = qc["cluster"].submit(py("print('after the failure')"))
+    assert finished(nxt).state is JobState.SUCCEEDED
+
+
+def test_stop_running_job_within_grace_and_resume_from_checkpoint(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    ckpt = qc["home"] / "resume-ckpt"
+    sets = [f"outputs.checkpoints={ckpt}", "stop_grace=10"]
+    long = cluster.submit(
+        DEBUG / "resume.yaml", sets=[*sets, "entrypoint=python resume.py --steps 1000 --step-seconds 0.2"]
+    )
+    after = cluster.submit(py("print('next after stop')"))
+    wait_until(
+        lambda: (ckpt / "state.json").exists() and json.loads((ckpt / "state.json").read_text())["step"] >= 3,
+        120,
+        "the counter to checkpoint a few steps",
+    )
+    assert after.state is JobState.QUEUED
+    stopped = long.stop()
+    assert stopped.state is JobState.STOPPED, stopped.message
+    assert stopped.ended is not None and stopped.stop_requested is not None
+    assert stopped.ended - stopped.stop_requested < 10 + 5  # within its stop_grace
+    assert "stopped at step" in long.logs()  # SIGTERM reached the job, which saved its state
+    saved = json.loads((ckpt / "state.json").read_text())["step"]
+    assert finished(after).state is JobState.SUCCEEDED
+    # The same job again continues from the checkpoint instead of starting over.
+    again = cluster.submit(
+        DEBUG / "resume.yaml",
+        sets=[*sets, f"entrypoint=python resume.py --steps {saved + 3} --step-seconds 0.1"],
+    )
+    assert finished(again).state is JobState.SUCCEEDED
+    assert f"starting at step {saved} (run 2)" in again.logs()
+    assert f"RESUME done at step {saved + 3} after 2 run(s)" in again.logs()
+
+
+def test_retry_after_failure_and_timeout(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    flag = qc["home"] / "flaky-flag"
+    flaky = cluster.submit(
+        py(
+            f"import os, sys; p = {str(flag)!r}; ok = os.path.exists(p); open(p, 'a').close(); "
+            "print('attempt ok' if ok else 'attempt fails'); sys.exit(0 if ok else 1)"
+        ),
+        sets=["name=flaky", "retries=2"],
+    )
+    record = finished(flaky)
+    assert record.state is JobState.SUCCEEDED
+    assert record.attempts == [flaky.id, f"{flaky.id}-retry1"]  # retried once, not twice
+    log = flaky.logs()
+    assert "--- raystack: attempt 1" in log and "attempt fails" in log and "attempt ok" in log
+    slow = cluster.submit(py("import time; time.sleep(600)"), sets=["name=slow", "timeout=3", "stop_grace=1"])
+    record = finished(slow)
+    assert record.state is JobState.FAILED and "timed out after 3s" in record.message
+
+
+def test_runner_killed_mid_queue_restarts_and_runs_every_job_once(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    trace = qc["home"] / "runs.txt"
+    code = (
+        f"import os, time; open({str(trace)!r}, 'a').write(os.environ['RAYSTACK_JOB_ID'] + '\\n'); "
+        "time.sleep(2)"
+    )
+    jobs = [cluster.submit(py(code), sets=[f"name=once{i}"]) for i in range(3)]
+    wait_until(lambda: jobs[0].state is JobState.RUNNING, 120, "the first job to run")
+    before = clusters.read("qc")
+    # runner_pid is the PID inside node1's PID namespace: find the runner from the host instead.
+    [runner] = [
+        pid
+        for pid, cmd in processes_of_job(str(before.slurm_job_id))
+        if "-m raystack.allocation.runner qc" in cmd
+    ]
+    os.kill(runner, signal.SIGKILL)
+    wait_until(lambda: clusters.read("qc").runner_restarts > before.runner_restarts, 30, "a new runner")
+    records = [finished(job) for job in jobs]
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 3
+    assert sorted(trace.read_text().split()) == sorted(j.id for j in jobs)  # each ran exactly once
+    assert all(r.attempts == [r.id] for r in records)
+    submitted = [j.metadata.get("raystack_job") for j in Cluster("qc").dashboard().list_jobs() if j.metadata]
+    assert all(submitted.count(j.id) == 1 for j in jobs)
+
+
+def test_cancel_removes_a_queued_job_before_it_reaches_ray(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    first = cluster.submit(py("import time; time.sleep(3)"))
+    second = cluster.submit(py("print('never')"))
+    done = raystack("cancel", second.id, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "CANCELLED"
+    assert finished(first).state is JobState.SUCCEEDED
+    assert second.state is JobState.CANCELLED and Cluster("qc").dashboard().info(second.id) is None
+    again = raystack("cancel", first.id)
+    assert again.returncode == 1 and "not queued" in again.stderr
+
+
+def test_now_skips_the_queue_and_status_shows_the_running_job(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    long = cluster.submit(py("import time; time.sleep(600)"), sets=["name=long", "stop_grace=2"])
+    queued = cluster.submit(py("print('waits')"), sets=["name=waiting"])
+    wait_until(lambda: long.state is JobState.RUNNING, 120, "the long job to run")
+    st = json.loads(raystack("status", "qc", "--json").stdout)
+    assert st["running_job"] == long.id and st["queued_jobs"] == 1
+    assert f"running {long.id}, 1 queued" in raystack("status", "qc").stdout
+    quick = raystack(
+        "submit", "--cluster", "qc", "--now", "--follow", "--", "python", "-c", "print('jumped the queue')"
+    )
+    assert quick.returncode == 0, quick.stderr
+    assert "jumped the queue" in quick.stdout
+    assert long.state is JobState.RUNNING and queued.state is JobState.QUEUED
+    assert long.stop().state is JobState.STOPPED
+    assert finished(queued).state is JobState.SUCCEEDED
+
+
+def test_plain_ray_job_submit_works_beside_the_queue(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    queued = cluster.submit(py("import time; time.sleep(2); print('queued one')"))
+    workdir = qc["home"] / "plain"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "plain.py").write_text("print('plain job ran')\n")
+    done = ray_job_submit("qc", workdir, "python", "plain.py")
+    assert done.returncode == 0 and "plain job ran" in done.stdout
+    assert finished(queued).state is JobState.SUCCEEDED
+
+
+def test_bad_spec_against_the_live_cluster_loses_nothing(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    running = cluster.submit(py("import time; time.sleep(3); print('survived')"))
+    before = {r.id for r in cluster.jobs()}
+    done = raystack(
+        "submit", "--cluster", "qc", str(DEBUG / "hello.yaml"), "--set", f"needs.gpus={NODES * 4 + 1}"
+    )
+    assert done.returncode == 1 and f"needs.gpus={NODES * 4 + 1} but cluster 'qc'" in done.stderr
+    assert {r.id for r in cluster.jobs()} == before
+    assert finished(running).state is JobState.SUCCEEDED and "survived" in running.logs()
+
+
+def test_logs_and_ledger_outlive_the_allocation(qc: dict) -> None:
+    cluster: Cluster = qc["cluster"]
+    cluster.down()
+    first = qc["early"][0][0]
+    done = raystack("logs", first.id)
+    assert done.returncode == 0 and "early job 0" in done.stdout
+    as_json = json.loads(raystack("logs", first.id, "--json").stdout)
+    assert as_json["state"] == "SUCCEEDED" and "early job 0" in as_json["log"]
+    assert raystack("logs", first.id, "-f").returncode == 0
+    failed = next(r for r in cluster.jobs() if r.state is JobState.FAILED)
+    assert raystack("logs", failed.id, "--follow").returncode == 1
+    table = json.loads(raystack("queue", "qc", "--json").stdout)
+    assert {row["state"] for row in table} <= {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED"}
+    assert all(row["duration_s"] is not None for row in table if row["state"] == "SUCCEEDED")
