@@ -264,21 +264,31 @@ def submit(
 
 
 @app.command("queue")
-def queue_(name: NameArg = None, as_json: JsonOpt = False) -> None:
-    """The cluster's jobs: id, name, state, position, start and duration."""
+def queue_(
+    name: NameArg = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", help="Every job of the ledger, not only the recent ones.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The cluster's jobs: running, the next queued and the last finished (--all: every job)."""
     cluster = Cluster.get(name)
-    records = cluster.jobs()
-    places = queue.positions(cluster.name)
+    view = queue.view(cluster.name, every=show_all)
+    rows = [_job_row(cluster.name, r, view.positions) for r in view.records]
     if as_json:
-        _print_json([_job_row(cluster.name, r, places) for r in records])
+        _print_json(rows)
         return
     table = Table("id", "name", "state", "pos", "start", "duration", "message")
-    for r in records:
-        row = _job_row(cluster.name, r, places)
+    for r, row in zip(view.records, rows, strict=True):
         start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
         table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:60])
     out.print(table)
+    if view.more_queued or view.more_finished:
+        err.print(
+            f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "
+            f"raystack queue {cluster.name} --all"
+        )
 
 
 def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:
@@ -294,6 +304,7 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "end": r.ended,
         "duration_s": round(end - r.started, 3) if r.started and end else None,
         "attempts": len(r.attempts),
+        "allocations": [a.allocation for a in r.attempts],
         "exit_code": r.exit_code,
         "message": r.message,
     }
@@ -311,7 +322,7 @@ def logs(
     if follow:
         _exit_for(job.follow(out=sys.stderr if as_json else None))
     if as_json:
-        _print_json({**_job_row(job.cluster, job.record(), queue.positions(job.cluster)), "log": job.logs()})
+        _print_json({**_job_row(job.cluster, job.record(), {job.id: job.position()}), "log": job.logs()})
     elif not follow:
         print(job.logs(), end="")
 

@@ -1,25 +1,30 @@
 """The one adapter to SLURM: every SLURM command raystack runs goes through `_run`.
 
-Only machine-readable output is parsed (`sbatch --parsable`, `squeue --json`, `sacct
---parsable2`). Parsers are pure functions tested against outputs recorded on the testbed.
+Only machine-readable output is parsed: `sbatch --parsable`, `squeue --noheader --format` with
+fixed '|'-separated fields (the job name last: it may hold anything), `sacct --parsable2`,
+`sinfo --noheader --format`. Queries name the job they ask about (never a whole-cluster
+listing: megabytes on a busy site) and are cached for a second, so one command asks once.
+Parsers are pure functions tested against outputs recorded on the testbed.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from raystack.errors import SlurmError
 
+CACHE_TTL = 1.0  # seconds a job's state is reused within one process
+
 
 class SlurmState(str, Enum):
-    """SLURM's job states (base states, without flags), plus UNKNOWN for anything else."""
+    """SLURM's job states (base states, without flags), plus GONE and UNKNOWN."""
 
     PENDING = "PENDING"
     CONFIGURING = "CONFIGURING"
@@ -37,7 +42,7 @@ class SlurmState(str, Enum):
     BOOT_FAIL = "BOOT_FAIL"
     DEADLINE = "DEADLINE"
     OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    GONE = "GONE"  # known to have existed, no longer visible to squeue nor sacct
+    GONE = "GONE"  # slurmctld says the id is invalid and accounting has no row for it
     UNKNOWN = "UNKNOWN"
 
     @classmethod
@@ -84,23 +89,35 @@ class JobInfo:
     node_count: int = 0
     start_time: int = 0  # epoch seconds, 0 when unknown
     end_time: int = 0  # epoch seconds: expected end while running, actual end once finished
-    time_limit_min: int = 0
+    time_limit_s: int = 0  # 0 when unlimited or unknown
     exit_code: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """CPUs and GPUs every node of a partition has (the smallest node where they differ)."""
+
+    partition: str
+    cpus: int
+    gpus: int
+    nodes: int
+    uniform: bool
 
 
 # ---------------------------------------------------------------------------- command runner
-def _run(argv: Sequence[str], *, timeout: float = 60, stdin: str | None = None) -> str:
+CALLS: list[str] = []  # every SLURM command this process ran (read by tests and benchmarks)
+
+
+def _run(argv: Sequence[str], *, timeout: float = 60) -> str:
     """Run one SLURM command; return stdout or raise SlurmError with its stderr."""
     if shutil.which(argv[0]) is None:
         raise SlurmError(
             f"`{argv[0]}` is not on PATH: run raystack on a SLURM login node "
             "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
         )
+    CALLS.append(argv[0])
     try:
-        proc = subprocess.run(
-            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout:.0f}s") from exc
     if proc.returncode != 0:
@@ -109,58 +126,66 @@ def _run(argv: Sequence[str], *, timeout: float = 60, stdin: str | None = None) 
     return proc.stdout
 
 
+def _invalid_job_id(exc: SlurmError) -> bool:
+    """slurmctld answered that it does not know the job (unlike a failure to ask it)."""
+    return "Invalid job id" in str(exc)
+
+
 # ---------------------------------------------------------------------------- parsers (pure)
-_SBATCH_ID = re.compile(r"^(\d+)(?:;\S+)?$")
+_SBATCH_ID = re.compile(r"(\d+)(?:;\S+)?")
+# squeue --format fields; the name last, since it may hold the separator.
+SQUEUE_FORMAT = "%i|%T|%r|%N|%D|%S|%e|%l|%j"
 
 
 def parse_sbatch_parsable(out: str) -> str:
     """`sbatch --parsable` prints `jobid` or `jobid;cluster` on its last line."""
     lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
-    match = _SBATCH_ID.match(lines[-1]) if lines else None
+    match = _SBATCH_ID.fullmatch(lines[-1]) if lines else None
     if not match:
         raise SlurmError(f"could not read a job id from sbatch output: {out.strip()!r}")
     return match.group(1)
 
 
-def _number(value: Any) -> int:
-    """SLURM >= 23.02 wraps numbers as {"set": bool, "infinite": bool, "number": n}."""
-    if isinstance(value, dict):
-        return int(value.get("number") or 0) if value.get("set", True) else 0
+def parse_timestamp(text: str) -> int:
+    """SLURM's local ISO time (2026-11-22T02:29:50) as epoch seconds; 0 for N/A, Unknown, None."""
     try:
-        return int(value or 0)
-    except (TypeError, ValueError):
+        return int(time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
         return 0
 
 
-def _state_text(value: Any) -> str:
-    """`job_state` is a string up to 23.02 and a list of state words after it."""
-    if isinstance(value, list):
-        return value[0] if value else ""
-    return str(value or "")
+def parse_duration(text: str) -> int:
+    """SLURM's [D-]HH:MM:SS, MM:SS or minutes as seconds; 0 for UNLIMITED, INVALID, N/A."""
+    text = text.strip()
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()):
+        return 0
+    numbers = [int(p) for p in parts]
+    seconds = {1: lambda n: n[0] * 60, 2: lambda n: n[0] * 60 + n[1]}.get(
+        len(numbers), lambda n: n[-3] * 3600 + n[-2] * 60 + n[-1]
+    )(numbers)
+    return int(days or 0) * 86400 + seconds
 
 
-def parse_squeue_json(text: str) -> dict[str, JobInfo]:
-    """Parse `squeue --json` (SLURM 22.05 to 24.x) into JobInfo by job id."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmError(f"squeue --json printed invalid JSON: {exc}") from exc
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """Parse `squeue --noheader --format=SQUEUE_FORMAT` lines into JobInfo by job id."""
     jobs: dict[str, JobInfo] = {}
-    for job in data.get("jobs", []):
-        job_id = str(_number(job.get("job_id")))
-        exit_code = job.get("exit_code")
+    for line in text.splitlines():
+        parts = line.split("|", 8)
+        if len(parts) != 9 or not parts[0].strip().isdigit():
+            continue
+        job_id, state, reason, nodes, count, start, end, limit, name = parts
         jobs[job_id] = JobInfo(
             job_id=job_id,
-            state=SlurmState.parse(_state_text(job.get("job_state"))),
-            reason=str(job.get("state_reason") or ""),
-            name=str(job.get("name") or ""),
-            nodes=str(job.get("nodes") or ""),
-            node_count=_number(job.get("node_count")),
-            start_time=_number(job.get("start_time")),
-            end_time=_number(job.get("end_time")),
-            time_limit_min=_number(job.get("time_limit")),
-            exit_code=json.dumps(exit_code) if isinstance(exit_code, dict) else str(exit_code or ""),
-            extra={"partition": job.get("partition"), "batch_host": job.get("batch_host")},
+            state=SlurmState.parse(state),
+            reason=reason.strip(),
+            name=name,
+            nodes=nodes.strip(),
+            node_count=int(count) if count.strip().isdigit() else 0,
+            start_time=parse_timestamp(start),
+            end_time=parse_timestamp(end),
+            time_limit_s=parse_duration(limit),
         )
     return jobs
 
@@ -175,9 +200,56 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
         parts = line.split("|")
         if len(parts) != len(SACCT_FIELDS) or "." in parts[0]:
             continue  # steps (123.batch, 123.0) are not allocations
-        job_id, state, name, nodes, _start, _end, exit_code = parts
-        jobs[job_id] = JobInfo(job_id, SlurmState.parse(state), name=name, nodes=nodes, exit_code=exit_code)
+        job_id, state, name, nodes, start, end, exit_code = parts
+        jobs[job_id] = JobInfo(
+            job_id,
+            SlurmState.parse(state),
+            name=name,
+            nodes=nodes,
+            start_time=parse_timestamp(start),
+            end_time=parse_timestamp(end),
+            exit_code=exit_code,
+        )
     return jobs
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a GRES string: 'gpu:4', 'gpu:a100:8(S:0-1)', 'gpu:h100:4,nvme:1', '(null)' -> 0."""
+    total = 0
+    for item in re.split(r",(?![^()]*\))", gres):
+        fields = re.sub(r"\(.*?\)", "", item).strip().split(":")
+        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
+    """`sinfo --noheader --Node --format=%N|%P|%c|%G` -> the shape of `partition`'s nodes (the
+    default partition, marked '*', when None). Raises SlurmError when it has no nodes."""
+    rows: dict[str, tuple[int, int]] = {}
+    default = None
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4:
+            continue
+        node, part, cpus, gres = (p.strip() for p in parts)
+        if part.endswith("*"):
+            part = part[:-1]
+            default = part
+        if part == (partition or default) and cpus.isdigit():
+            rows[node] = (int(cpus), gres_gpus(gres))
+    name = partition or default
+    if not rows or name is None:
+        where = f"partition '{partition}'" if partition else "the default partition"
+        raise SlurmError(f"sinfo lists no nodes in {where}; name one with --partition")
+    shapes = set(rows.values())
+    return NodeShape(
+        partition=name,
+        cpus=min(c for c, _ in shapes),
+        gpus=min(g for _, g in shapes),
+        nodes=len(rows),
+        uniform=len(shapes) == 1,
+    )
 
 
 # ---------------------------------------------------------------------------- commands
@@ -186,36 +258,42 @@ def sbatch(options: Sequence[str], script: str) -> str:
     return parse_sbatch_parsable(_run(["sbatch", "--parsable", *options, script]))
 
 
-def squeue(job_ids: Sequence[str] | None = None) -> dict[str, JobInfo]:
-    """Jobs known to slurmctld, including recently finished ones (MinJobAge)."""
-    # NOTE: SLURM 22.05 ignores -j together with --json, so filter here.
-    jobs = parse_squeue_json(_run(["squeue", "--json"]))
-    return {k: v for k, v in jobs.items() if job_ids is None or k in job_ids}
+_cache: dict[str, tuple[float, JobInfo | None]] = {}
+
+
+def forget(job_id: str | None = None) -> None:
+    """Drop cached answers (all, or one job's), so the next query asks SLURM again."""
+    if job_id is None:
+        _cache.clear()
+    else:
+        _cache.pop(job_id, None)
 
 
 def job_info(job_id: str) -> JobInfo | None:
-    """One job's info: squeue first, then sacct for jobs slurmctld has forgotten.
+    """One job's state: `squeue --jobs=ID`, then sacct for a job slurmctld has forgotten.
 
-    Returns a GONE JobInfo when neither knows the job (no accounting and past MinJobAge), and
-    None only when SLURM itself could not be asked (the error is not fatal to the caller).
+    GONE only when SLURM says so: squeue answers "Invalid job id" AND accounting has no row
+    (or is disabled). None when SLURM could not be asked: an error is never an answer.
     """
+    cached = _cache.get(job_id)
+    if cached and time.monotonic() - cached[0] < CACHE_TTL:
+        return cached[1]
+    info = _job_info(job_id)
+    _cache[job_id] = (time.monotonic(), info)
+    return info
+
+
+def _job_info(job_id: str) -> JobInfo | None:
     try:
-        found = squeue([job_id]).get(job_id)
-    except SlurmError:
-        found = None
-    if found is not None:
-        return found
+        out = _run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={SQUEUE_FORMAT}"])
+        found = parse_squeue(out).get(job_id)
+        if found is not None:
+            return found
+    except SlurmError as exc:
+        if not _invalid_job_id(exc):
+            return None
     try:
-        out = _run(
-            [
-                "sacct",
-                "--parsable2",
-                "--noheader",
-                "-j",
-                job_id,
-                "--format=" + ",".join(SACCT_FIELDS),
-            ]
-        )
+        out = _run(["sacct", "--parsable2", "--noheader", "-j", job_id, "--format=" + ",".join(SACCT_FIELDS)])
         return parse_sacct(out).get(job_id) or JobInfo(job_id, SlurmState.GONE)
     except SlurmError as exc:
         if "accounting storage is disabled" in str(exc):
@@ -223,11 +301,23 @@ def job_info(job_id: str) -> JobInfo | None:
         return None
 
 
-def scancel(job_id: str, *, signal: str | None = None) -> None:
-    """Cancel a job (or send it a signal); cancelling a finished job is not an error."""
-    argv = ["scancel", *([f"--signal={signal}", "--full"] if signal else []), job_id]
+def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
+    """This user's jobs called `name` that slurmctld knows (active or recently finished)."""
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+    argv = ["squeue", "--noheader", f"--name={name}", f"--format={SQUEUE_FORMAT}"]
+    return parse_squeue(_run([*argv, f"--user={user}"] if user else argv))
+
+
+def node_shape(partition: str | None) -> NodeShape:
+    """CPUs and GPUs per node of `partition` (or the default one), from sinfo."""
+    return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G"]), partition)
+
+
+def scancel(job_id: str) -> None:
+    """Cancel a job; cancelling a finished job is not an error."""
+    forget(job_id)
     try:
-        _run(argv)
+        _run(["scancel", job_id])
     except SlurmError as exc:
         if "Invalid job id" not in str(exc) and "already completing" not in str(exc):
             raise

@@ -31,7 +31,7 @@ def _bindable(ip: str, port: int) -> bool:
     return True
 
 
-def free_ports(ip: str, count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports free on this node now (the kernel picks them; two clusters never share one)."""
     socks, ports = [], []
     try:
@@ -46,16 +46,16 @@ def free_ports(ip: str, count: int) -> list[int]:
     return ports
 
 
-def free_port_range(ip: str, size: int = WORKER_PORTS) -> tuple[int, int]:
+def free_port_range(size: int = WORKER_PORTS) -> tuple[int, int]:
     """A block of `size` ports, all free now, outside the kernel's ephemeral range."""
     for _ in range(200):
         base = random.randrange(10000, 32000 - size)
         if all(_bindable("", p) for p in range(base, base + size, 16)):
             return base, base + size - 1
-    raise RaystackError(f"no free block of {size} ports on {ip}")
+    raise RaystackError(f"no free block of {size} ports on this node")
 
 
-def node_ports(ip: str, head: bool) -> dict[str, int]:
+def node_ports(head: bool) -> dict[str, int]:
     names = [
         "object_manager",
         "node_manager",
@@ -66,8 +66,8 @@ def node_ports(ip: str, head: bool) -> dict[str, int]:
     ]
     if head:
         names += ["gcs", "dashboard", "client_server"]
-    ports = dict(zip(names, free_ports(ip, len(names)), strict=True))
-    ports["min_worker"], ports["max_worker"] = free_port_range(ip)
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    ports["min_worker"], ports["max_worker"] = free_port_range()
     return ports
 
 

@@ -1,36 +1,45 @@
 """The queue runner on the head node: the cluster folder's queue fed to the Ray Jobs API.
 
-The runner (`python -m raystack.allocation.runner NAME`, started and restarted by the head's node program)
-runs queued jobs one after another: it submits the oldest job to the Jobs API with a submission
-id derived from the raystack job id, follows it, keeps its log, and starts the next only after
-it has ended AND its resources are free again. `--now` jobs skip the line. The submission id is
-written to the ledger *before* the job is submitted, so a restarted runner follows a job that
-is already in Ray instead of running it again (and Ray refuses a duplicate submission id).
+`python -m raystack.allocation.runner NAME`, started (and restarted) by the head's node program,
+runs queued jobs one after another: it takes the oldest job off the queue, submits it with a
+submission id derived from its raystack id, follows it, streams its log into the cluster folder,
+and starts the next only after it has ended AND its resources are free again. `--now` jobs skip
+the line. One runner per cluster holds the lease (runner.lease); a second one exits.
+
+A pass costs O(what changed): the queue's journal is read from an offset, only jobs in flight
+have their ledgers read, and the queue folder is listed in full only every RESCAN seconds.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
+from raystack.allocation.lease import Lease
+from raystack.allocation.logtail import LogTail
 from raystack.errors import ClusterError, RayApiError
 from raystack.spec.submission import submit_options
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.files import atomic_write, make_private_dirs
+from raystack.store import queue as store
+from raystack.store.files import make_private_dirs
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
-from raystack.store.queue import is_now, job_id_of, queue_files
+from raystack.store.queue import Entry
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
-LOG_SYNC = 1.0  # seconds between log copies of a running job
+RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
 FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
+LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
 RAY_STATES = {
@@ -59,7 +68,6 @@ def gpu_memory_held(name: str, since: float) -> list[str] | None:
     return held
 
 
-# ---------------------------------------------------------------------------- runner
 @dataclass
 class Drain:
     """After a job ends: wait until its actors, placement groups and GPUs are released."""
@@ -73,99 +81,143 @@ class Drain:
 class Runner:
     """Feeds the queue to the Jobs API, one job at a time (plus --now jobs at once)."""
 
-    def __init__(self, name: str):
+    def __init__(
+        self,
+        name: str,
+        api: Any = None,
+        allocation: str | None = None,
+        resources_free: Callable[[Drain], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.name = name
+        self.paths = paths.cluster(name)
         self.cluster = records.read(name)
-        self.token = records.read_token(name)
-        url = self.cluster.dashboard_url
-        if not url:
-            raise ClusterError(f"cluster {name} has no dashboard yet")
-        self.url = url
-        self.api = Dashboard(url, self.token)
-        self.log_sync: dict[str, float] = {}
+        self.allocation = allocation or os.environ.get("SLURM_JOB_ID") or self.cluster.slurm_job_id
+        if api is None:
+            if not self.cluster.dashboard_url:
+                raise ClusterError(f"cluster {name} has no dashboard yet")
+            api = Dashboard(self.cluster.dashboard_url, records.read_token(name))
+        self.api = api
+        self.clock = clock
+        self.resources_free = resources_free or self._resources_free
         self.stop_sent: set[str] = set()
-        self.finished_logs: dict[str, str] = {}
+        self.tails: dict[str, LogTail] = {}
+        self.waiting: list[Entry] = []
+        self.active: set[str] = set()
+        self.journal = store.JournalReader(name)
+        self.rescan_at = -1.0
         # After a restart we do not know whether the last job's resources were released: check.
-        self.drain: Drain | None = Drain("(restart)", None, time.monotonic() + FREE_TIMEOUT)
+        self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
 
-    def run_forever(self) -> None:
-        make_private_dirs(paths.cluster(self.name))
+    # ------------------------------------------------------------------ the loop
+    def run_forever(self, lease: Lease | None = None) -> None:
+        make_private_dirs(self.paths)
         log.info("queue runner for cluster %s started (pid %d)", self.name, os.getpid())
+        for job_id in store.settle_orphans(self.name, self.allocation, "found by the queue runner"):
+            log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         while True:
+            if lease is not None:
+                lease.beat()
             try:
                 self.tick()
-            except (RayApiError, OSError, RuntimeError) as exc:
+            except (RayApiError, OSError, RuntimeError, ClusterError) as exc:
                 log.warning("runner pass failed, retrying: %s", exc)
                 time.sleep(1)
             time.sleep(TICK)
 
-    def tick(self) -> None:
-        """One pass over the queue: follow jobs in flight, start what may start."""
-        line_busy = False
-        for path in queue_files(self.name):
-            now = is_now(path)
-            record = read_job(self.name, job_id_of(path))
-            if record.state.is_terminal():
-                path.unlink()
+    def refresh(self) -> None:
+        """Bring the in-memory queue up to date: the journal's new lines, or a full rescan."""
+        if self.clock() >= self.rescan_at:
+            self.journal = store.JournalReader(self.name)  # its offset first: nothing is missed
+            self.waiting = store.waiting(self.name)
+            self.active = set(store.active(self.name))
+            self.rescan_at = self.clock() + RESCAN
+            return
+        for op, name in self.journal.changes():
+            entry = Entry.parse(name)
+            if entry is None:
                 continue
-            if record.attempts:
-                if self.follow(record, now):
-                    path.unlink()
-                elif not now:
-                    line_busy = True
-            elif now or not (line_busy or self.drain):
-                record = self.start(record)
-                self.submit(record, record.attempts[-1])
-                line_busy = line_busy or not now
+            i = bisect.bisect_left(self.waiting, entry)
+            present = i < len(self.waiting) and self.waiting[i] == entry
+            if op == "+" and not present:
+                self.waiting.insert(i, entry)
+            elif op == "-" and present:
+                del self.waiting[i]
+
+    def tick(self) -> None:
+        """One pass: follow the jobs in flight, start what may start."""
+        self.refresh()
+        line_busy = False
+        for job_id in sorted(self.active):
+            try:
+                record = read_job(self.name, job_id)
+            except ClusterError as exc:
+                log.warning("%s", exc)
+                self.active.discard(job_id)
+                (self.paths.active / job_id).unlink(missing_ok=True)
+                continue
+            if self.follow(record):
+                self.active.discard(job_id)
+            elif not record.now:
+                line_busy = True
+        while self.waiting and (self.waiting[0].now or not (line_busy or self.drain)):
+            entry = self.waiting.pop(0)
+            started = store.start(self.name, entry, entry.job_id, self.allocation)
+            if started is None:
+                continue
+            self.active.add(started.id)
+            self.submit(started)
+            line_busy = line_busy or not started.now
         if self.drain and self.resources_free(self.drain):
             log.info("resources of %s are free", self.drain.job_id)
             self.drain = None
 
     # ------------------------------------------------------------------ one job
-    def start(self, record: JobRecord) -> JobRecord:
-        """Give the job its next submission id; the next pass (or this one) submits it."""
-        sid = record.id if not record.attempts else f"{record.id}-retry{len(record.attempts)}"
-        # NOTE: the submission id is recorded before submitting: a runner killed in between
-        # finds it on restart and asks Ray, instead of submitting the job a second time.
-        return update_job(self.name, record.id, attempts=[*record.attempts, sid])
-
-    def submit(self, record: JobRecord, sid: str) -> None:
-        import requests
-
+    def submit(self, record: JobRecord) -> None:
+        """Submit the job's last attempt; a transient failure is retried on the next pass."""
+        attempt = record.attempts[-1]
         cluster = records.read(self.name)
-        log.info("submitting %s as %s", record.id, sid)
+        log.info("submitting %s as %s", record.id, attempt.id)
         try:
-            self.api.submit(sid, **submit_options(record.request, cluster))
-        except (requests.ConnectionError, requests.Timeout):
-            raise  # transient: the next pass finds the id unknown to Ray and submits again
+            self.api.submit(attempt.id, **submit_options(record.request, cluster))
         except Exception as exc:
-            if "already exists" not in str(exc):
-                update_job(
-                    self.name,
-                    record.id,
-                    state=JobState.FAILED,
-                    ended=time.time(),
-                    message=f"the Jobs API refused the job: {str(exc)[:400]}",
-                )
+            if rayapi.is_connection_error(exc):
+                raise  # transient: the next pass finds the id unknown to Ray and submits again
+            if not rayapi.is_already_exists(exc):
+                self.finish(record, JobState.FAILED, f"the Jobs API refused the job: {str(exc)[:400]}")
                 return
-        update_job(self.name, record.id, state=JobState.SUBMITTED, message=f"submitted as {sid}")
+            if not self.is_ours(attempt.id, record):
+                # NOTE: an id reused after its ledger was lost: never inherit the other job's state.
+                sid = f"{record.id}-{secrets.token_hex(3)}"
+                log.warning("submission id %s belongs to another job; using %s", attempt.id, sid)
+                store.add_attempt(self.name, record.id, sid, self.allocation)
+                return
+        update_job(self.name, record.id, state=JobState.SUBMITTED, message=f"submitted as {attempt.id}")
 
-    def follow(self, record: JobRecord, now: bool) -> bool:
-        """Advance a job in flight; True once it is finished for good (ledger final)."""
-        sid = record.attempts[-1]
+    def is_ours(self, sid: str, record: JobRecord) -> bool:
         info = self.api.info(sid)
+        metadata = (info.metadata or {}) if info is not None else {}
+        return bool(metadata.get("raystack_nonce") == record.request.nonce)
+
+    def follow(self, record: JobRecord) -> bool:
+        """Advance a job in flight; True once it is finished for good (ledger final)."""
+        if record.state.is_terminal():
+            store.finish(self.name, record.id)
+            return True
+        attempt = record.attempts[-1] if record.attempts else None
+        if attempt is None:  # an active marker without an attempt: never submitted
+            self.finish(record, JobState.FAILED, "lost before it was submitted")
+            return True
+        if attempt.allocation != self.allocation:
+            store.settle_orphans(self.name, self.allocation, "found by the queue runner")
+            return True
+        info = self.api.info(attempt.id)
         if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
             if record.stop_requested:
-                update_job(
-                    self.name,
-                    record.id,
-                    state=JobState.STOPPED,
-                    ended=time.time(),
-                    message="stopped before it was submitted again",
-                )
+                self.finish(record, JobState.STOPPED, "stopped before it was submitted")
                 return True
-            if not self.drain or now:
-                self.submit(record, sid)
+            if not self.drain or record.now:
+                self.submit(record)
             return False
         state = RAY_STATES.get(rayapi.ray_state(info), JobState.SUBMITTED)
         if state is JobState.RUNNING and record.state is not JobState.RUNNING:
@@ -175,13 +227,21 @@ class Runner:
                 state=JobState.RUNNING,
                 ray_job_id=info.job_id,
                 started=(info.start_time or 0) / 1000 or time.time(),
-                message=f"running as {sid}",
+                message=f"running as {attempt.id}",
             )
-        self.enforce_stop_and_timeout(record, sid)
+        if state is not JobState.SUBMITTED:
+            self.tail(record)
+        self.enforce_stop_and_timeout(record, attempt.id)
         if not state.is_terminal():
-            self.sync_log(record, sid)
             return False
-        return self.finish(record, sid, state, info, now)
+        return self.ended(record, state, info)
+
+    def tail(self, record: JobRecord) -> None:
+        """Stream the running attempt's log into logs/jobs/ (one thread per attempt)."""
+        n = len(record.attempts)
+        sid = record.attempts[-1].id
+        if sid not in self.tails:
+            self.tails[sid] = LogTail(self.api, sid, self.paths.job_log(record.id, n))
 
     def enforce_stop_and_timeout(self, record: JobRecord, sid: str) -> None:
         timeout = record.request.timeout
@@ -193,10 +253,12 @@ class Runner:
             self.api.stop(sid)
             self.stop_sent.add(sid)
 
-    def finish(self, record: JobRecord, sid: str, state: JobState, info: Any, now: bool) -> bool:
-        self.sync_log(record, sid, final=True)
-        timeout = record.request.timeout
-        timed_out = state is JobState.STOPPED and not record.stop_requested and timeout is not None
+    def ended(self, record: JobRecord, state: JobState, info: Any) -> bool:
+        """The attempt ended in Ray: retry it, or record the job's final state."""
+        sid = record.attempts[-1].id
+        self.close_tail(record, sid)
+        if not record.now:
+            self.drain = Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT)
         if (
             state is JobState.FAILED
             and len(record.attempts) <= record.request.retries
@@ -207,56 +269,45 @@ class Runner:
                 record.id,
                 message=f"attempt {len(record.attempts)} failed, retrying: {info.message}",
             )
-            self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
-            self.start(read_job(self.name, record.id))  # submitted once the resources are free
+            # The retry is submitted by a later pass, once the resources are free.
+            retry = f"{record.id}-retry{len(record.attempts)}"
+            store.add_attempt(self.name, record.id, retry, self.allocation)
             return False
-        if timed_out:
+        timeout = record.request.timeout
+        if state is JobState.STOPPED and not record.stop_requested and timeout is not None:
             state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
         else:
             message = str(info.message or "")[:1000]
-        update_job(
-            self.name,
-            record.id,
-            state=state,
-            message=message,
+        end = (info.end_time or 0) / 1000 or time.time()
+        self.finish(
+            record,
+            state,
+            message,
             exit_code=info.driver_exit_code,
             ray_job_id=info.job_id,
             started=record.started or (info.start_time or 0) / 1000 or None,
-            ended=(info.end_time or 0) / 1000 or time.time(),
-            at=(info.end_time or 0) / 1000 or time.time(),
+            ended=end,
+            at=end,
         )
-        log.info("%s %s: %s", record.id, state.value, message)
-        for attempt in record.attempts:  # its log is on disk now; keep the runner's memory flat
-            self.finished_logs.pop(attempt, None)
-            self.log_sync.pop(attempt, None)
-        if not now:
-            self.drain = Drain(record.id, info.job_id, time.monotonic() + FREE_TIMEOUT)
         return True
 
-    def sync_log(self, record: JobRecord, sid: str, final: bool = False) -> None:
-        """Copy the job's log (every attempt, in order) into logs/jobs/<id>.log."""
-        if not final and time.monotonic() - float(self.log_sync.get(sid, 0)) < LOG_SYNC:
-            return
-        self.log_sync[sid] = time.monotonic()
-        parts = []
-        for n, attempt in enumerate(record.attempts, start=1):
-            if attempt not in self.finished_logs:
-                text = self.api.logs(attempt)
-                if attempt != sid or final:
-                    self.finished_logs[attempt] = text
-            else:
-                text = self.finished_logs[attempt]
-            header = f"--- raystack: attempt {n} ({attempt}) ---\n" if len(record.attempts) > 1 else ""
-            parts.append(header + text)
-        path = paths.cluster(self.name).job_log(record.id)
-        content = "".join(parts)
-        if not path.exists() or path.stat().st_size != len(content.encode()):
-            atomic_write(path, content)
+    def finish(self, record: JobRecord, state: JobState, message: str, **changes: Any) -> None:
+        changes.setdefault("ended", time.time())
+        store.finish(self.name, record.id, state=state, message=message, **changes)
+        log.info("%s %s: %s", record.id, state.value, message)
+
+    def close_tail(self, record: JobRecord, sid: str) -> None:
+        """The attempt ended: its log is complete on disk (fetched whole if streaming failed)."""
+        tail = self.tails.pop(sid, None)
+        if tail is None:  # ended before it was seen running: fetch its log whole
+            path = self.paths.job_log(record.id, len(record.attempts))
+            tail = LogTail(self.api, sid, path, start=False)
+        tail.complete()
 
     # ------------------------------------------------------------------ resources
-    def resources_free(self, drain: Drain) -> bool:
+    def _resources_free(self, drain: Drain) -> bool:
         """No actor or placement group of the job left, every GPU available, no GPU memory held."""
-        if time.monotonic() > drain.deadline:
+        if self.clock() > drain.deadline:
             log.warning(
                 "resources of %s not free after %.0fs; starting the next job anyway",
                 drain.job_id,
@@ -282,7 +333,13 @@ def main() -> None:
     )
     if len(sys.argv) != 2:
         sys.exit("usage: python -m raystack.allocation.runner CLUSTER")
-    Runner(sys.argv[1]).run_forever()
+    name = sys.argv[1]
+    lease = Lease(paths.cluster(name))
+    holder = lease.acquire()
+    if holder is not None:
+        log.error("another queue runner holds cluster %s (%s); exiting", name, holder)
+        sys.exit(LEASE_HELD)
+    Runner(name).run_forever(lease)
 
 
 if __name__ == "__main__":

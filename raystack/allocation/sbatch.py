@@ -158,7 +158,8 @@ def render_script(plan: AllocationPlan) -> str:
         else 'RAYSTACK_PYTHON="${RAYSTACK_PYTHON:-python3}"',
     ]
     if p.setup:
-        lines += ["", "# Profile setup (modules, virtualenv, ...)", *p.setup]
+        # NOTE: many module and conda activate scripts read unset variables: not under `set -u`.
+        lines += ["", "# Profile setup (modules, virtualenv, ...)", "set +u", *p.setup, "set -u"]
     lines += ["", "# Environment for Ray and every job (profile env)"]
     lines += [f"export {key}={q(value)}" for key, value in env.items()]
     lines += [

@@ -28,8 +28,8 @@ from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
-from raystack.store.ledger import JobRecord, JobState, all_jobs
-from raystack.store.queue import enqueue
+from raystack.store.ledger import JobRecord, all_jobs
+from raystack.store.queue import active, enqueue, waiting
 
 Progress = Callable[[str], None]
 Argv = list[str]  # (inside Cluster, `list` is the classmethod)
@@ -203,8 +203,7 @@ class Cluster:
                 cpus = sum(n.resources.get("CPU", 0) for n in alive)
             except RayApiError as exc:
                 ray_error = str(exc)
-        ledger = all_jobs(self.name)
-        running = [j.id for j in ledger if j.state in (JobState.RUNNING, JobState.SUBMITTED)]
+        running = active(self.name)
         return ClusterStatus(
             name=self.name,
             state=record.state.value,
@@ -220,7 +219,7 @@ class Cluster:
             dashboard_url=record.dashboard_url,
             ray_error=ray_error,
             running_job=running[0] if running else None,
-            queued_jobs=sum(1 for j in ledger if j.state is JobState.QUEUED),
+            queued_jobs=len(waiting(self.name)),
         )
 
     def dashboard(self) -> Dashboard:
@@ -270,8 +269,7 @@ class Cluster:
         else:
             job_spec, base, source, file = spec, Path.cwd(), f"job spec {spec.name}", None
         request = resolve(job_spec, record, base, source, file)
-        enqueue(request, now=now)
-        return Job(self.name, request.id)
+        return Job(self.name, enqueue(request, now=now, new_id=specs.new_job_id).id)
 
     def jobs(self) -> JobRecords:
         """Every job of this cluster's ledger, oldest first."""

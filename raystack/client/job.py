@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from raystack.adapters.ray import Dashboard
 from raystack.client.reconcile import reconcile
-from raystack.errors import ClusterError, RayApiError
+from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
@@ -78,31 +79,57 @@ class Job:
             time.sleep(poll)
         return record
 
+    def log_files(self, record: JobRecord | None = None) -> list[Path]:
+        """The log file of every attempt, in order (one per Ray submission)."""
+        record = record or self.record()
+        p = paths.cluster(self.cluster)
+        return [p.job_log(self.id, n) for n in range(1, max(1, len(record.attempts)) + 1)]
+
     def logs(self) -> str:
-        """The job's log as kept in logs/jobs/<id>.log (readable after the cluster is gone)."""
-        path = paths.cluster(self.cluster).job_log(self.id)
-        return path.read_text(errors="replace") if path.exists() else ""
+        """The job's log as kept in logs/jobs/ (readable after the cluster is gone); a job that was
+        retried shows each attempt under a header."""
+        record = self.record()
+        files = self.log_files(record)
+        parts = []
+        for n, path in enumerate(files, start=1):
+            text = path.read_text(errors="replace") if path.exists() else ""
+            parts.append(_header(n, record) + text if len(files) > 1 else text)
+        return "".join(parts)
 
     def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:
         """Stream the log as it grows until the job ends (or its cluster does); the final record."""
         out = out or sys.stdout
-        path, offset, checked = paths.cluster(self.cluster).job_log(self.id), 0, time.monotonic()
+        shown, offset, checked = 0, 0, time.monotonic()  # attempts fully shown, offset in the next
+        headed = 0  # attempts whose header was written
         while True:
             record = self.record()
             ended = False
             if not record.state.is_terminal() and time.monotonic() - checked > 2:
                 checked, ended = time.monotonic(), self.cluster_ended()
-            if path.exists():
-                with path.open("rb") as fh:
-                    fh.seek(offset)
-                    chunk = fh.read()
+            files = self.log_files(record)
+            grew = False
+            while shown < len(files):
+                path = files[shown]
+                if len(files) > 1 and headed <= shown:
+                    out.write(_header(shown + 1, record))
+                    headed = shown + 1
+                chunk = b""
+                if path.exists():
+                    with path.open("rb") as fh:
+                        fh.seek(offset)
+                        chunk = fh.read()
                 if chunk:
                     offset += len(chunk)
                     out.write(chunk.decode(errors="replace"))
-                    out.flush()
+                    grew = True
+                if shown + 1 < len(files):  # a later attempt exists: this one is complete
+                    shown, offset = shown + 1, 0
+                    continue
+                break
+            out.flush()
             if record.state.is_terminal() or ended:
-                if path.exists() and path.stat().st_size > offset:
-                    continue  # the runner wrote the final log after the state: print it first
+                if grew:
+                    continue  # the runner wrote the final lines after the state: print them first
                 return record
             time.sleep(poll)
 
@@ -118,15 +145,21 @@ class Job:
         if record.state.is_terminal():
             return record
         if record.state is JobState.QUEUED and not record.attempts:
-            return self.cancel()
-        update_job(self.cluster, self.id, stop_requested=time.time())
+            with contextlib.suppress(ClusterError):  # the runner may have started it meanwhile
+                return self.cancel()
+        record = update_job(self.cluster, self.id, stop_requested=time.time())
         if record.attempts:  # at once, rather than at the runner's next pass (which acts too)
-            with contextlib.suppress(RayApiError, RuntimeError):
+            with contextlib.suppress(RaystackError, RuntimeError, OSError):
                 cluster = records.read(self.cluster)
                 if cluster.dashboard_url:
                     Dashboard(cluster.dashboard_url, records.read_token(self.cluster)).stop(
-                        record.attempts[-1]
+                        record.attempts[-1].id
                     )
         if not wait:
             return self.record()
         return self.wait(timeout=record.request.stop_grace + 60)
+
+
+def _header(n: int, record: JobRecord) -> str:
+    sid = record.attempts[n - 1].id if n <= len(record.attempts) else "?"
+    return f"--- raystack: attempt {n} ({sid}) ---\n"

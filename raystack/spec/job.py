@@ -201,4 +201,5 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
 
 
 def new_job_id(name: str) -> str:
-    return f"{name[:40]}-{secrets.token_hex(3)}"
+    """name-<32 random bits>; the ledger is created with O_EXCL, so a repeat gets a new id."""
+    return f"{name[:40]}-{secrets.token_hex(4)}"

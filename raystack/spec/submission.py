@@ -10,6 +10,24 @@ from typing import Any
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
+# NOTE: Ray's job supervisor gives the driver RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 (so
+# that a driver without GPUs of its own still sees the node's). Frameworks that forward the
+# driver's environment to their actors (open-instruct's grpo_fast.py, NeMo-RL: ray.init(
+# runtime_env={"env_vars": dict(os.environ)})) pass it on, and Ray then stops masking GPUs: every
+# actor sees every GPU of its node and all land on GPU 0. The driver does not need it (it is not
+# a Ray worker; it keeps seeing the node's GPUs through SLURM's CUDA_VISIBLE_DEVICES), so it is
+# removed before the entrypoint runs.
+NOSET_VARS = (
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
+)
+DRIVER_PREFIX = f"unset {' '.join(NOSET_VARS)}; "
+
+
+def driver_entrypoint(entrypoint: str) -> str:
+    """The shell command Ray runs for the driver: the user's, verbatim, after the prefix."""
+    return DRIVER_PREFIX + entrypoint
+
 
 def job_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, str]:
     """The environment conventions every job gets (documented in the README), spec env on top."""
@@ -43,7 +61,7 @@ def runtime_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
 def submit_options(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
     """Keyword arguments of Dashboard.submit for this request (besides its submission id)."""
     return {
-        "entrypoint": request.entrypoint,
+        "entrypoint": driver_entrypoint(request.entrypoint),
         "runtime_env": runtime_env(request, cluster),
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,
@@ -52,5 +70,6 @@ def submit_options(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any
             "raystack_job": request.id,
             "raystack_name": request.name,
             "raystack_cluster": cluster.name,
+            "raystack_nonce": request.nonce,
         },
     }

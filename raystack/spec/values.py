@@ -69,8 +69,8 @@ def validate_env(value: dict[str, Any]) -> dict[str, str]:
     for key in value:
         if not ENV_NAME.fullmatch(key):
             raise ValueError(f"{key!r} is not an environment variable name")
-        if key == "CUDA_VISIBLE_DEVICES":
-            raise ValueError("never set CUDA_VISIBLE_DEVICES: SLURM and Ray assign GPUs")
+        if key == "CUDA_VISIBLE_DEVICES" or key.startswith("RAY_EXPERIMENTAL_NOSET_"):
+            raise ValueError(f"never set {key}: SLURM and Ray assign GPUs to each actor")
     return {k: str(v) for k, v in value.items()}
 
 

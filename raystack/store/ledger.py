@@ -6,16 +6,20 @@ Both live here, at the bottom, because the allocation and the client both read t
 
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from raystack.errors import ClusterError
 from raystack.store import paths
 from raystack.store.cluster import apply_changes
-from raystack.store.files import atomic_write, locked
+from raystack.store.files import append_line, atomic_write, create_exclusive, locked, quarantine
+
+log = logging.getLogger("raystack")
 
 
 class JobState(str, Enum):
@@ -53,6 +57,17 @@ class JobRequest(BaseModel):
     uv: bool = False
     spec_file: str | None = None
     queued_at: float = Field(default_factory=time.time)
+    # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
+    # is not ours (an id reused after a ledger was lost), so its state is never inherited.
+    nonce: str = Field(default_factory=lambda: secrets.token_hex(8))
+
+
+class Attempt(BaseModel):
+    """One submission of a job to Ray, in one allocation."""
+
+    id: str  # the Ray submission id
+    allocation: str | None = None  # the SLURM job id of the allocation it was given to
+    at: float = Field(default_factory=time.time)
 
 
 class JobRecord(BaseModel):
@@ -62,8 +77,9 @@ class JobRecord(BaseModel):
     name: str
     state: JobState = JobState.QUEUED
     request: JobRequest
+    now: bool = False  # `--now`: submitted beside the line, not in it
     history: list[dict[str, Any]] = Field(default_factory=list)
-    attempts: list[str] = Field(default_factory=list)  # Ray submission ids, one per try
+    attempts: list[Attempt] = Field(default_factory=list)
     message: str = ""
     exit_code: int | None = None
     ray_job_id: str | None = None
@@ -71,36 +87,80 @@ class JobRecord(BaseModel):
     started: float | None = None
     ended: float | None = None
 
+    @property
+    def attempt_ids(self) -> list[str]:
+        return [a.id for a in self.attempts]
+
     def time_in(self, state: JobState) -> float | None:
         return next((h["time"] for h in self.history if h["state"] == state.value), None)
 
 
 def read_job(name: str, job_id: str) -> JobRecord:
+    """The ledger entry of a job; an unreadable one is moved aside and reported as missing."""
+    p = paths.cluster(name)
+    path = p.ledger(job_id)
     try:
-        return JobRecord.model_validate_json(paths.cluster(name).ledger(job_id).read_text())
+        return JobRecord.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         raise ClusterError(f"no job '{job_id}' in cluster {name}: see `raystack queue {name}`") from None
+    except (ValidationError, ValueError) as exc:
+        moved = quarantine(p, path, f"not a job record ({type(exc).__name__})")
+        raise ClusterError(f"the ledger of job '{job_id}' was unreadable and was moved to {moved}") from None
 
 
 def write_job(name: str, record: JobRecord) -> None:
     atomic_write(paths.cluster(name).ledger(record.id), record.model_dump_json(indent=2))
 
 
+def create_job(name: str, record: JobRecord) -> bool:
+    """Write a new ledger entry, never over an existing one (O_EXCL); False if the id is taken."""
+    return create_exclusive(paths.cluster(name).ledger(record.id), record.model_dump_json(indent=2))
+
+
 def update_job(name: str, job_id: str, **changes: Any) -> JobRecord:
     """Read-modify-write the ledger under the cluster lock; state changes go into the history."""
     with locked(paths.cluster(name)):
-        record = read_job(name, job_id)
-        apply_changes(record, changes)
-        write_job(name, record)
-        return record
+        return change_job(name, job_id, **changes)
+
+
+def change_job(name: str, job_id: str, **changes: Any) -> JobRecord:
+    """`update_job` for a caller that already holds the lock (one transaction, several changes)."""
+    record = read_job(name, job_id)
+    apply_changes(record, changes)
+    write_job(name, record)
+    if record.state.is_terminal() and "state" in changes:
+        append_line(paths.cluster(name).finished, f"{time.time():.3f} {record.id} {record.state.value}")
+    return record
 
 
 def all_jobs(name: str) -> list[JobRecord]:
+    """Every readable ledger entry, oldest first (O(jobs): for listings, not for hot paths)."""
     folder = paths.cluster(name).jobs
     records = []
     for path in folder.glob("*.json") if folder.is_dir() else []:
         try:
-            records.append(JobRecord.model_validate_json(path.read_text()))
-        except (OSError, ValueError):
-            continue
+            records.append(read_job(name, path.stem))
+        except ClusterError as exc:
+            log.warning("%s", exc)
     return sorted(records, key=lambda r: r.request.queued_at)
+
+
+def recently_finished(name: str, count: int) -> list[str]:
+    """Ids of the last `count` jobs that reached a final state, newest last (reads the tail only)."""
+    path = paths.cluster(name).finished
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            start = max(0, size - 200 * (count + 1))
+            fh.seek(start)
+            lines = fh.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    if start:
+        lines = lines[1:]  # the first line read may be cut
+    ids: list[str] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[1] not in ids:
+            ids.append(parts[1])
+    return ids[-count:]

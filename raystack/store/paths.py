@@ -11,7 +11,8 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   active/<id>          one empty file per job given to Ray and not yet finished
   jobs/<id>.json       the ledger (JobRecord): every state a job went through
   jobs/finished        one line per job that reached a final state (appended), newest last
-  logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>.log
+  runner.lease         held (locked) by the one queue runner, with its heartbeat
+  logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log
   corrupt/             files moved aside because they could not be read
 """
 
@@ -131,8 +132,9 @@ class ClusterPaths:
     def ledger(self, job_id: str) -> Path:
         return self.jobs / f"{job_id}.json"
 
-    def job_log(self, job_id: str) -> Path:
-        return self.job_logs / f"{job_id}.log"
+    def job_log(self, job_id: str, attempt: int = 1) -> Path:
+        """The driver log of one attempt of a job (the first: <id>.log, later: <id>.<n>.log)."""
+        return self.job_logs / (f"{job_id}.log" if attempt == 1 else f"{job_id}.{attempt}.log")
 
     def folders(self) -> list[Path]:
         """Every folder the cluster needs (created 0700)."""

@@ -1,58 +1,90 @@
-"""The persistent queue: one file per job not yet finished, ordered by name.
+"""The persistent queue in the cluster folder, and its transactions.
 
-clusters/<name>/queue/<seq>-<id>.json   FIFO by name; --now jobs sort first
+    queue/<seq>-<id>   one empty file per job not yet started; the names order the queue
+                       (<seq> = 0 + time for --now jobs, 1 + time for the rest)
+    queue/journal      "+ <entry>" / "- <entry>" per change, appended: the runner reads only what
+                       changed since its last pass, and on NFS opening a file revalidates it
+                       where a directory listing may be cached for up to a minute
+    active/<id>        one empty file per job given to Ray and not yet finished
+
+Every change is one transaction under the cluster lock, so `cancel` and the runner's `start`
+cannot both win, and a reader never sees a job in two places (or none).
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from raystack.errors import ClusterError
 from raystack.store import paths
-from raystack.store.files import atomic_write, locked, make_private_dirs
-from raystack.store.ledger import JobRecord, JobRequest, JobState, all_jobs, read_job, update_job, write_job
+from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
+from raystack.store.ledger import (
+    Attempt,
+    JobRecord,
+    JobRequest,
+    JobState,
+    all_jobs,
+    change_job,
+    create_job,
+    read_job,
+    recently_finished,
+)
+
+log = logging.getLogger("raystack")
+ID_RETRIES = 5
 
 
-def queue_files(name: str) -> list[Path]:
-    folder = paths.cluster(name).queue
-    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One queue file: its name orders the queue."""
+
+    seq: str
+    job_id: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.seq}-{self.job_id}"
+
+    @property
+    def now(self) -> bool:
+        return self.seq.startswith("0")
+
+    @classmethod
+    def parse(cls, name: str) -> Entry | None:
+        seq, sep, job_id = name.partition("-")
+        if not sep or len(seq) != 21 or not seq.isdigit() or not paths.NAME.fullmatch(job_id or "-"):
+            return None
+        return cls(seq, job_id)
 
 
-def job_id_of(path: Path) -> str:
-    return path.stem.split("-", 1)[1]
-
-
-def is_now(path: Path) -> bool:
-    """--now jobs' queue files sort first: their sequence starts with 0 (see enqueue)."""
-    return path.name.startswith("0")
-
-
-def enqueue(request: JobRequest, now: bool = False) -> tuple[JobRecord, int]:
-    """Write the ledger entry (QUEUED) and the queue file; return the record and its position."""
-    name = request.cluster
+def waiting(name: str) -> list[Entry]:
+    """The queue in order (one directory listing, no ledger read); bad names are moved aside."""
     p = paths.cluster(name)
-    make_private_dirs(p)
-    record = JobRecord(
-        id=request.id,
-        name=request.name,
-        request=request,
-        history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
-    )
-    with locked(p):
-        write_job(name, record)
-        # The file name orders the queue: --now jobs sort first (prefix 0), the rest by time.
-        seq = f"{0 if now else 1}{time.time_ns():020d}"
-        atomic_write(p.queue / f"{seq}-{request.id}.json", json.dumps({"id": request.id, "now": now}))
-    return record, position(name, request.id)
+    entries = []
+    for child in os.scandir(p.queue) if p.queue.is_dir() else []:
+        if child.name == "journal" or child.name.startswith("."):
+            continue
+        entry = Entry.parse(child.name)
+        if entry is None:
+            quarantine(p, Path(child.path), "not a queue entry (<seq>-<job id>)")
+        else:
+            entries.append(entry)
+    return sorted(entries)
+
+
+def active(name: str) -> list[str]:
+    """Ids of jobs given to Ray and not yet finished."""
+    folder = paths.cluster(name).active
+    return sorted(e.name for e in os.scandir(folder)) if folder.is_dir() else []
 
 
 def positions(name: str) -> dict[str, int]:
     """1-based place of every job not yet started, in queue order."""
-    waiting = [job_id_of(p) for p in queue_files(name)]
-    waiting = [j for j in waiting if read_job(name, j).state is JobState.QUEUED]
-    return {job_id: i for i, job_id in enumerate(waiting, start=1)}
+    return {e.job_id: i for i, e in enumerate(waiting(name), start=1)}
 
 
 def position(name: str, job_id: str) -> int:
@@ -60,37 +92,201 @@ def position(name: str, job_id: str) -> int:
     return positions(name).get(job_id, 0)
 
 
+# ---------------------------------------------------------------------------- transactions
+def enqueue(request: JobRequest, now: bool = False, new_id: object = None) -> JobRecord:
+    """Write the ledger entry (QUEUED) and the queue file in one transaction.
+
+    The ledger is created with O_EXCL: an id that exists already (ids are random) gets a new
+    one from `new_id` (a callable), so no job ever inherits another's record.
+    """
+    p = paths.cluster(request.cluster)
+    make_private_dirs(p)
+    with locked(p):
+        for _ in range(ID_RETRIES):
+            record = JobRecord(
+                id=request.id,
+                name=request.name,
+                request=request,
+                now=now,
+                history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
+            )
+            if create_job(request.cluster, record):
+                break
+            if not callable(new_id):
+                raise ClusterError(f"job id {request.id} is taken in cluster {request.cluster}")
+            request.id = new_id(request.name)
+        else:
+            raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
+        entry = Entry(f"{0 if now else 1}{time.time_ns():020d}", request.id)
+        touch(p.queue / entry.name)
+        append_line(p.journal, f"+ {entry.name}")
+    return record
+
+
+def _entry_of(name: str, job_id: str) -> Entry | None:
+    return next((e for e in waiting(name) if e.job_id == job_id), None)
+
+
 def cancel(name: str, job_id: str) -> JobRecord:
-    """Remove a job that has not started from the queue (CANCELLED)."""
-    with locked(paths.cluster(name)):
+    """Remove a job that has not started from the queue: CANCELLED (one transaction)."""
+    p = paths.cluster(name)
+    with locked(p):
         record = read_job(name, job_id)
         if record.state is not JobState.QUEUED or record.attempts:
             raise ClusterError(
                 f"job {job_id} is {record.state.value}, not queued: "
                 f"`raystack stop {job_id}` stops a running job"
             )
-        for path in queue_files(name):
-            if job_id_of(path) == job_id:
-                path.unlink()
-    return update_job(
-        name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
-    )
+        entry = _entry_of(name, job_id)
+        if entry is not None:
+            (p.queue / entry.name).unlink(missing_ok=True)
+            append_line(p.journal, f"- {entry.name}")
+        return change_job(
+            name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
+        )
 
 
-def interrupt_in_flight(name: str, reason: str) -> list[str]:
-    """The allocation ended: jobs that were given to Ray and had not finished are FAILED.
+def start(name: str, entry: Entry, submission_id: str, allocation: str | None) -> JobRecord | None:
+    """Take a job off the queue and record its first attempt (one transaction).
 
-    Queued jobs stay QUEUED (their files stay in the queue folder).
+    Returns None when the job is no longer startable (cancelled, or its ledger unreadable).
+    NOTE: the submission id is recorded before the job is submitted: a runner killed in
+    between finds it on restart and asks Ray, instead of submitting the job a second time.
     """
-    interrupted = []
-    for record in all_jobs(name):
-        if record.attempts and not record.state.is_terminal():
-            update_job(
-                name,
-                record.id,
-                state=JobState.FAILED,
-                ended=time.time(),
-                message=f"the allocation ended while the job was {record.state.value} ({reason})",
-            )
-            interrupted.append(record.id)
-    return interrupted
+    p = paths.cluster(name)
+    with locked(p):
+        queued = p.queue / entry.name
+        if not queued.exists():
+            return None  # cancelled meanwhile
+        try:
+            record = read_job(name, entry.job_id)
+        except ClusterError as exc:
+            log.warning("%s; dropping queue entry %s", exc, entry.name)
+            quarantine(p, queued, "its ledger is missing or unreadable")
+            append_line(p.journal, f"- {entry.name}")
+            return None
+        queued.unlink()
+        append_line(p.journal, f"- {entry.name}")
+        if record.state is not JobState.QUEUED:
+            return None
+        touch(p.active / entry.job_id)
+        attempt = Attempt(id=submission_id, allocation=allocation)
+        return change_job(name, entry.job_id, attempts=[*record.attempts, attempt])
+
+
+def add_attempt(name: str, job_id: str, submission_id: str, allocation: str | None) -> JobRecord:
+    """Record a further attempt of an active job (a retry, or a submission id taken by another)."""
+    with locked(paths.cluster(name)):
+        record = read_job(name, job_id)
+        attempt = Attempt(id=submission_id, allocation=allocation)
+        return change_job(name, job_id, attempts=[*record.attempts, attempt])
+
+
+def finish(name: str, job_id: str, **changes: object) -> JobRecord:
+    """Record a job's final state and take it off the active list (one transaction)."""
+    p = paths.cluster(name)
+    with locked(p):
+        record = change_job(name, job_id, **changes)
+        (p.active / job_id).unlink(missing_ok=True)
+        return record
+
+
+def settle_orphans(name: str, allocation: str | None, reason: str) -> list[str]:
+    """Active jobs whose last attempt ran in another allocation than `allocation` (None: any) have
+    lost their Ray cluster: they are FAILED with `reason`, never submitted again by accident."""
+    p = paths.cluster(name)
+    settled = []
+    for job_id in active(name):
+        with locked(p):
+            try:
+                record = read_job(name, job_id)
+            except ClusterError as exc:
+                log.warning("%s", exc)
+                (p.active / job_id).unlink(missing_ok=True)
+                continue
+            last = record.attempts[-1].allocation if record.attempts else None
+            if allocation is not None and last == allocation:
+                continue
+            if not record.state.is_terminal():
+                where = f"allocation {last}" if last else "its allocation"
+                change_job(
+                    name,
+                    job_id,
+                    state=JobState.FAILED,
+                    ended=time.time(),
+                    message=f"{where} ended while the job was {record.state.value} ({reason})",
+                )
+                settled.append(job_id)
+            (p.active / job_id).unlink(missing_ok=True)
+    return settled
+
+
+# ---------------------------------------------------------------------------- the journal
+class JournalReader:
+    """Follows queue/journal from an offset: each call returns only the lines added since."""
+
+    def __init__(self, name: str):
+        self.path = paths.cluster(name).journal
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.partial = b""
+
+    def changes(self) -> list[tuple[str, str]]:
+        """[('+' | '-', entry name), ...] appended since the last call."""
+        try:
+            with open(self.path, "rb") as fh:  # NOTE: open() revalidates the file on NFS
+                size = os.fstat(fh.fileno()).st_size
+                if size < self.offset:  # truncated or replaced: start over
+                    self.offset, self.partial = 0, b""
+                if size == self.offset:
+                    return []
+                fh.seek(self.offset)
+                data = self.partial + fh.read(size - self.offset)
+                self.offset = size
+        except FileNotFoundError:
+            return []
+        *lines, self.partial = data.split(b"\n")
+        out = []
+        for line in lines:
+            op, _, entry = line.decode(errors="replace").partition(" ")
+            if op in ("+", "-") and entry:
+                out.append((op, entry))
+        return out
+
+
+# ---------------------------------------------------------------------------- listing
+@dataclass
+class QueueView:
+    """What `raystack queue` shows: jobs in flight, the head of the queue, the last finished."""
+
+    records: list[JobRecord]
+    positions: dict[str, int]
+    more_queued: int = 0
+    more_finished: int = 0
+
+
+def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> QueueView:
+    """The queue as a user sees it. Bounded by default (cost independent of the queue's length
+    beyond one directory listing); `every` reads the whole ledger, oldest first."""
+    order = waiting(name)
+    places = {e.job_id: i for i, e in enumerate(order, start=1)}
+    if every:
+        return QueueView(all_jobs(name), places)
+    finished = recently_finished(name, recent)
+    wanted = [*finished, *active(name), *(e.job_id for e in order[:head])]
+    records = []
+    for job_id in dict.fromkeys(wanted):
+        try:
+            records.append(read_job(name, job_id))
+        except ClusterError as exc:
+            log.warning("%s", exc)
+    records.sort(key=lambda r: r.request.queued_at)
+    total_finished = count_lines(paths.cluster(name).finished)
+    return QueueView(records, places, max(0, len(order) - head), max(0, total_finished - len(finished)))
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0

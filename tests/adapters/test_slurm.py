@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from raystack.adapters import slurm
@@ -17,44 +15,76 @@ def fixture(name: str) -> str:
     return (FIXTURES / "slurm" / name).read_text()
 
 
-def test_squeue_json_running_and_pending() -> None:
-    jobs = slurm.parse_squeue_json(fixture("squeue-running-pending.json"))
-    assert jobs["1"].state is JobState.RUNNING
-    assert jobs["1"].name == "name with space"
-    assert jobs["1"].nodes == "node[1-2]"
-    assert jobs["1"].node_count == 2
-    assert jobs["1"].time_limit_min == 10
-    assert jobs["1"].end_time - jobs["1"].start_time == 600
-    assert jobs["2"].state is JobState.PENDING
-    assert jobs["2"].reason == "Resources"
-
-
-def test_squeue_json_finished_states() -> None:
-    jobs = slurm.parse_squeue_json(fixture("squeue-finished.json"))
+def test_squeue_format_states_times_and_names() -> None:
+    """Recorded with raystack's own --format on the testbed: finished, running and pending jobs."""
+    jobs = slurm.parse_squeue(fixture("squeue-format.txt"))
     assert {k: v.state for k, v in jobs.items()} == {
-        "1": JobState.CANCELLED,
         "2": JobState.CANCELLED,
-        "3": JobState.FAILED,
+        "4": JobState.CANCELLED,
+        "5": JobState.FAILED,
+        "6": JobState.RUNNING,
+        "7": JobState.PENDING,
     }
-    assert jobs["3"].reason == "NonZeroExitCode"
-    assert all(j.state.is_terminal() for j in jobs.values())
+    assert jobs["4"].name == "name with | pipe"  # the name is last: it may hold the separator
+    assert jobs["6"].nodes == "node[1-2]" and jobs["6"].node_count == 2
+    assert jobs["6"].end_time - jobs["6"].start_time == 600 == jobs["6"].time_limit_s
+    assert jobs["7"].reason == "BeginTime" and jobs["7"].time_limit_s == 86400
+    assert jobs["5"].reason == "NonZeroExitCode"
+    assert all(j.state.is_terminal() for k, j in jobs.items() if k in ("2", "4", "5"))
 
 
-def test_squeue_json_newer_slurm_shapes() -> None:
-    """SLURM >= 23.02 wraps numbers and makes job_state a list: same JobInfo."""
-    data = json.loads(fixture("squeue-running-pending.json"))
-    for job in data["jobs"]:
-        job["job_state"] = [job["job_state"]]
-        for key in ("job_id", "start_time", "end_time", "time_limit", "node_count"):
-            job[key] = {"set": True, "infinite": False, "number": job[key]}
-    assert slurm.parse_squeue_json(json.dumps(data)) == slurm.parse_squeue_json(
-        fixture("squeue-running-pending.json")
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10:00", 600),
+        ("1:00:00", 3600),
+        ("1-00:00:00", 86400),
+        ("2-03:04:05", 183845),
+        ("5", 300),
+        ("UNLIMITED", 0),
+        ("INVALID", 0),
+        ("N/A", 0),
+    ],
+)
+def test_slurm_durations(text: str, seconds: int) -> None:
+    assert slurm.parse_duration(text) == seconds
+
+
+def test_timestamps() -> None:
+    assert slurm.parse_timestamp("N/A") == slurm.parse_timestamp("Unknown") == 0
+    assert slurm.parse_timestamp("2026-11-22T02:38:27") > 1_700_000_000
+
+
+def test_sinfo_node_shape() -> None:
+    shape = slurm.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None)
+    assert (shape.partition, shape.cpus, shape.gpus, shape.nodes, shape.uniform) == (
+        "testbed",
+        16,
+        4,
+        4,
+        True,
     )
+    mixed = "a|gpu*|64|gpu:h100:4(S:0-1)\nb|gpu*|32|gpu:h100:4,nvme:1\nc|cpu|128|(null)\n"
+    shape = slurm.parse_sinfo_nodes(mixed, None)
+    assert (shape.partition, shape.cpus, shape.gpus, shape.uniform) == ("gpu", 32, 4, False)
+    assert slurm.parse_sinfo_nodes(mixed, "cpu").gpus == 0
+    with pytest.raises(SlurmError, match="no nodes in partition 'nope'"):
+        slurm.parse_sinfo_nodes(mixed, "nope")
 
 
-def test_squeue_json_invalid_is_a_slurm_error() -> None:
-    with pytest.raises(SlurmError, match="invalid JSON"):
-        slurm.parse_squeue_json("squeue: error: something")
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("gpu:4", 4),
+        ("gpu:a100:8(S:0-1)", 8),
+        ("gpu:h100:4,nvme:1", 4),
+        ("(null)", 0),
+        ("gpu:a100:2,gpu:v100:2", 4),
+        ("", 0),
+    ],
+)
+def test_gres_gpus(gres: str, gpus: int) -> None:
+    assert slurm.gres_gpus(gres) == gpus
 
 
 @pytest.mark.parametrize(

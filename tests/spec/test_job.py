@@ -76,7 +76,7 @@ def test_good_spec_is_queued_with_conventions(home: Path) -> None:
     assert done.returncode == 0, done.stderr
     [record] = ledger.all_jobs("c4")
     req = record.request
-    assert record.state.value == "QUEUED" and len(queue.queue_files("c4")) == 1
+    assert record.state.value == "QUEUED" and len(queue.waiting("c4")) == 1
     assert req.working_dir == str(home / "src") and req.env == {"LR": "3e-6"}
     assert req.outputs == {"ckpt": str(home / "out" / "ckpt")} and req.timeout == 7200 and req.stop_grace == 5
     assert set(DEFAULT_EXCLUDES) <= set(req.excludes)
@@ -203,7 +203,7 @@ def test_bad_spec_is_one_line_and_queues_nothing(
     pytest.importorskip("re").search(message, line) or pytest.fail(f"{message!r} not in {line!r}")
     if "--set" not in extra[:1] and "mapping" not in message and "YAML" not in message:
         assert "job.yaml" in line  # names the file
-    assert queue.queue_files("c4") == [] and ledger.all_jobs("c4") == []
+    assert queue.waiting("c4") == [] and ledger.all_jobs("c4") == []
 
 
 def test_missing_spec_file(home: Path) -> None:
@@ -235,7 +235,7 @@ def test_resolve_is_pure_and_checks_before_writing(home: Path) -> None:
     spec = JobSpec(name="x", entrypoint="true", needs={"gpus": 17})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"needs\.gpus=17"):
         resolve(spec, clusters.read("c4"), home, "job spec x")
-    assert not paths.cluster("c4").queue.exists() or queue.queue_files("c4") == []
+    assert not paths.cluster("c4").queue.exists() or queue.waiting("c4") == []
 
 
 def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:

@@ -65,7 +65,7 @@ def test_jobs_queued_before_ready_run_in_order_and_never_overlap(qc: dict) -> No
     assert [r.state for r in records] == [JobState.SUCCEEDED] * 3
     for i, (job, record) in enumerate(zip(jobs, records, strict=True)):
         assert f"early job {i}" in job.logs()
-        assert record.attempts == [record.id]
+        assert record.attempt_ids == [record.id]
     for before, after in itertools.pairwise(records):
         assert before.ended is not None and after.started is not None
         assert before.ended <= after.started, f"{before.id} overlaps {after.id}"
@@ -153,7 +153,7 @@ def test_retry_after_failure_and_timeout(qc: dict) -> None:
     )
     record = finished(flaky)
     assert record.state is JobState.SUCCEEDED
-    assert record.attempts == [flaky.id, f"{flaky.id}-retry1"]  # retried once, not twice
+    assert record.attempt_ids == [flaky.id, f"{flaky.id}-retry1"]  # retried once, not twice
     log = flaky.logs()
     assert "--- raystack: attempt 1" in log and "attempt fails" in log and "attempt ok" in log
     slow = cluster.submit(py("import time; time.sleep(600)"), sets=["name=slow", "timeout=3", "stop_grace=1"])
@@ -182,7 +182,7 @@ def test_runner_killed_mid_queue_restarts_and_runs_every_job_once(qc: dict) -> N
     records = [finished(job) for job in jobs]
     assert [r.state for r in records] == [JobState.SUCCEEDED] * 3
     assert sorted(trace.read_text().split()) == sorted(j.id for j in jobs)  # each ran exactly once
-    assert all(r.attempts == [r.id] for r in records)
+    assert all(r.attempt_ids == [r.id] for r in records)
     submitted = [j.metadata.get("raystack_job") for j in Cluster("qc").dashboard().list_jobs() if j.metadata]
     assert all(submitted.count(j.id) == 1 for j in jobs)
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import node, rayproc
-from raystack.allocation.node import NodeContext
+from raystack.allocation import context as node
+from raystack.allocation import rayproc
+from raystack.allocation.context import NodeContext
 
 
 @pytest.mark.parametrize(
@@ -38,13 +39,13 @@ def test_gpus_come_from_slurm_never_autodetection(env: dict[str, str], gpus: int
 
 
 def test_ports_are_distinct_and_free() -> None:
-    head = rayproc.node_ports("127.0.0.1", head=True)
+    head = rayproc.node_ports(head=True)
     singles = [v for k, v in head.items() if not k.endswith("_worker")]
     assert len(set(singles)) == len(singles)
     assert {"gcs", "dashboard", "client_server", "agent_listen", "runtime_env"} <= set(head)
     low, high = head["min_worker"], head["max_worker"]
     assert high - low + 1 == rayproc.WORKER_PORTS and not any(low <= p <= high for p in singles)
-    assert "gcs" not in rayproc.node_ports("127.0.0.1", head=False)
+    assert "gcs" not in rayproc.node_ports(head=False)
 
 
 def context(tmp_path: Path, gpus: int = 4) -> NodeContext:
@@ -64,7 +65,7 @@ def context(tmp_path: Path, gpus: int = 4) -> NodeContext:
 
 
 def test_head_argv_binds_the_dashboard_to_the_node_address(tmp_path: Path) -> None:
-    ports = rayproc.node_ports("127.0.0.1", head=True)
+    ports = rayproc.node_ports(head=True)
     argv = node.ray_start_argv(context(tmp_path), ports, None)
     assert "--head" in argv and "--block" in argv
     assert "--dashboard-host=10.0.0.5" in argv and "--node-ip-address=10.0.0.5" in argv
@@ -74,9 +75,7 @@ def test_head_argv_binds_the_dashboard_to_the_node_address(tmp_path: Path) -> No
 
 
 def test_worker_argv_joins_the_head(tmp_path: Path) -> None:
-    argv = node.ray_start_argv(
-        context(tmp_path, gpus=0), rayproc.node_ports("127.0.0.1", head=False), "10.0.0.1:6000"
-    )
+    argv = node.ray_start_argv(context(tmp_path, gpus=0), rayproc.node_ports(head=False), "10.0.0.1:6000")
     assert "--address=10.0.0.1:6000" in argv and "--head" not in argv and "--num-gpus=0" in argv
 
 

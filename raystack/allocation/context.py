@@ -1,0 +1,269 @@
+"""What every node program knows and does: its context from SLURM's environment, the `ray start`
+command line, signals, polling with a deadline, reaping, GPU reports and teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TypeVar
+
+from raystack.allocation.rayproc import RayProcess, gpu_processes, has_nvidia_smi
+from raystack.errors import RaystackError
+from raystack.spec.values import size_to_mb
+from raystack.store import cluster as records
+from raystack.store import paths
+
+log = logging.getLogger("raystack.node")
+T = TypeVar("T")
+
+POLL = 0.25  # seconds between readiness checks
+
+
+# ---------------------------------------------------------------------------- node facts
+@dataclass
+class NodeContext:
+    """What one node knows about itself and its allocation."""
+
+    cluster: str
+    job_id: str
+    node_id: int
+    num_nodes: int
+    host: str
+    ip: str
+    gpus: int
+    cpus: int
+    temp_dir: Path
+    object_store_bytes: int
+    join_timeout: float
+    head_grace: float = 60.0  # seconds a worker waits for an unreachable head before leaving
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_id == 0
+
+
+def parse_cpus_per_node(value: str) -> list[int]:
+    """SLURM_JOB_CPUS_PER_NODE, e.g. '16(x3),8' -> [16, 16, 16, 8]."""
+    counts: list[int] = []
+    for part in filter(None, value.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"cannot read SLURM_JOB_CPUS_PER_NODE={value!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def gpus_on_node(env: dict[str, str]) -> int:
+    """GPUs SLURM gave this node: SLURM_GPUS_ON_NODE, else the CUDA_VISIBLE_DEVICES entries."""
+    if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+def default_object_store_bytes(shm: str = "/dev/shm") -> int:
+    """min(30% of RAM, half of /dev/shm's free space): Ray's 30%-of-RAM default can exceed shm."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        stat = os.statvfs(shm)
+        shm_free = stat.f_bavail * stat.f_frsize
+    except OSError:
+        shm_free = ram
+    return max(100 * 1024 * 1024, int(min(0.3 * ram, 0.5 * shm_free)))
+
+
+def node_ip(host: str) -> str:
+    """This node's address: RAYSTACK_NODE_IP, else what its host name resolves to."""
+    override = os.environ.get("RAYSTACK_NODE_IP")
+    if override:
+        return override
+    ip = socket.gethostbyname(host)
+    if ip.startswith("127."):
+        raise RaystackError(
+            f"host name {host} resolves to {ip}; set RAYSTACK_NODE_IP in the profile's env "
+            "to the node's cluster-network address"
+        )
+    return ip
+
+
+def context_from_env(env: dict[str, str]) -> NodeContext:
+    job_id = env["SLURM_JOB_ID"]
+    host = socket.gethostname().split(".")[0]
+    cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+    scratch = Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
+    store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
+    return NodeContext(
+        cluster=env.get("RAYSTACK_CLUSTER") or f"slurm-{job_id}",
+        job_id=job_id,
+        node_id=int(env.get("SLURM_NODEID", "0")),
+        num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1),
+        host=host,
+        ip=node_ip(host),
+        gpus=gpus_on_node(env),
+        cpus=cpus,
+        # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short. The host
+        # name keeps it per node even where the "local" scratch is shared between nodes.
+        temp_dir=scratch / f"rs-{job_id}-{host}",
+        object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
+        join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
+        head_grace=float(env.get("RAYSTACK_HEAD_GRACE") or 60),
+    )
+
+
+# ---------------------------------------------------------------------------- ray processes
+def ray_env(ctx: NodeContext) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(paths.cluster(ctx.cluster).token),
+        # NOTE: without this, SIGTERM makes `ray start --block` drain for up to 30 s.
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAYSTACK_CLUSTER=ctx.cluster,
+    )
+    env.pop("RAY_ADDRESS", None)
+    # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.
+    bindir = str(Path(sys.executable).parent)
+    if env.get("PATH", "").split(os.pathsep)[0] != bindir:
+        env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    return env
+
+
+def ray_start_argv(ctx: NodeContext, ports: dict[str, int], head_address: str | None) -> list[str]:
+    ray = str(Path(sys.executable).with_name("ray"))
+    argv = [
+        ray if Path(ray).exists() else "ray",
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={ctx.ip}",
+        f"--temp-dir={ctx.temp_dir}",
+        f"--num-cpus={ctx.cpus}",
+        f"--num-gpus={ctx.gpus}",
+        f"--object-store-memory={ctx.object_store_bytes}",
+        f"--object-manager-port={ports['object_manager']}",
+        f"--node-manager-port={ports['node_manager']}",
+        f"--dashboard-agent-listen-port={ports['agent_listen']}",
+        f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+        f"--metrics-export-port={ports['metrics']}",
+        f"--runtime-env-agent-port={ports['runtime_env']}",
+        f"--min-worker-port={ports['min_worker']}",
+        f"--max-worker-port={ports['max_worker']}",
+    ]
+    if head_address is None:
+        argv += [
+            "--head",
+            f"--port={ports['gcs']}",
+            f"--dashboard-host={ctx.ip}",
+            f"--dashboard-port={ports['dashboard']}",
+            f"--ray-client-server-port={ports['client_server']}",
+            "--include-dashboard=true",
+        ]
+    else:
+        argv += [f"--address={head_address}"]
+    return argv
+
+
+class Stop(BaseException):
+    """Raised from the signal handler: SLURM (scancel, walltime) asked this node to stop.
+
+    A BaseException, so that the `except Exception` of library code cannot swallow it.
+    """
+
+
+def on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise Stop(signal.Signals(signum).name)
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, alive: RayProcess | None = None
+) -> T:
+    """Poll `condition` until it returns a truthy value, and return that value.
+
+    Raises after `timeout`, or at once when `alive` (the Ray process) has died.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not (value := condition()):
+        if alive is not None and not alive.alive():
+            raise RaystackError(
+                f"ray start exited with code {alive.proc.returncode} while waiting for {what}"
+            )
+        if time.monotonic() > deadline:
+            raise RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, POLL)
+    return value
+
+
+# ---------------------------------------------------------------------------- housekeeping
+class Reaper:
+    """Reaps orphaned processes that died (we are their subreaper), except the ones a Popen owns.
+
+    Without it every Ray worker that exits leaves a zombie until teardown.
+    """
+
+    def __init__(self, every: float = 2.0):
+        self.every, self.last = every, 0.0
+        self.owned: set[int] = set()  # pids whose exit status a Popen object collects itself
+
+    def __call__(self) -> int:
+        if time.monotonic() - self.last < self.every:
+            return 0
+        self.last = time.monotonic()
+        import psutil
+
+        reaped = 0
+        for child in psutil.Process().children():
+            if child.pid in self.owned:
+                continue
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+                    reaped += 1
+        return reaped
+
+
+class GpuReport:
+    """Publishes this node's leftover GPU memory in its node entry (read by the queue runner)."""
+
+    def __init__(self, ctx: NodeContext, every: float = 1.0):
+        self.ctx, self.every, self.last = ctx, every, 0.0
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last < self.every or not self.ctx.gpus or not has_nvidia_smi():
+            return
+        self.last = time.monotonic()
+        entry = records.read_node_entries(self.ctx.cluster).get(self.ctx.host, {})
+        entry.update(gpu_procs=gpu_processes(), gpu_checked=time.time())
+        records.write_node_entry(self.ctx.cluster, self.ctx.host, entry)
+
+
+def ignore_signals() -> None:
+    """From here on the node program finishes its teardown whatever SLURM sends."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_ray(ctx: NodeContext, ray: RayProcess) -> None:
+    """Stop this node's Ray processes (only ours: never a global `ray stop`) and its temp dir."""
+    ignore_signals()
+    ray.stop()
+    shutil.rmtree(ctx.temp_dir, ignore_errors=True)
+    log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)
+
+
+def node_log(ctx: NodeContext, host: str) -> Path:
+    return paths.cluster(ctx.cluster).node_log(host)

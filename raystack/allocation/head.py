@@ -1,0 +1,259 @@
+"""The head node's program: Ray head, readiness, the queue runner, and the allocation's end.
+
+Node 0 claims the cluster's record for this allocation (refusing when another live allocation
+of the same name holds it), starts the Ray head with freshly chosen ports, publishes its address
+at once so workers start alongside it, marks the cluster READY once every node, GPU and CPU is
+registered and the Jobs API answers, then supervises the queue runner until SLURM ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+import time
+
+from raystack.adapters import slurm
+from raystack.adapters.ray import Dashboard, NodeSummary
+from raystack.allocation.context import (
+    POLL,
+    GpuReport,
+    NodeContext,
+    Reaper,
+    Stop,
+    ignore_signals,
+    node_log,
+    parse_cpus_per_node,
+    ray_env,
+    ray_start_argv,
+    stop_ray,
+    wait_for,
+)
+from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.runner import LEASE_HELD
+from raystack.errors import RaystackError
+from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store.cluster import ClusterState
+from raystack.store.files import locked
+from raystack.store.queue import settle_orphans
+
+log = logging.getLogger("raystack.node")
+
+
+class Displaced(RaystackError):
+    """Another live allocation runs this cluster: this one must not touch its record."""
+
+
+# ---------------------------------------------------------------------------- claiming the name
+def claim(ctx: NodeContext) -> None:
+    """Make this allocation the cluster's current one, unless another live allocation is.
+
+    Two allocations of one name (a hand-submitted twin, a restarted `up`) would run two runners
+    on one queue; the one that finds a live other holder leaves instead.
+    """
+    p = paths.cluster(ctx.cluster)
+    with locked(p):
+        record = records.read(ctx.cluster) if records.exists(ctx.cluster) else None
+        other = record.slurm_job_id if record else None
+        if other and other != ctx.job_id:
+            info = slurm.job_info(other)
+            if info is None or not info.state.is_terminal():
+                state = info.state.value if info else "state unknown: SLURM did not answer"
+                raise Displaced(
+                    f"cluster {ctx.cluster} is already run by SLURM job {other} ({state}); "
+                    f"allocation {ctx.job_id} leaves it alone and exits"
+                )
+        record = record or records.ClusterRecord(name=ctx.cluster)
+        records.apply_changes(record, {"slurm_job_id": ctx.job_id})
+        records.write(record)
+
+
+# ---------------------------------------------------------------------------- readiness
+def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
+    """Host names expected in the allocation whose address is not among Ray's alive nodes."""
+    entries = records.read_node_entries(ctx.cluster)
+    alive_ips = {n.ip for n in alive}
+    record = records.read(ctx.cluster)
+    return [h for h in record.nodes if entries.get(h, {}).get("ip") not in alive_ips]
+
+
+def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
+    """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
+    dashboard = Dashboard(url, records.read_token(ctx.cluster))
+    cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
+    want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
+    want_gpus = ctx.gpus * ctx.num_nodes
+    deadline = time.monotonic() + ctx.join_timeout
+    nodes: list[NodeSummary] = []
+    joined, why = -1, "the State API has not answered yet"
+    while True:
+        if not ray.alive():
+            raise RaystackError(
+                f"the Ray head exited with code {ray.proc.returncode}; see {node_log(ctx, ctx.host)}"
+            )
+        try:
+            nodes = dashboard.alive_nodes()
+            gpus = sum(n.resources.get("GPU", 0) for n in nodes)
+            cpus = sum(n.resources.get("CPU", 0) for n in nodes)
+            if len(nodes) != joined:
+                joined = len(nodes)
+                log.info("%d/%d nodes joined (%g GPUs, %g CPUs)", joined, ctx.num_nodes, gpus, cpus)
+                records.update(
+                    ctx.cluster, nodes_joined=joined, message=f"{joined}/{ctx.num_nodes} nodes joined"
+                )
+            if joined >= ctx.num_nodes and gpus >= want_gpus and cpus >= want_cpus:
+                problem = dashboard.probe()
+                if problem is None:
+                    return
+                why = problem
+            else:
+                why = f"{joined}/{ctx.num_nodes} nodes, {gpus:g}/{want_gpus} GPUs, {cpus:g}/{want_cpus} CPUs"
+        except RaystackError as exc:
+            why = str(exc)
+        if time.monotonic() > deadline:
+            raise RaystackError(_not_ready_message(ctx, nodes, why))
+        time.sleep(POLL)
+
+
+def _not_ready_message(ctx: NodeContext, nodes: list[NodeSummary], why: str) -> str:
+    missing = missing_nodes(ctx, nodes)
+    if missing:
+        return (
+            f"node {missing[0]} did not join within {ctx.join_timeout:.0f}s"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
+            f"its log: {node_log(ctx, missing[0])}"
+        )
+    return f"cluster not ready within {ctx.join_timeout:.0f}s: {why}; see {node_log(ctx, ctx.host)}"
+
+
+def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
+    info = slurm.job_info(ctx.job_id)
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", ctx.host)
+    return dict(
+        state=ClusterState.STARTING,
+        message=f"Ray head starting on {ctx.host}; waiting for nodes",
+        slurm_job_id=ctx.job_id,
+        head_host=ctx.host,
+        head_ip=ctx.ip,
+        ports=ports,
+        gcs_address=f"{ctx.ip}:{ports['gcs']}",
+        dashboard_url=f"http://{ctx.ip}:{ports['dashboard']}",
+        nodes=slurm.hostnames(nodelist),
+        nodes_expected=ctx.num_nodes,
+        nodes_joined=0,
+        gpus_per_node=ctx.gpus,
+        cpus_per_node=ctx.cpus,
+        ray_version=importlib.metadata.version("ray"),
+        walltime_end=info.end_time if info and info.end_time else None,
+    )
+
+
+# ---------------------------------------------------------------------------- the head's life
+def run_head(ctx: NodeContext) -> int:
+    try:
+        claim(ctx)
+    except Displaced as exc:
+        log.error("%s", exc)
+        with contextlib.suppress(RaystackError):
+            slurm.scancel(ctx.job_id)
+        return 1
+    for job_id in settle_orphans(ctx.cluster, ctx.job_id, "found when the next allocation started"):
+        log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
+    ports = node_ports(head=True)
+    ray = RayProcess(ray_start_argv(ctx, ports, None), ray_env(ctx))
+    head = Head(ctx, ray)
+    try:
+        # The ports are fixed before Ray starts, so the address is published at once and the
+        # workers start alongside the head (their `ray start --address` waits for the GCS).
+        records.update(ctx.cluster, **head_record_fields(ctx, ports))
+        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
+        wait_ready(ctx, f"http://{ctx.ip}:{ports['dashboard']}", ray)
+        records.update(
+            ctx.cluster,
+            state=ClusterState.READY,
+            message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
+        )
+        log.info("cluster %s READY", ctx.cluster)
+        failure = head.supervise()
+    except Stop as stop:
+        head.end(ClusterState.STOPPED, f"allocation ended ({stop}: raystack down, scancel or walltime)")
+        return 0
+    except (RaystackError, OSError) as exc:
+        failure = str(exc)
+    head.end(ClusterState.FAILED, failure)
+    # A failed cluster must not hold its nodes until the walltime: the other nodes' tasks
+    # would otherwise keep the allocation alive.
+    with contextlib.suppress(RaystackError):
+        slurm.scancel(ctx.job_id)
+    return 1
+
+
+class Head:
+    """The head's duties while Ray lives: the queue runner, reaping, GPU reports; and its end."""
+
+    def __init__(self, ctx: NodeContext, ray: RayProcess):
+        self.ctx, self.ray = ctx, ray
+        self.runner: subprocess.Popen | None = None
+        self.reap = Reaper()
+        self.reap.owned.add(ray.proc.pid)
+        self.report = GpuReport(ctx)
+
+    def start_runner(self) -> subprocess.Popen:
+        """The queue runner, a child of this node program (so teardown ends it too)."""
+        p = paths.cluster(self.ctx.cluster)
+        with open(p.runner_log, "a") as logfile:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "raystack.allocation.runner", self.ctx.cluster],
+                env=ray_env(self.ctx),
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+            )
+        self.reap.owned.add(proc.pid)
+        records.update(self.ctx.cluster, runner_pid=proc.pid)
+        log.info("queue runner started (pid %d)", proc.pid)
+        return proc
+
+    def supervise(self) -> str:
+        """While Ray lives: keep the queue runner alive (restarting it with back-off), reap
+        orphans, report GPU use. Returns why the head ended (only when Ray itself died;
+        signals arrive as Stop)."""
+        self.runner = self.start_runner()
+        started, backoff, restarts = time.monotonic(), 0.5, 0
+        while self.ray.alive():
+            if self.runner.poll() is not None and time.monotonic() - started >= backoff:
+                code = self.runner.returncode
+                self.reap.owned.discard(self.runner.pid)
+                restarts += 1
+                log.warning("queue runner exited with code %s; restarting (%d)", code, restarts)
+                # Another runner holding the lease will not go away soon: wait longer for it.
+                floor = 10.0 if code == LEASE_HELD else 0.5
+                backoff = floor if time.monotonic() - started > 60 else min(max(backoff * 2, floor), 30)
+                self.runner, started = self.start_runner(), time.monotonic()
+                records.update(self.ctx.cluster, runner_restarts=restarts)
+            self.report()
+            self.reap()
+            time.sleep(POLL)
+        code = self.ray.proc.returncode
+        return f"the Ray head exited with code {code}; see {node_log(self.ctx, self.ctx.host)}"
+
+    def end(self, state: ClusterState, message: str) -> None:
+        """The allocation ends. The order matters when SLURM's SIGKILL may cut it short: the
+        runner goes first (it cannot overwrite what follows), then the jobs in flight are
+        settled, then the cluster's state is recorded, and only then is Ray stopped (slow)."""
+        ignore_signals()
+        if self.runner is not None and self.runner.poll() is None:
+            self.runner.kill()
+            self.runner.wait()
+        with contextlib.suppress(RaystackError, OSError):
+            for job_id in settle_orphans(self.ctx.cluster, None, message.split(":")[0]):
+                log.info("job %s was in flight when the allocation ended", job_id)
+        log.info("cluster %s %s: %s", self.ctx.cluster, state.value, message)
+        with contextlib.suppress(RaystackError, OSError):
+            record = records.read(self.ctx.cluster)
+            if record.slurm_job_id in (None, self.ctx.job_id):
+                records.update(self.ctx.cluster, state=state, message=message)
+        stop_ray(self.ctx, self.ray)

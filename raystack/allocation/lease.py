@@ -1,0 +1,84 @@
+"""The runner's lease: at most one queue runner per cluster, across processes and nodes.
+
+The lease is an exclusive lock on `runner.lease` in the cluster folder (flock; the NFS client
+turns it into a byte-range lock that the server arbitrates), held for the runner's lifetime and
+released by the kernel when it dies. The file also holds who holds it and a heartbeat, for
+people and for filesystems without working locks, where a fresh heartbeat of another holder
+keeps a second runner out.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import IO
+
+from raystack.store.paths import ClusterPaths
+
+BEAT = 5.0  # seconds between heartbeats
+STALE = 60.0  # a heartbeat older than this no longer counts where locks do not work
+_NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
+
+
+class Lease:
+    def __init__(self, paths: ClusterPaths, allocation: str | None = None):
+        self.path = paths.runner_lease
+        self.allocation = allocation or os.environ.get("SLURM_JOB_ID")
+        self.fh: IO[str] | None = None
+        self.beaten = 0.0
+
+    def holder(self) -> dict:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> str | None:
+        """Take the lease; None on success, else a description of who holds it."""
+        fh = open(self.path, "a+")  # noqa: SIM115 (held open for the runner's lifetime)
+        os.chmod(self.path, 0o600)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            return self._describe(self.holder())
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+            other = self.holder()  # no working locks here: go by the heartbeat
+            if other and other.get("pid") != os.getpid() and time.time() - other.get("heartbeat", 0) < STALE:
+                fh.close()
+                return self._describe(other)
+        self.fh = fh
+        self.beat(force=True)
+        return None
+
+    def beat(self, force: bool = False) -> None:
+        """Refresh the heartbeat (cheap to call every pass: it writes every BEAT seconds)."""
+        if self.fh is None or (not force and time.monotonic() - self.beaten < BEAT):
+            return
+        self.beaten = time.monotonic()
+        info = {
+            "allocation": self.allocation,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "heartbeat": time.time(),
+        }
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(json.dumps(info))
+        self.fh.flush()
+
+    @staticmethod
+    def _describe(info: dict) -> str:
+        if not info:
+            return "a runner whose details are not written yet"
+        age = time.time() - float(info.get("heartbeat", 0))
+        return (
+            f"allocation {info.get('allocation')} on {info.get('host')}, pid {info.get('pid')}, "
+            f"heartbeat {age:.0f}s ago"
+        )
