@@ -71,7 +71,12 @@ def up(
     time: Annotated[str | None, typer.Option("--time", "-t", help="Walltime (SLURM format).")] = None,
     partition: Annotated[str | None, typer.Option("--partition")] = None,
     account: Annotated[str | None, typer.Option("--account")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Default: every GPU of the node (sinfo).")
+    ] = None,
+    cpus_per_task: Annotated[
+        int | None, typer.Option("--cpus-per-task", help="Default: every CPU of the node (sinfo).")
+    ] = None,
     sbatch: Annotated[
         list[str] | None,
         typer.Option("--sbatch", help="Extra sbatch option, e.g. --sbatch=--exclusive (repeatable)."),
@@ -84,7 +89,7 @@ def up(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
-    plan = allocation.plan(
+    plan = Cluster.plan(
         nodes,
         profile=profile,
         name=name,
@@ -92,8 +97,11 @@ def up(
         partition=partition,
         account=account,
         gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
         extra_sbatch=sbatch,
     )
+    if plan.note and not as_json:
+        err.print(f"raystack: {plan.note}", markup=False)
     if dry_run:
         if as_json:
             _print_json({"argv": plan.sbatch_argv(), "script": allocation.render_script(plan)})

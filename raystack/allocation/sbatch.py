@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raystack import __version__
+from raystack.adapters.slurm import NodeShape
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import validate_time
@@ -32,6 +33,9 @@ class AllocationPlan:
     partition: str | None = None
     account: str | None = None
     gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    note: str = ""  # what was asked and why (whole nodes: read from sinfo)
     python: str = "python3"
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -61,8 +65,8 @@ class AllocationPlan:
             ("partition", self.partition),
             ("account", self.account),
             ("qos", p.qos),
-            ("cpus-per-task", p.cpus_per_task),
-            ("mem", p.mem),
+            ("cpus-per-task", self.cpus_per_task),
+            ("mem", self.mem),
         ):
             if value not in (None, ""):
                 opts.append(f"--{flag}={value}")
@@ -80,6 +84,13 @@ class AllocationPlan:
         ]
 
 
+def wants_node_shape(profile: Profile, gpus_per_node: int | None, cpus_per_task: int | None) -> bool:
+    """Whether planning needs the partition's node size (a count left at "auto")."""
+    gpus = profile.gpus_per_node if gpus_per_node is None else gpus_per_node
+    cpus = profile.cpus_per_task if cpus_per_task is None else cpus_per_task
+    return "auto" in (gpus, cpus)
+
+
 def plan(
     nodes: int,
     *,
@@ -89,28 +100,60 @@ def plan(
     partition: str | None = None,
     account: str | None = None,
     gpus_per_node: int | None = None,
+    cpus_per_task: int | None = None,
     extra_sbatch: list[str] | None = None,
     python: str | None = None,
+    shape: NodeShape | None = None,
 ) -> AllocationPlan:
-    """Validate the request against the profile and build the plan (nothing is submitted)."""
+    """Validate the request against the profile and build the plan (nothing is submitted).
+
+    Counts left at "auto" (the default) become a whole node's: `shape` is the partition's node
+    size, which the caller reads from sinfo (slurm.node_shape) when `wants_node_shape`.
+    """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
-    gpus = prof.gpus_per_node if gpus_per_node is None else gpus_per_node
-    if gpus < 0:
-        raise ConfigError(f"--gpus-per-node: {gpus} is negative; use 0 for CPU-only nodes")
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise ConfigError(f"--gpus-per-node: {gpus_per_node} is negative; use 0 for CPU-only nodes")
+    if cpus_per_task is not None and cpus_per_task < 1:
+        raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
+    name = paths.validate_name(name)
+    walltime = validate_time(time or prof.time)
     for option in extra_sbatch or []:
         if not option.startswith("--"):
             raise ConfigError(f"--sbatch: {option!r} must be a long sbatch option such as --exclusive")
+    gpus = prof.gpus_per_node if gpus_per_node is None else gpus_per_node
+    cpus = prof.cpus_per_task if cpus_per_task is None else cpus_per_task
+    mem, note = prof.mem, ""
+    if "auto" in (gpus, cpus):
+        if shape is None:
+            raise ConfigError(
+                "whole nodes need the partition's node size from sinfo; give --gpus-per-node and "
+                "--cpus-per-task (or a profile that sets them)"
+            )
+        auto = [w for w, v in (("CPUs", cpus), ("GPUs", gpus)) if v == "auto"]
+        gpus = shape.gpus if gpus == "auto" else gpus
+        cpus = shape.cpus if cpus == "auto" else cpus
+        mem = mem if mem is not None else "0"  # with every CPU: all of the node's memory too
+        smallest = "" if shape.uniform else " (the smallest node: they differ)"
+        note = (
+            f"whole nodes: {cpus} CPUs and {gpus} GPUs per node, all memory, as partition "
+            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(auto)} were 'auto'); "
+            "ask less with --cpus-per-task / --gpus-per-node or a profile"
+        )
+    assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
     return AllocationPlan(
         profile=prof,
         nodes=nodes,
-        name=paths.validate_name(name),
+        name=name,
         home=str(paths.home().resolve()),
-        time=validate_time(time or prof.time),
+        time=walltime,
         partition=partition or prof.partition,
         account=account or prof.account,
         gpus_per_node=gpus,
+        cpus_per_task=cpus,
+        mem=mem,
+        note=note,
         python=python or sys.executable,
         extra_sbatch=(*prof.extra_sbatch, *(extra_sbatch or [])),
         env=dict(prof.env),
@@ -142,6 +185,7 @@ def render_script(plan: AllocationPlan) -> str:
                 "#SBATCH --job-name=raystack",
             ]
         ),
+        *([f"# {line}" for line in _wrap_text(plan.note)] if plan.note else []),
         "#SBATCH --ntasks-per-node=1",
         "set -euo pipefail",
         "",
@@ -191,7 +235,13 @@ def _wrap(argv: list[str], width: int = 94) -> list[str]:
     return [*out, line]
 
 
+def _wrap_text(text: str, width: int = 94) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
 def hand_template() -> str:
     """slurm/raystack.sbatch: the generic script a user can `sbatch --nodes=N` by hand."""
-    prof = load_profile("generic")
+    prof = load_profile("generic").model_copy(update={"gpus_per_node": 0, "cpus_per_task": None})
     return render_script(AllocationPlan(profile=prof, nodes=None, name=None, home=None, time=None))

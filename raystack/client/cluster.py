@@ -20,9 +20,10 @@ from raystack.adapters.slurm import SlurmState
 from raystack.allocation import sbatch as allocation
 from raystack.client.job import Job
 from raystack.client.reconcile import reconcile
-from raystack.errors import ClusterError, RayApiError, SlurmError
+from raystack.errors import ClusterError, ConfigError, RayApiError, SlurmError
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
+from raystack.spec.profile import Profile, load_profile
 from raystack.spec.resolve import resolve
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -104,11 +105,29 @@ class Cluster:
         **options: Any,
     ) -> Cluster:
         """Submit an allocation (see allocation.plan for options) and, by default, wait for READY."""
-        plan = allocation.plan(nodes, **options)
+        plan = cls.plan(nodes, **options)
         cluster = cls.submit_plan(plan)
         if wait:
             cluster.wait_ready(progress=progress, timeout=timeout)
         return cluster
+
+    @classmethod
+    def plan(cls, nodes: int, **options: Any) -> allocation.AllocationPlan:
+        """The allocation `up` would submit (nothing is submitted): counts left at "auto" become
+        whole nodes of the partition, read from sinfo."""
+        profile = options.pop("profile", "generic")
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        shape = None
+        if allocation.wants_node_shape(prof, options.get("gpus_per_node"), options.get("cpus_per_task")):
+            partition = options.get("partition") or prof.partition
+            try:
+                shape = slurm.node_shape(partition)
+            except SlurmError as exc:
+                raise ConfigError(
+                    f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
+                    "give --gpus-per-node and --cpus-per-task, or a profile that sets them"
+                ) from None
+        return allocation.plan(nodes, profile=prof, shape=shape, **options)
 
     @classmethod
     def submit_plan(cls, plan: allocation.AllocationPlan) -> Cluster:
@@ -126,6 +145,14 @@ class Cluster:
                     f"name '{plan.name}' is in use by a live cluster (SLURM job {old.slurm_job_id}, "
                     f"{old.state.value}): `raystack down {plan.name}` first, or choose another --name"
                 )
+        # A live allocation of this name that the record does not know (submitted by hand, or
+        # its record lost) would run a second queue runner on the same queue.
+        twins = [i for i in slurm.jobs_named(f"raystack-{plan.name}").values() if i.state.is_active()]
+        if twins:
+            raise ClusterError(
+                f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "
+                f"'{plan.name}': `scancel {twins[0].job_id}` first, or choose another --name"
+            )
         records.create(plan.name)
         records.clear_node_entries(plan.name)
         atomic_write(plan.script_path, allocation.render_script(plan), mode=0o700)

@@ -13,12 +13,22 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raystack.errors import ConfigError
-from raystack.spec.values import ENV_NAME, load_yaml, one_line_error, parse_duration, validate_env
+from raystack.spec.submission import DRIVER_PREFIX
+from raystack.spec.values import (
+    ENV_NAME,
+    load_yaml,
+    one_line_error,
+    parse_duration,
+    parse_yaml,
+    quote,
+    validate_env,
+)
 from raystack.store.paths import NAME
+
+MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
 
 # Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
 DEFAULT_EXCLUDES = [
@@ -92,10 +102,23 @@ class JobSpec(BaseModel):
             raise ValueError("is empty; give the command to run, e.g. 'python train.py'")
         return value
 
-    @field_validator("env")
+    @field_validator("entrypoint")
     @classmethod
-    def _env(cls, value: dict[str, Any]) -> dict[str, str]:
-        return validate_env(value)
+    def _entrypoint_size(cls, value: str) -> str:
+        size = len((DRIVER_PREFIX + value).encode())
+        if size >= MAX_ARG:
+            raise ValueError(
+                f"is {size:,} bytes; the kernel passes at most {MAX_ARG // 1024} KiB in one argument: "
+                "put the command in a script in the working_dir and run that"
+            )
+        if "\0" in value:
+            raise ValueError("holds a NUL byte; no shell can run it")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> dict[str, str]:
+        return validate_env(value, reserved=("RAYSTACK_",))
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -105,28 +128,33 @@ class JobSpec(BaseModel):
     @field_validator("stop_grace", mode="before")
     @classmethod
     def _grace(cls, value: Any) -> float:
-        return parse_duration(value)
+        return parse_duration(value, limit=86400)
 
     @field_validator("outputs")
     @classmethod
     def _outputs(cls, value: dict[str, str]) -> dict[str, str]:
+        seen: dict[str, str] = {}
         for key in value:
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} must be usable in RAYSTACK_OUTPUT_<NAME>: letters, digits, '_'")
+            if key.upper() in seen:
+                both = f"{seen[key.upper()]!r} and {key!r}"
+                raise ValueError(f"{both} would both be RAYSTACK_OUTPUT_{key.upper()}; rename one")
+            seen[key.upper()] = key
         return value
 
 
 # ---------------------------------------------------------------------------- overrides
 def parse_set(item: str) -> tuple[list[str], Any]:
-    """'needs.gpus=8' -> (['needs', 'gpus'], 8); the value is read as YAML (so 8 is an int)."""
+    """'needs.gpus=8' -> (['needs', 'gpus'], 8): the value is read as YAML (so 8 is an int),
+    except under env, where it is kept as written (env.LR=1e-6 is "1e-6")."""
     key, sep, raw = item.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: use --set key.sub=value, e.g. --set env.LR=1e-6")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
+    path = key.split(".")
+    if not sep or not key or any(not part for part in path):
+        raise ConfigError(f"--set {quote(item)}: use --set key.sub=value, e.g. --set env.LR=1e-6")
+    if (path[0] == "env" and len(path) == 2) or raw == "":
+        return path, raw
+    return path, parse_yaml(raw, f"--set {quote(item)}", invalid_as_text=True)
 
 
 def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
@@ -140,13 +168,15 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
             if model_fields is not None and part not in model_fields:
                 where = ".".join(path[:i]) or "the spec"
                 valid = ", ".join(sorted(model_fields))
-                raise ConfigError(f"--set {item!r}: '{part}' is not a field of {where}; valid: {valid}")
+                raise ConfigError(
+                    f"--set {quote(item)}: {quote(part)} is not a field of {where}; valid: {valid}"
+                )
             if last:
                 node[part] = value
                 break
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: '{'.'.join(path[: i + 1])}' is not a mapping")
+                raise ConfigError(f"--set {quote(item)}: {quote('.'.join(path[: i + 1]))} is not a mapping")
             node = child
             annotation = model_fields[part].annotation if model_fields else None
             model_fields = dict(annotation.model_fields) if annotation is Needs else None

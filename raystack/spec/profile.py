@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -17,6 +17,17 @@ from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_PROFILES = REPO_ROOT / "slurm" / "profiles"
+# Set by the allocation script or for each job: a profile's env must not shadow them.
+RESERVED_ENV = (
+    "RAYSTACK_HOME",
+    "RAYSTACK_CLUSTER",
+    "RAYSTACK_PROFILE",
+    "RAYSTACK_PYTHON",
+    "RAYSTACK_JOB_ID",
+    "RAYSTACK_DEADLINE",
+    "RAYSTACK_OUTPUT_",
+    "RAYSTACK_CHAIN_",
+)
 
 
 class Profile(BaseModel):
@@ -31,9 +42,10 @@ class Profile(BaseModel):
     account: str | None = None
     qos: str | None = None
     time: str = "01:00:00"
-    gpus_per_node: int = Field(default=0, ge=0, le=64)
+    # "auto": every GPU / CPU the partition's nodes have (read from sinfo): a whole node each.
+    gpus_per_node: int | Literal["auto"] = "auto"
     gpu_type: str | None = None  # e.g. "volta" -> --gpus-per-node=volta:2
-    cpus_per_task: int | None = Field(default=None, ge=1)
+    cpus_per_task: int | Literal["auto"] | None = "auto"  # None: SLURM's default (one CPU)
     mem: str | None = None  # e.g. "0" (all of the node) or "200G"
     extra_sbatch: list[str] = Field(default_factory=list)
     # the allocation's environment
@@ -52,10 +64,10 @@ class Profile(BaseModel):
         except ConfigError as exc:  # pydantic reports ValueErrors with the file and field
             raise ValueError(str(exc).removeprefix("time: ")) from None
 
-    @field_validator("env")
+    @field_validator("env", mode="before")
     @classmethod
-    def _env(cls, value: dict[str, Any]) -> dict[str, str]:
-        return validate_env(value)
+    def _env(cls, value: Any) -> dict[str, str]:
+        return validate_env(value, reserved=RESERVED_ENV)
 
     @field_validator("extra_sbatch")
     @classmethod
@@ -63,6 +75,15 @@ class Profile(BaseModel):
         for option in value:
             if not str(option).startswith("--"):
                 raise ValueError(f"{option!r} must be a long sbatch option such as --exclusive")
+        return value
+
+    @field_validator("gpus_per_node", "cpus_per_task", mode="before")
+    @classmethod
+    def _counts(cls, value: Any) -> int | str | None:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4096:
+            raise ValueError(f"{value!r} is not a count per node: use a number from 0 to 4096, or auto")
         return value
 
     @field_validator("object_store_memory")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raystack.errors import ConfigError
+from raystack.spec import workdir
 from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, new_job_id
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
@@ -41,28 +42,6 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
         )
 
 
-def upload_size(folder: Path, excludes: list[str]) -> int:
-    """Bytes Ray would package from `folder` (Ray's own exclude matching, .gitignore/.rayignore)."""
-    # NOTE: private Ray helpers (ray 2.60), used so that our check agrees with Ray's packaging.
-    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
-
-    total = 0
-
-    def add(path: Path) -> None:
-        nonlocal total
-        if path.is_file():
-            total += path.stat().st_size
-
-    _dir_travel(folder, [_get_excludes(folder, excludes)], add, include_gitignore=True, logger=None)
-    return total
-
-
-def upload_limit() -> int:
-    from ray._private.runtime_env.packaging import GCS_STORAGE_MAX_SIZE
-
-    return int(GCS_STORAGE_MAX_SIZE)
-
-
 def resolve(
     spec: JobSpec, cluster: ClusterRecord, base_dir: Path, source: str, spec_file: str | None = None
 ) -> JobRequest:
@@ -77,12 +56,7 @@ def resolve(
                 f"{source}: working_dir '{spec.working_dir}' is not a folder ({folder}); "
                 "fix the path (relative paths start at the spec's folder)"
             )
-        size, limit = upload_size(folder, excludes), upload_limit()
-        if size >= limit:
-            raise ConfigError(
-                f"{source}: working_dir {folder} is {size / 2**20:.0f} MiB, over Ray's upload "
-                f"limit of {limit / 2**20:.0f} MiB; add large folders to excludes"
-            )
+        workdir.check(folder, excludes, source)
         working_dir = str(folder)
     outputs = {key: str((base_dir / path).resolve()) for key, path in spec.outputs.items()}
     return JobRequest(

@@ -5,6 +5,7 @@ loading. Every problem becomes one ConfigError line naming the file, the field a
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,23 @@ def validate_time(value: str, field: str = "--time") -> str:
     return value
 
 
-def parse_duration(value: int | float | str) -> float:
-    """Seconds from 90, '90s', '15m', '2h30m', '1d' or 'HH:MM:SS'."""
+MAX_DURATION = 365 * 86400.0  # seconds: anything longer is a typo (and overflows timers)
+
+
+def parse_duration(value: int | float | str, limit: float = MAX_DURATION) -> float:
+    """Seconds from 90, '90s', '15m', '2h30m', '1d' or 'HH:MM:SS' (finite, at most `limit`)."""
+    seconds = _duration(value)
+    if seconds > limit:
+        raise ValueError(f"{value!r} is longer than {limit / 86400:g} days; use e.g. 2h or 3d")
+    return seconds
+
+
+def _duration(value: int | float | str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number of seconds; use e.g. 90 or 2h")
         if value < 0:
             raise ValueError(f"{value} is negative; use a number of seconds or e.g. 2h")
         return float(value)
@@ -64,14 +77,38 @@ def parse_duration(value: int | float | str) -> float:
     return float(d * 86400 + h * 3600 + m * 60 + s)
 
 
-def validate_env(value: dict[str, Any]) -> dict[str, str]:
-    """Environment of a profile or job spec: valid names, string values, no CUDA_VISIBLE_DEVICES."""
-    for key in value:
-        if not ENV_NAME.fullmatch(key):
+def env_value(key: str, value: Any) -> str:
+    """An environment value as text: numbers as written, booleans as true/false, null as ''."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, str | int | float):
+        return str(value)
+    kind = (
+        "list" if isinstance(value, list) else "mapping" if isinstance(value, dict) else type(value).__name__
+    )
+    raise ValueError(f"{key} is a {kind}; environment values are strings, numbers or booleans")
+
+
+def validate_env(value: Any, reserved: tuple[str, ...] = ()) -> dict[str, str]:
+    """Environment of a profile or job spec: valid names, scalar values (kept as text), and no
+    variable that SLURM, Ray or raystack set (`reserved`: names or prefixes ending in '_')."""
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of variable names to values, e.g. {LR: 1e-6}")
+    env = {}
+    for key, raw in value.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             raise ValueError(f"{key!r} is not an environment variable name")
         if key == "CUDA_VISIBLE_DEVICES" or key.startswith("RAY_EXPERIMENTAL_NOSET_"):
             raise ValueError(f"never set {key}: SLURM and Ray assign GPUs to each actor")
-    return {k: str(v) for k, v in value.items()}
+        if any(key == r or (r.endswith("_") and key.startswith(r)) for r in reserved):
+            raise ValueError(f"{key} is set by raystack itself; choose another name")
+        text = env_value(key, raw)
+        if "\0" in text:
+            raise ValueError(f"{key} holds a NUL byte, which no environment can carry")
+        env[key] = text
+    return env
 
 
 def size_to_mb(value: str | int) -> int:
@@ -89,24 +126,136 @@ def one_line_error(exc: ValidationError, source: str, valid: list[str]) -> str:
     """The most useful of pydantic's errors as one line: an unknown key (a typo) comes first."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    where = printable(".".join(str(p) for p in err["loc"])) or "(top level)"
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:
-        message += f" (got {err['input']!r})"
-    return f"{source}: field '{where}': {message}"
+        message += f" (got {quote(err['input'])})"
+    return f"{source}: field '{where}': {message}"[:MAX_MESSAGE]
+
+
+MAX_MESSAGE = 600  # characters of one error line
+MAX_QUOTE = 80  # characters of a value quoted in it
+
+
+def printable(text: str) -> str:
+    """Text for an error line: as it is when printable, escaped (and cut short) when not."""
+    if not text.isprintable():
+        text = repr(text)[1:-1]
+    return text if len(text) <= MAX_QUOTE else text[: MAX_QUOTE - 3] + "..."
+
+
+def quote(value: Any) -> str:
+    """A value for an error message: its repr, cut short (values can be huge)."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTE else text[: MAX_QUOTE - 3] + "..."
+
+
+# ---------------------------------------------------------------------------- YAML
+MAX_FILE = 1 << 20  # bytes: a profile or job spec is a few lines
+MAX_NODES = 10_000  # YAML values after expanding aliases (a "billion laughs" spec stays small on disk)
+RAW_TEXT_KEYS = ("env",)  # mappings whose values are kept as written: LR: 1e-6 stays "1e-6"
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML, stricter: duplicate keys are refused (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {quote(key)}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int:
+    """Nodes a document holds once every alias is expanded (computed without expanding them)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    if depth > 100:
+        return MAX_NODES + 1
+    memo[id(node)] = MAX_NODES + 1  # a cycle counts as too big
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(n, memo, depth + 1) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(
+            _expanded_size(k, memo, depth + 1) + _expanded_size(v, memo, depth + 1) for k, v in node.value
+        )
+    memo[id(node)] = min(size, MAX_NODES + 1)
+    return memo[id(node)]
+
+
+def _raw_text_values(node: yaml.Node) -> None:
+    """Make the scalar values of top-level RAW_TEXT_KEYS mappings plain strings, as written."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key, value in node.value:
+        if (
+            isinstance(key, yaml.ScalarNode)
+            and key.value in RAW_TEXT_KEYS
+            and isinstance(value, yaml.MappingNode)
+        ):
+            for _, item in value.value:
+                if isinstance(item, yaml.ScalarNode):
+                    if item.tag == "tag:yaml.org,2002:null":
+                        item.value = ""
+                    item.tag = "tag:yaml.org,2002:str"
+
+
+def parse_yaml(text: str, source: str, raw_text: bool = True, invalid_as_text: bool = False) -> Any:
+    """YAML text -> data, refusing duplicate keys and alias bombs. Raises ConfigError; with
+    `invalid_as_text`, text that is not YAML at all is returned as it is (for --set values)."""
+    loader = None
+    try:
+        loader = _Loader(text)  # NOTE: reads the text at once: a ReaderError may come from here
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_NODES:
+            raise ConfigError(
+                f"{source}: holds more than {MAX_NODES:,} values once its YAML aliases are expanded; "
+                "write it out without aliases (&name / *name)"
+            )
+        if raw_text:
+            _raw_text_values(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        if invalid_as_text:
+            return text
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}: not valid YAML ({str(problem)[:120]}{where}): fix it") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply; flatten it") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
+    """A profile or job spec file as a mapping. Raises ConfigError naming the file and the fix."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}): fix the syntax") from exc
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    if len(raw) > MAX_FILE:
+        raise ConfigError(
+            f"{path}: is {len(raw) / 2**20:.1f} MiB; a spec is a few lines of YAML (at most 1 MiB)"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    data = parse_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping of keys to values, got {type(data).__name__}")
     return data

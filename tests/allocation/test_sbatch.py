@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from raystack.adapters.slurm import NodeShape
 from raystack.allocation import sbatch as allocation
 from raystack.allocation.sbatch import AllocationPlan
 from raystack.errors import ConfigError
@@ -49,6 +50,7 @@ def tricky_plan() -> AllocationPlan:
         partition=profile.partition,
         account=profile.account,
         gpus_per_node=4,
+        cpus_per_task=72,
         python="/shared/my venv/bin/python",
         extra_sbatch=tuple(profile.extra_sbatch),
         env=dict(profile.env),
@@ -94,6 +96,19 @@ def test_script_is_valid_bash_and_exports_survive_quoting(tmp_path: Path) -> Non
     assert env["RAYSTACK_LOCAL_SCRATCH"] == "/local scratch"
 
 
+def test_setup_lines_run_without_set_u_and_it_is_restored_after() -> None:
+    """module load and conda activate scripts read unset variables: that must not kill the job."""
+    plan = tricky_plan()
+    profile = plan.profile.model_copy(update={"setup": ['echo "setup saw [${NEVER_SET_ANYWHERE}]"']})
+    script = allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    prefix = script.split('\nlogs="', 1)[0]
+    done = subprocess.run(
+        ["bash", "-c", prefix + '\necho "after: ${ALSO_UNSET}"'], capture_output=True, text=True
+    )
+    assert "setup saw []" in done.stdout
+    assert done.returncode != 0 and "ALSO_UNSET: unbound variable" in done.stderr  # set -u is back
+
+
 def test_hand_template_is_committed() -> None:
     """slurm/raystack.sbatch is the generic script; it must match what raystack renders."""
     committed = (REPO / "slurm" / "raystack.sbatch").read_text()
@@ -110,12 +125,37 @@ def test_hand_template_takes_name_and_home_from_the_environment() -> None:
     assert "-m raystack.allocation.node" in text
 
 
+GH200 = NodeShape(partition="gh", cpus=288, gpus=4, nodes=10, uniform=True)
+
+
 def test_plan_uses_profile_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
-    plan = allocation.plan(2, profile="isambard", name="x")
+    plan = allocation.plan(2, profile="isambard", name="x", shape=GH200)
     assert plan.time == "24:00:00" and plan.gpus_per_node == 4 and "--exclusive" in plan.sbatch_argv()
-    plan = allocation.plan(2, profile="isambard", name="x", time="2:00:00", gpus_per_node=2, partition="p")
+    plan = allocation.plan(
+        2, profile="isambard", name="x", time="2:00:00", gpus_per_node=2, partition="p", shape=GH200
+    )
     assert {"--time=2:00:00", "--gpus-per-node=2", "--partition=p"} <= set(plan.sbatch_argv())
+
+
+def test_without_a_profile_whole_nodes_are_asked_and_said(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    assert allocation.wants_node_shape(allocation.load_profile("generic"), None, None)
+    plan = allocation.plan(4, name="x", shape=GH200)
+    argv = plan.sbatch_argv()
+    assert {"--cpus-per-task=288", "--gpus-per-node=4", "--mem=0"} <= set(argv)
+    assert "whole nodes: 288 CPUs and 4 GPUs per node, all memory, as partition gh's nodes" in plan.note
+    assert "# whole nodes: 288 CPUs" in allocation.render_script(plan)
+    # Flags override what sinfo says; a profile with counts needs no sinfo at all.
+    plan = allocation.plan(4, name="x", shape=GH200, gpus_per_node=2, cpus_per_task=20)
+    assert {"--cpus-per-task=20", "--gpus-per-node=2"} <= set(plan.sbatch_argv())
+    assert not allocation.wants_node_shape(allocation.load_profile("testbed"), None, None)
+    odd = NodeShape(partition="mix", cpus=32, gpus=8, nodes=3, uniform=False)
+    assert "the smallest node: they differ" in allocation.plan(1, name="x", shape=odd).note
+    with pytest.raises(ConfigError, match="give --gpus-per-node and --cpus-per-task"):
+        allocation.plan(1, name="x")
 
 
 @pytest.mark.parametrize(

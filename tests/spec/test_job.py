@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ import pytest
 from raystack.allocation.runner import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
+from raystack.spec import workdir
 from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec
-from raystack.spec.resolve import resolve, upload_limit
+from raystack.spec.resolve import resolve
 from raystack.spec.values import parse_duration
 from raystack.store import cluster as clusters
 from raystack.store import ledger, paths, queue
@@ -122,7 +124,7 @@ def test_durations(value: object, seconds: float) -> None:
 
 def test_set_types_values_as_yaml() -> None:
     data = apply_sets({"name": "a", "entrypoint": "x"}, ["needs.gpus=8", "env.FLAG=true", "retries=2"])
-    assert data["needs"] == {"gpus": 8} and data["env"] == {"FLAG": True} and data["retries"] == 2
+    assert data["needs"] == {"gpus": 8} and data["env"] == {"FLAG": "true"} and data["retries"] == 2
     assert load_spec(REPO / "jobs" / "debug" / "hello.yaml", ["name=hi"]).name == "hi"
 
 
@@ -187,6 +189,29 @@ BAD = [
     (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus_per_gpu, gpus"),
     (GOOD, ["--set", "needs"], r"--set 'needs': use --set key.sub=value"),
     (GOOD, ["--set", "name.x=1"], r"'name' is not a mapping"),
+    # What first real use and a code review found (each used to be a traceback, a hang or silence).
+    (GOOD + "env: {A: [1, 2]}\n", [], r"field 'env': A is a list; environment values are strings"),
+    (GOOD + "env: {A: {b: 1}}\n", [], r"A is a mapping"),
+    (GOOD + "stop_grace: .inf\n", [], r"field 'stop_grace': inf is not a finite number"),
+    (GOOD + "timeout: .nan\n", [], r"field 'timeout': nan is not a finite number"),
+    (GOOD + "timeout: 100000d\n", [], r"field 'timeout': '100000d' is longer than 365 days"),
+    (GOOD + "name: x\n", [], r"not valid YAML \(duplicate key 'name' at line 3\)"),
+    (GOOD + "outputs: {ckpt: a, CKPT: b}\n", [], r"'ckpt' and 'CKPT' would both be RAYSTACK_OUTPUT_CKPT"),
+    (GOOD + "env: {RAYSTACK_JOB_ID: x}\n", [], r"RAYSTACK_JOB_ID is set by raystack itself"),
+    (
+        GOOD + "env: {RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: '1'}\n",
+        [],
+        r"never set RAY_EXPERIMENTAL_NOSET",
+    ),
+    ('name: "ok\\n"\nentrypoint: x\n', [], r"field 'name': 'ok\\n' is not a job name"),
+    (GOOD + 'env: {"A\\n": x}\n', [], r"'A\\n' is not an environment variable name"),
+    (
+        "name: t\nentrypoint: '" + "x" * 140_000 + "'\n",
+        [],
+        r"field 'entrypoint': is 140,\d+ bytes; the kernel",
+    ),
+    (GOOD, ["--set", "stop_grace=.inf"], r"stop_grace': inf is not a finite number"),
+    (GOOD, ["--set", "env.X\nY=1"], r"'X\\nY' is not an environment variable name"),
 ]
 
 
@@ -211,18 +236,96 @@ def test_missing_spec_file(home: Path) -> None:
     assert done.returncode == 1 and "nope.yaml: cannot read" in done.stderr
 
 
-def test_working_dir_over_the_upload_limit(home: Path) -> None:
-    big = home / "big"
-    big.mkdir()
-    with open(big / "weights.dat", "wb") as fh:  # sparse: costs no disk
-        fh.truncate(upload_limit() + 1)
-    path = write(home, GOOD + "working_dir: big\n")
+def test_working_dir_over_the_upload_limit_names_the_biggest_folders(home: Path) -> None:
+    repo = home / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "src").mkdir()
+    (repo / "src" / "train.py").write_text("print(1)\n")
+    with open(repo / "data" / "shard.dat", "wb") as fh:  # sparse: costs no disk
+        fh.truncate(workdir.UPLOAD_LIMIT + 1)
+    path = write(home, GOOD + "working_dir: repo\n")
     done = submit(home, path)
     assert done.returncode == 1
-    assert "over Ray's upload limit" in done.stderr and "add large folders to excludes" in done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "over 100 MiB to upload" in line, line
+    assert "biggest: data/ (100 MiB)" in line and "--set 'excludes=[data/" in line, line
     assert ledger.all_jobs("c4") == []
-    # Excluding it makes the same folder acceptable.
-    assert submit(home, path, "--set", "excludes=[weights.dat]").returncode == 0
+    # The fix it names works.
+    assert submit(home, path, "--set", "excludes=[data/]").returncode == 0
+
+
+def test_working_dir_that_is_a_real_repository(home: Path) -> None:
+    """A .gitignore (nested too) and a .rayignore: what first real use crashed on."""
+    repo = home / "repo"
+    (repo / "pkg" / "cache").mkdir(parents=True)
+    (repo / ".git" / "objects").mkdir(parents=True)
+    (repo / ".gitignore").write_text("*.log\n/big/\n")
+    (repo / ".rayignore").write_text("scratch/\n")
+    (repo / "pkg" / ".gitignore").write_text("cache/\n")
+    (repo / "big").mkdir()
+    for folder in ("big", "pkg/cache", ".git/objects"):
+        with open(repo / folder / "blob", "wb") as fh:
+            fh.truncate(workdir.UPLOAD_LIMIT + 1)
+    (repo / "pkg" / "mod.py").write_text("x = 1\n")
+    path = write(home, GOOD + "working_dir: repo\n")
+    done = submit(home, path)
+    assert done.returncode == 0, done.stderr
+    up = workdir.scan(repo, [])
+    assert sorted(up.files) == [".gitignore", ".rayignore", "pkg/.gitignore", "pkg/mod.py"]
+
+
+def test_symlink_loop_is_refused_and_the_walk_ends(home: Path) -> None:
+    repo = home / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("")
+    (repo / "loop1").symlink_to(".")
+    (repo / "loop2").symlink_to(repo)
+    done = submit(home, write(home, GOOD + "working_dir: repo\n"))
+    assert done.returncode == 1 and "is a symlink loop" in done.stderr and "excludes" in done.stderr
+
+
+def test_huge_working_dir_stops_early(home: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"holds over 100 MiB to upload"):
+        workdir.check(Path("/usr"), [], "job spec x")
+    assert time.monotonic() - t0 < 20
+
+
+def test_upload_matches_rays_own_packager(tmp_path: Path) -> None:
+    """Pins the walk to what Ray 2.60 really zips: the same files, or this test fails."""
+    from zipfile import ZipFile
+
+    from ray._private.runtime_env.packaging import create_package
+
+    root = tmp_path / "wd"
+    for rel in [
+        "a.py",
+        "b.log",
+        "keep/c.txt",
+        "keep/d.tmp",
+        "deep/x/y.bin",
+        "deep/x/z.py",
+        "data/big.csv",
+        "pkg/__pycache__/m.pyc",
+        "pkg/m.py",
+        ".venv/lib/x.py",
+        "docs/readme.md",
+        "docs/_build/i.html",
+    ]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    (root / ".gitignore").write_text("*.log\n/data/\n")
+    (root / "deep" / ".gitignore").write_text("*.bin\n")
+    (root / "docs" / ".rayignore").write_text("_build/\n")
+    (root / "linked").symlink_to(root / "keep")
+    excludes = ["*.tmp", "pkg/m.py", *DEFAULT_EXCLUDES]
+    zipped = tmp_path / "pkg.zip"
+    from raystack.spec.workdir import ray_default_excludes
+
+    create_package(str(root), zipped, include_gitignore=True, excludes=[*ray_default_excludes(), *excludes])
+    with ZipFile(zipped) as zf:
+        ray_files = sorted(n for n in zf.namelist() if not n.endswith("/"))
+    assert sorted(workdir.scan(root, excludes).files) == ray_files
 
 
 def test_stopped_cluster_refuses_jobs(home: Path) -> None:
@@ -249,3 +352,29 @@ def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
     assert gpu_memory_held("c4", since=end) == ["node2 pid 42 (4110 MiB)"]
     clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})
     assert gpu_memory_held("c4", since=end) == []
+
+
+def test_numbers_in_env_stay_as_written(home: Path) -> None:
+    path = write(home, GOOD + "env: {SEED: 42, LR: 1.0e-6, FLAG: true, EMPTY: , QUOTED: '007'}\n")
+    spec = load_spec(path, ["env.LR2=1e-6", "env.N=3", "env.X=1"])
+    assert spec.env == {
+        "SEED": "42",
+        "LR": "1.0e-6",
+        "FLAG": "true",
+        "EMPTY": "",
+        "QUOTED": "007",
+        "LR2": "1e-6",
+        "N": "3",
+        "X": "1",
+    }
+    done = submit(home, "--set", "env.SEED=42", "--set", "env.LR=1e-6", "--", "true")
+    assert done.returncode == 0, done.stderr
+    assert ledger.all_jobs("c4")[-1].request.env == {"SEED": "42", "LR": "1e-6"}
+
+
+def test_non_utf8_spec_is_one_line(home: Path) -> None:
+    path = home / "job.yaml"
+    path.write_bytes(b"name: t\nentrypoint: caf\xe9\n")
+    done = submit(home, str(path))
+    assert done.returncode == 1 and "is not UTF-8 text (byte 23); save it as UTF-8" in done.stderr
+    assert done.stderr.strip().count("\n") == 0

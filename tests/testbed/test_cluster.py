@@ -63,9 +63,10 @@ def resources_from(output: str) -> dict:
 
 @pytest.fixture(scope="module")
 def four(testbed: Path) -> Iterator[dict]:
-    """One 4-node cluster shared by the tests of this module, started with the real CLI."""
+    """One 4-node cluster shared by the tests of this module, started with the real CLI and the
+    card's own command: no profile, so whole nodes (every CPU and GPU, from sinfo)."""
     with module_home(testbed, "four") as home:
-        up = raystack("up", "--nodes", str(NODES), "--profile", "testbed", "--name", "four")
+        up = raystack("up", "--nodes", str(NODES), "--name", "four")
         assert up.returncode == 0, up.stderr + up.stdout
         yield {"home": home, "up": up, "job": clusters.read("four").slurm_job_id}
         raystack("down", "four")
@@ -82,6 +83,7 @@ def test_up_reports_ready_with_dashboard_tunnel_and_env(four: dict) -> None:
     assert f"ssh -N -L {port}:{record.head_ip}:{port} " in out
     assert 'eval "$(raystack env four)"' in out
     assert "STARTING" in four["up"].stderr  # progress was shown while waiting
+    assert "whole nodes: 16 CPUs and 4 GPUs per node, all memory, as partition testbed's" in four["up"].stderr
     assert record.nodes == [f"node{i}" for i in range(1, NODES + 1)]
     assert record.walltime_end and record.walltime_end > record.created
 
@@ -95,7 +97,7 @@ def test_plain_ray_job_submit_sees_every_node_and_gpu(four: dict, tmp_path: Path
     found = resources_from(done.stdout)
     assert found["nodes"] == NODES
     assert found["GPU"] == NODES * 4
-    assert found["CPU"] == NODES * 4  # the testbed profile asks --cpus-per-task=4
+    assert found["CPU"] == NODES * 16  # every CPU of every node: no profile asks whole nodes
 
 
 def test_ray_status_works_with_raystack_env(four: dict) -> None:
@@ -142,7 +144,7 @@ def test_status_json_and_exit_code(four: dict) -> None:
     assert done.returncode == 0, done.stderr
     st = json.loads(done.stdout)
     assert st["ready"] is True
-    assert st["nodes_alive"] == NODES and st["gpus"] == NODES * 4
+    assert st["nodes_alive"] == NODES and st["gpus"] == NODES * 4 and st["cpus"] == NODES * 16
     assert st["slurm_state"] == "RUNNING" and 0 < st["time_left_s"] <= 2 * 3600
 
 

@@ -19,6 +19,7 @@ from ..conftest import NODES, processes_of_job, wait_until
 from .test_cluster import RESOURCES_JOB, ray_job_submit, raystack, resources_from
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_two_clusters_share_nodes_and_down_of_one_spares_the_other(rs_home: Path) -> None:
@@ -150,3 +151,39 @@ def test_node_that_never_joins_fails_the_start_naming_node_and_log(
     # The failed cluster releases its allocation instead of holding the nodes until walltime.
     wait_until(lambda: (i := slurm.job_info(str(job))) and i.state.is_terminal(), 60, "release")
     wait_until(lambda: processes_of_job(str(job)) == [], 30, "every process to end")
+
+
+def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
+    """A hand-submitted twin (or a second `up` whose record was lost) must not run a second
+    queue runner on the same queue: `up` refuses, and a twin that starts anyway leaves."""
+    env = {
+        **os.environ,
+        "RAYSTACK_CLUSTER": "dup",
+        "RAYSTACK_PYTHON": sys.executable,
+        "RAYSTACK_OBJECT_STORE_MEMORY": "128MB",
+    }
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--job-name=raystack-dup",
+        str(REPO / "slurm" / "raystack.sbatch"),
+    ]
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    Cluster("dup").wait_ready(timeout=180)
+    assert clusters.read("dup").slurm_job_id == first
+    # The record is lost (made to look ended): SLURM still runs the allocation, and `up` asks it.
+    clusters.update("dup", state=ClusterState.STOPPED)
+    done = raystack("up", "--nodes", "1", "--profile", "testbed", "--name", "dup")
+    assert done.returncode == 1, done.stdout
+    assert f"SLURM job {first} (RUNNING) already runs a cluster named 'dup'" in done.stderr
+    clusters.update("dup", state=ClusterState.READY)
+    # A twin submitted by hand starts, sees the first alive, and leaves without touching it.
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    wait_until(lambda: (i := slurm.job_info(second)) and i.state.is_terminal(), 120, "the twin to leave")
+    log = (paths.cluster("dup").node_log("node1")).read_text()
+    assert f"cluster dup is already run by SLURM job {first} (RUNNING); allocation {second} leaves" in log
+    record = clusters.read("dup")
+    assert record.slurm_job_id == first and record.state is ClusterState.READY
+    assert Cluster("dup").status().ready
+    Cluster("dup").down()

@@ -8,15 +8,20 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raystack import Cluster
+from raystack.adapters import slurm
 from raystack.client import Job
+from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
+from raystack.store import paths, queue
 from raystack.store.cluster import ClusterState
 from raystack.store.ledger import JobRecord, JobState
 
@@ -239,6 +244,73 @@ def test_bad_spec_against_the_live_cluster_loses_nothing(qc: dict) -> None:
     assert done.returncode == 1 and f"needs.gpus={NODES * 4 + 1} but cluster 'qc'" in done.stderr
     assert {r.id for r in cluster.jobs()} == before
     assert finished(running).state is JobState.SUCCEEDED and "survived" in running.logs()
+
+
+def test_queue_survives_faults(qc: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 jobs; meanwhile the runner is SIGKILLed twice, junk lands in the queue folder, a job is
+    cancelled just as its turn comes, and squeue fails once for the client. Afterwards every job
+    ran at most once, every ledger is final and says what happened, and nothing stalled."""
+    cluster: Cluster = qc["cluster"]
+    p = paths.cluster("qc")
+    trace = qc["home"] / "fault-trace.txt"
+    code = (
+        f"import os, time; open({str(trace)!r}, 'a').write(os.environ['RAYSTACK_JOB_ID'] + '\\n'); "
+        "time.sleep(0.3)"
+    )
+    t0 = time.monotonic()
+    jobs = [cluster.submit(py(code), sets=[f"name=fault{i}"]) for i in range(20)]
+    # squeue fails once (a shim first on the client's PATH): the live cluster must stay live.
+    shim, flag = tmp_path / "shim", tmp_path / "squeue-failed"
+    shim.mkdir()
+    (shim / "squeue").write_text(
+        f"#!/bin/bash\nif [ ! -e {flag} ]; then touch {flag}\n"
+        "echo 'squeue: error: Socket timed out on send/recv operation' >&2; exit 1; fi\n"
+        f'exec {shutil.which("squeue")} "$@"\n'
+    )
+    (shim / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    slurm.forget()
+    assert Cluster("qc").record().state is ClusterState.READY and flag.exists()
+    assert Cluster("qc").status().ready
+    # Junk in the queue folder: a stray file and an entry whose ledger does not exist.
+    (p.queue / "notes.txt").write_text("not a job")
+    (p.queue / f"1{time.time_ns():020d}-ghost-00000000").touch()
+    kills = 0
+    for victim in (jobs[3], jobs[10]):
+        wait_until(lambda v=victim: v.state is not JobState.QUEUED, 180, f"{victim.id} to start")
+        before = clusters.read("qc").runner_restarts
+        [runner] = [
+            pid
+            for pid, cmd in processes_of_job(str(clusters.read("qc").slurm_job_id))
+            if "-m raystack.allocation.runner qc" in cmd
+        ]
+        os.kill(runner, signal.SIGKILL)
+        kills += 1
+        wait_until(lambda b=before: clusters.read("qc").runner_restarts > b, 60, "the runner to restart")
+    # Cancel jobs[15] just as its turn comes: either the cancel or the start wins, never both.
+    wait_until(lambda: jobs[14].state.is_terminal(), 180, "job 14 to end")
+    try:
+        jobs[15].cancel()
+    except ClusterError as exc:
+        assert "not queued" in str(exc)
+    records = [finished(job, timeout=300) for job in jobs]
+    elapsed = time.monotonic() - t0
+    ran = trace.read_text().split()
+    outcome = {"ran": 0, "cancelled": 0}
+    for record in records:
+        if record.state is JobState.SUCCEEDED:
+            assert ran.count(record.id) == 1, record.id
+            outcome["ran"] += 1
+        else:
+            assert record.state is JobState.CANCELLED and ran.count(record.id) == 0, record
+            outcome["cancelled"] += 1
+    assert outcome["cancelled"] <= 1 and outcome["ran"] >= 19
+    assert len(ran) == len(set(ran)) == outcome["ran"]  # nothing ran twice, nothing else ran
+    moved = [x.name for x in p.corrupt.iterdir()]
+    assert any("notes.txt" in m for m in moved) and any("ghost" in m for m in moved)
+    assert queue.waiting("qc") == [] and queue.active("qc") == []
+    report = {**outcome, "runner_kills": kills, "squeue_failures": 1, "seconds": round(elapsed, 1)}
+    print(f"FAULTS {json.dumps(report)}")
 
 
 def test_logs_and_ledger_outlive_the_allocation(qc: dict) -> None:

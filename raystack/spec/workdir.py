@@ -1,0 +1,144 @@
+"""What Ray will upload from a working_dir, checked before anything is queued.
+
+Ray packages a working_dir by walking it (following symlinks), skipping what its `excludes`
+match (relative to the working_dir) and what each folder's `.gitignore` and `.rayignore` match
+(relative to that folder), with gitwildmatch patterns (pathspec). This walk applies the same
+rules with the same public library, but stops as soon as the upload is over the dashboard's
+limit, refuses a symlink loop instead of following it forever, and reports where the bytes are.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pathspec import PathSpec
+
+from raystack.errors import ConfigError
+
+# NOTE: Ray's dashboard (aiohttp, client_max_size) refuses request bodies over 100 MiB
+# (ray._private.ray_constants.DASHBOARD_CLIENT_MAX_SIZE in 2.60); the package is zipped, the
+# bytes counted here are not: the check errs on the safe side.
+UPLOAD_LIMIT = 100 * 1024 * 1024
+MAX_FILES = 200_000  # a working_dir with more files is a mistake (a dataset, a node_modules)
+IGNORE_FILES = (".gitignore", ".rayignore")
+
+Matcher = Callable[[Path], bool]
+
+
+def ray_default_excludes() -> list[str]:
+    """The excludes Ray adds by itself (2.60: .git, .venv, venv, __pycache__), as Ray reads them."""
+    val = os.environ.get("RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES", ".git,.venv,venv,__pycache__")
+    return [x.strip() for x in val.split(",") if x.strip()]
+
+
+def include_gitignore() -> bool:
+    """Ray honours .gitignore unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1."""
+    return os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
+
+
+def _matcher(base: Path, lines: list[str]) -> Matcher:
+    # NOTE: the pattern kind Ray 2.60 uses (pathspec deprecates its name, not its meaning); the
+    # test against Ray's own packager fails if Ray changes it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        spec = PathSpec.from_lines("gitwildmatch", lines)
+    base = base.absolute()
+
+    def match(path: Path) -> bool:
+        return spec.match_file(str(path.absolute().relative_to(base)))
+
+    return match
+
+
+def _ignore_files(folder: Path, gitignore: bool) -> list[Matcher]:
+    found = []
+    for name in IGNORE_FILES if gitignore else IGNORE_FILES[1:]:
+        path = folder / name
+        if path.is_file():
+            with open(path, errors="replace") as fh:
+                found.append(_matcher(folder, fh.readlines()))
+    return found
+
+
+@dataclass
+class Upload:
+    """The files Ray would upload (or the part seen before a limit stopped the walk)."""
+
+    root: Path
+    bytes: int = 0
+    files: list[str] = field(default_factory=list)  # relative paths
+    by_top: dict[str, int] = field(default_factory=dict)  # bytes per top-level entry
+    stopped: str | None = None  # why the walk stopped early
+
+    def biggest(self, n: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.by_top.items(), key=lambda kv: -kv[1])[:n]
+
+
+def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: int = MAX_FILES) -> Upload:
+    """Walk `root` as Ray's packager does; stop once over `limit` bytes or `max_files` files.
+
+    Raises ConfigError on a symlink loop (Ray would follow it until the path is too long).
+    """
+    root = root.absolute()
+    gitignore = include_gitignore()
+    top = _matcher(root, [*ray_default_excludes(), *excludes])
+    up = Upload(root)
+    # (folder, matchers in force there, real paths of the folders above it)
+    stack: list[tuple[Path, list[Matcher], frozenset[str]]] = [
+        (root, [top, *_ignore_files(root, gitignore)], frozenset({os.path.realpath(root)}))
+    ]
+    while stack:
+        folder, matchers, above = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable: Ray would fail on it too, with its own message
+        for entry in entries:
+            path = Path(entry.path)
+            if any(m(path) for m in matchers):
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+                is_file = not is_dir and entry.is_file(follow_symlinks=True)
+                size = entry.stat(follow_symlinks=True).st_size if is_file else 0
+            except OSError:
+                continue  # a broken symlink: Ray skips it too
+            rel = path.relative_to(root)
+            if is_dir:
+                real = os.path.realpath(path)
+                if real in above:
+                    raise ConfigError(
+                        f"working_dir {root}: {rel} is a symlink loop (it leads back to {real}); "
+                        f"Ray would follow it forever: add '{rel}' to excludes or to .rayignore"
+                    )
+                stack.append((path, [*matchers, *_ignore_files(path, gitignore)], above | {real}))
+            elif is_file:
+                up.bytes += size
+                up.files.append(str(rel))
+                first = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
+                up.by_top[first] = up.by_top.get(first, 0) + size
+                if up.bytes > limit:
+                    up.stopped = f"over {limit / 2**20:.0f} MiB"
+                    return up
+                if len(up.files) > max_files:
+                    up.stopped = f"over {max_files:,} files"
+                    return up
+    return up
+
+
+def check(root: Path, excludes: list[str], source: str) -> Upload:
+    """Refuse, in one line, a working_dir that Ray's dashboard would refuse (or choke on)."""
+    up = scan(root, excludes)
+    if up.stopped is None:
+        return up
+    parts = [f"{name} ({size / 2**20:.0f} MiB)" for name, size in up.biggest()]
+    fix = ", ".join(name for name, _ in up.biggest())
+    raise ConfigError(
+        f"{source}: working_dir {root} holds {up.stopped} to upload (Ray's dashboard takes at most "
+        f"{UPLOAD_LIMIT / 2**20:.0f} MiB; counted before compression); biggest: {', '.join(parts)}; "
+        f"add them to excludes (e.g. --set 'excludes=[{fix}]') or to a .rayignore"
+    )

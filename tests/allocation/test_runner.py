@@ -1,0 +1,315 @@
+"""The queue runner's state machine against a fake Jobs API (no Ray): order, drain, retries,
+stop, timeout, restarts, foreign submission ids, orphans of ended allocations, bad files.
+
+The same behaviour against the real Jobs API on the testbed: tests/testbed/test_queue.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raystack.allocation.runner import Drain, Runner
+from raystack.store import cluster as clusters
+from raystack.store import paths, queue
+from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.ledger import JobRequest, JobState, read_job
+
+
+@dataclass
+class Info:
+    job_id: str
+    status: str = "PENDING"
+    metadata: dict = field(default_factory=dict)
+    message: str = ""
+    driver_exit_code: int | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+
+
+class FakeJobs:
+    """What LogTail needs from JobSubmissionClient: a log stream."""
+
+    def __init__(self, api: FakeApi):
+        self.api = api
+
+    async def tail_job_logs(self, sid: str):  # type: ignore[no-untyped-def]
+        yield self.api.log_text.get(sid, "")
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.ray: dict[str, Info] = {}
+        self.submitted: list[str] = []
+        self.stopped: list[str] = []
+        self.log_text: dict[str, str] = {}
+        self.jobs = FakeJobs(self)
+
+    def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
+        if sid in self.ray:
+            raise RuntimeError(
+                f"Job with submission_id {sid} already exists. Please use a different submission_id."
+            )
+        self.submitted.append(sid)
+        self.ray[sid] = Info(job_id=f"ray-{sid}", metadata=options["metadata"])
+        self.log_text[sid] = f"log of {sid}\n"
+
+    def info(self, sid: str) -> Info | None:
+        return self.ray.get(sid)
+
+    def stop(self, sid: str) -> bool:
+        self.stopped.append(sid)
+        self.set(sid, "STOPPED")
+        return True
+
+    def logs(self, sid: str) -> str:
+        return self.log_text.get(sid, "")
+
+    def job_leftovers(self, ray_job_id: str) -> list[str]:
+        return []
+
+    def set(self, sid: str, status: str, code: int | None = None) -> None:
+        info = self.ray[sid]
+        info.status = status
+        if status == "RUNNING":
+            info.start_time = int(time.time() * 1000)
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            info.end_time = int(time.time() * 1000)
+            info.driver_exit_code = code
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    clusters.create("c")
+    clusters.write(
+        ClusterRecord(name="c", state=ClusterState.READY, slurm_job_id="100", dashboard_url="http://x")
+    )
+    return tmp_path
+
+
+class Free:
+    """resources_free for tests: free unless told otherwise; counts the drains it saw."""
+
+    def __init__(self) -> None:
+        self.free = True
+        self.seen: list[str] = []
+
+    def __call__(self, drain: Drain) -> bool:
+        self.seen.append(drain.job_id)
+        return self.free
+
+
+def runner(api: FakeApi, free: Free | None = None, allocation: str = "100") -> Runner:
+    """A runner past its start-up drain (see test_a_new_runner_first_checks_the_resources)."""
+    r = Runner("c", api=api, allocation=allocation, resources_free=free or Free())
+    r.drain = None
+    return r
+
+
+def test_a_new_runner_first_checks_the_resources(home: Path) -> None:
+    """After a restart the last job's resources may still be held: check before starting."""
+    api, free = FakeApi(), Free()
+    free.free = False
+    job = submit()
+    r = Runner("c", api=api, allocation="100", resources_free=free)
+    r.tick()
+    r.tick()
+    assert api.submitted == [] and free.seen == ["(restart)", "(restart)"]
+    free.free = True
+    r.tick()
+    r.tick()
+    assert api.submitted == [job]
+
+
+def submit(entrypoint: str = "true", **fields: Any) -> str:
+    name = fields.pop("name", "j")
+    request = JobRequest(
+        id=f"{name}-{time.time_ns() % 10**8:08d}", name=name, cluster="c", entrypoint=entrypoint, **fields
+    )
+    return queue.enqueue(request, now=fields.pop("now", False)).id
+
+
+def state(job_id: str) -> JobState:
+    return read_job("c", job_id).state
+
+
+def test_jobs_run_in_order_one_at_a_time_after_the_drain(home: Path) -> None:
+    api, free = FakeApi(), Free()
+    r = runner(api, free)
+    a, b = submit(name="a"), submit(name="b")
+    r.tick()
+    assert api.submitted == [a] and state(a) is JobState.SUBMITTED and state(b) is JobState.QUEUED
+    api.set(a, "RUNNING")
+    r.tick()
+    assert state(a) is JobState.RUNNING and api.submitted == [a]
+    free.free = False
+    api.set(a, "SUCCEEDED", 0)
+    r.tick()
+    assert state(a) is JobState.SUCCEEDED and api.submitted == [a]  # b waits for the drain
+    r.tick()
+    assert api.submitted == [a]
+    free.free = True
+    r.tick()  # the drain ends
+    r.tick()
+    assert api.submitted == [a, b] and queue.position("c", b) == 0
+    assert queue.active("c") == [b]
+
+
+def test_retry_then_success_keeps_every_attempt(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    job = submit(retries=2)
+    r.tick()
+    api.set(job, "FAILED", 1)
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.SUBMITTED and record.attempt_ids == [job, f"{job}-retry1"]
+    r.tick()
+    r.tick()
+    assert api.submitted == [job, f"{job}-retry1"]
+    api.set(f"{job}-retry1", "SUCCEEDED", 0)
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.SUCCEEDED and [a.allocation for a in record.attempts] == ["100", "100"]
+    assert paths.cluster("c").job_log(job, 2).read_text() == f"log of {job}-retry1\n"
+
+
+def test_timeout_stops_and_fails(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    job = submit(timeout=1)
+    r.tick()
+    api.set(job, "RUNNING")
+    r.tick()
+    clusters_record = read_job("c", job)
+    assert clusters_record.state is JobState.RUNNING
+    queue.finish  # noqa: B018 (the runner, not the test, records the end)
+    from raystack.store.ledger import update_job
+
+    update_job("c", job, started=time.time() - 5)
+    r.tick()
+    assert api.stopped == [job]
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.FAILED and "timed out after 1s" in record.message
+
+
+def test_stop_requested_before_submission_never_reaches_ray(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    job = submit()
+    record = queue.start("c", queue.waiting("c")[0], job, "100")
+    assert record is not None
+    from raystack.store.ledger import update_job
+
+    update_job("c", job, stop_requested=time.time())
+    r.tick()
+    assert api.submitted == [] and state(job) is JobState.STOPPED
+
+
+def test_restarted_runner_follows_instead_of_submitting_again(home: Path) -> None:
+    api = FakeApi()
+    job = submit()
+    runner(api).tick()
+    assert api.submitted == [job]
+    again = runner(api)  # a new runner process: nothing in memory
+    again.tick()
+    again.tick()
+    assert api.submitted == [job]
+    api.set(job, "SUCCEEDED", 0)
+    again.tick()
+    assert state(job) is JobState.SUCCEEDED
+
+
+def test_foreign_submission_id_is_never_inherited(home: Path) -> None:
+    """Ray already has a job with this id (another job's, whose ledger was lost): new id."""
+    api = FakeApi()
+    job = submit()
+    api.ray[job] = Info(job_id="old", status="SUCCEEDED", metadata={"raystack_nonce": "someone-else"})
+    r = runner(api)
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.QUEUED or record.state is JobState.SUBMITTED
+    assert len(record.attempts) == 2 and record.attempts[1].id.startswith(f"{job}-")
+    r.tick()
+    assert api.submitted == [record.attempts[1].id]
+    assert state(job) is JobState.SUBMITTED  # not the old job's SUCCEEDED
+
+
+def test_orphans_of_an_ended_allocation_are_settled_not_resubmitted(home: Path) -> None:
+    api = FakeApi()
+    job = submit()
+    assert queue.start("c", queue.waiting("c")[0], job, "99") is not None  # allocation 99 ended
+    r = runner(api, allocation="100")
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.FAILED and "allocation 99 ended" in record.message
+    assert api.submitted == [] and queue.active("c") == []
+
+
+def test_now_job_starts_beside_a_running_one(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    long, queued = submit(name="long"), submit(name="queued")
+    r.tick()
+    api.set(long, "RUNNING")
+    now = submit(name="now", now=True)
+    r.tick()
+    assert api.submitted == [long, now] and state(queued) is JobState.QUEUED
+
+
+def test_bad_files_are_moved_aside_and_the_queue_keeps_going(home: Path) -> None:
+    api = FakeApi()
+    p = paths.cluster("c")
+    good = submit(name="good")
+    (p.queue / "junk").write_text("x")  # no '-': not a queue entry
+    (p.queue / "100000000000000000000-ghost-1234").touch()  # no ledger
+    broken = submit(name="broken")
+    p.ledger(broken).write_text("{not json")
+    r = runner(api)
+    for _ in range(3):
+        r.tick()
+        api.set(good, "SUCCEEDED", 0) if good in api.ray else None
+    assert state(good) is JobState.SUCCEEDED
+    moved = sorted(x.name.split(".")[0] for x in p.corrupt.iterdir())
+    assert "queue-junk" in moved and any("ghost" in m for m in moved) and any(broken in m for m in moved)
+    assert queue.waiting("c") == []
+
+
+def test_cancel_and_start_cannot_both_win(home: Path) -> None:
+    job = submit()
+    entry = queue.waiting("c")[0]
+    queue.cancel("c", job)
+    assert queue.start("c", entry, job, "100") is None
+    assert state(job) is JobState.CANCELLED
+    other = submit()
+    entry = queue.waiting("c")[0]
+    assert queue.start("c", entry, other, "100") is not None
+    with pytest.raises(Exception, match="not queued"):
+        queue.cancel("c", other)
+
+
+def test_journal_delivers_only_changes(home: Path) -> None:
+    reader = queue.JournalReader("c")
+    assert reader.changes() == []
+    job = submit()
+    [(op, name)] = reader.changes()
+    assert op == "+" and name.endswith(job)
+    assert reader.changes() == []
+    queue.cancel("c", job)
+    assert [op for op, _ in reader.changes()] == ["-"]
+
+
+def test_ids_are_never_reused_within_a_cluster(home: Path) -> None:
+    first = queue.enqueue(JobRequest(id="x-1", name="x", cluster="c", entrypoint="a"))
+    taken = JobRequest(id="x-1", name="x", cluster="c", entrypoint="b")
+    second = queue.enqueue(taken, new_id=lambda name: f"{name}-2")
+    assert (first.id, second.id) == ("x-1", "x-2")
+    assert read_job("c", "x-1").request.entrypoint == "a"
+    assert json.loads(paths.cluster("c").ledger("x-2").read_text())["request"]["entrypoint"] == "b"
