@@ -80,14 +80,12 @@ def rs_home(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = testbed / f"rs-{uuid.uuid4().hex[:8]}"
     home.mkdir(parents=True)
     monkeypatch.setenv("RAYSTACK_HOME", str(home))
+    before = set(slurm_jobs_alive())
     yield home
     from raystack.adapters import slurm
-    from raystack.store import cluster as clusters
 
-    for record in clusters.read_all():
-        job = record.slurm_job_id
-        if job and job in slurm_jobs_alive():
-            slurm.scancel(job)
+    for job in set(slurm_jobs_alive()) - before:  # every allocation the test started, records or not
+        slurm.scancel(job)
     shutil.rmtree(home, ignore_errors=True)
 
 

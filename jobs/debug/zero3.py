@@ -1,9 +1,14 @@
-"""zero3: a few DeepSpeed ZeRO-3 steps of a small model across learner actors on different nodes.
+"""zero3: DeepSpeed ZeRO-3 steps across learner actors on different nodes, checked against a
+reference computed without ZeRO.
 
 Learners are placed one per bundle with STRICT_SPREAD (as open-instruct places its learners), so
 parameters are sharded across nodes. On GPUs: NCCL, one GPU per learner. Without real GPUs:
-DS_ACCELERATOR=cpu and gloo. Prints the loss of every step; fails unless it went down and every
-parameter is sharded (each rank holds about 1/world of it).
+DS_ACCELERATOR=cpu and gloo. The global batch is fixed (default 240 samples) and split evenly
+over the learners; the same model (same seed), optimizer and batch run in one plain PyTorch
+process in the driver. ZeRO-3 averages gradients over the learners, so its loss at every step
+must equal the reference's: the job fails unless they match within the tolerance
+(relative 1e-3, default) and every parameter is sharded (each rank holds about 1/world of it).
+A "loss went down" check alone passes or fails by luck at different world sizes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,56 @@ from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rendezvous import free_endpoint
 
+IN, LR = 32, 1e-3
+
+
+def make_model(hidden: int):  # type: ignore[no-untyped-def]
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, hidden),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden, 1),
+    )
+
+
+def batch(global_batch: int):  # type: ignore[no-untyped-def]
+    """The whole global batch, the same in every process."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(global_batch, IN, generator=gen)
+    y = torch.sin(x[:, :4].sum(dim=1, keepdim=True)) + 0.1 * x[:, 4:8].sum(dim=1, keepdim=True)
+    return x, y
+
+
+def exact_fp32() -> None:
+    """No TF32 on GPUs: the reference runs in plain fp32 on the CPU."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def reference_losses(steps: int, hidden: int, global_batch: int) -> list[float]:
+    """The same training in one process, without ZeRO and without distributed anything."""
+    import torch
+
+    model = make_model(hidden)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    x, y = batch(global_batch)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
+
 
 @ray.remote
 class Learner:
@@ -28,7 +83,7 @@ class Learner:
     def endpoint(self) -> tuple[str, int]:
         return free_endpoint()
 
-    def train(self, master: tuple[str, int], steps: int, hidden: int) -> dict:
+    def train(self, master: tuple[str, int], steps: int, hidden: int, global_batch: int) -> dict:
         os.environ.update(
             MASTER_ADDR=master[0],
             MASTER_PORT=str(master[1]),
@@ -41,40 +96,38 @@ class Learner:
         import deepspeed
         import torch
 
+        exact_fp32()
         deepspeed.init_distributed(dist_backend="nccl" if self.cuda else "gloo")
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(32, hidden),
-            torch.nn.ReLU(),
-            torch.nn.Linear(hidden, hidden),
-            torch.nn.ReLU(),
-            torch.nn.Linear(hidden, 1),
-        )
+        model = make_model(hidden)
         total = sum(p.numel() for p in model.parameters())
+        micro = global_batch // self.world
         config = {
-            "train_micro_batch_size_per_gpu": 16,
+            "train_batch_size": global_batch,
+            "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": 3},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
         }
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         local = sum(p.ds_tensor.numel() for p in engine.module.parameters())
-        gen = torch.Generator().manual_seed(1234 + self.rank)
-        x = torch.randn(16, 32, generator=gen).to(engine.device)
-        y = (x.sum(dim=1, keepdim=True) * 0.1).to(engine.device)
+        x, y = batch(global_batch)
+        x = x[self.rank * micro : (self.rank + 1) * micro].to(engine.device)
+        y = y[self.rank * micro : (self.rank + 1) * micro].to(engine.device)
         losses = []
         for _ in range(steps):
             loss = torch.nn.functional.mse_loss(engine(x), y)
             engine.backward(loss)
             engine.step()
             mean = loss.detach().clone()
-            torch.distributed.all_reduce(mean)
+            torch.distributed.all_reduce(mean)  # equal slices: the mean of means is the batch mean
             losses.append(float(mean) / self.world)
         return {
             "rank": self.rank,
             "host": socket.gethostname(),
+            "device": str(engine.device),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "losses": losses,
             "params_total": total,
             "params_local": local,
@@ -85,7 +138,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--global-batch", type=int, default=240, help="split evenly over the learners")
     parser.add_argument("--learners", type=int, default=0, help="default: one per node")
+    parser.add_argument("--rtol", type=float, default=1e-3, help="loss tolerance against the reference")
     parser.add_argument(
         "--strategy",
         default="STRICT_SPREAD",
@@ -96,9 +151,13 @@ def main() -> int:
     ray.init()
     import torch
 
+    exact_fp32()
     cuda = ray.cluster_resources().get("GPU", 0) > 0 and torch.cuda.is_available()
     nodes = len([n for n in ray.nodes() if n["Alive"]])
     world = args.learners or nodes
+    if args.global_batch % world:
+        print(f"zero3: a global batch of {args.global_batch} does not split over {world} learners")
+        return 2
     bundle = {"GPU": 1, "CPU": 1} if cuda else {"CPU": 1}
     if args.strategy == "STRICT_SPREAD" and world > nodes:
         print(f"zero3: {world} learners cannot be STRICT_SPREAD over {nodes} nodes (it would wait forever)")
@@ -114,15 +173,25 @@ def main() -> int:
         for i in range(world)
     ]
     master = ray.get(learners[0].endpoint.remote())
-    results = ray.get([lr.train.remote(master, args.steps, args.hidden) for lr in learners], timeout=900)
+    futures = [lr.train.remote(master, args.steps, args.hidden, args.global_batch) for lr in learners]
+    reference = reference_losses(args.steps, args.hidden, args.global_batch)
+    results = ray.get(futures, timeout=900)
     losses = results[0]["losses"]
-    for step, loss in enumerate(losses, start=1):
-        print(f"step {step}: loss {loss:.6f}")
+    errors = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference, strict=True)]
+    for step, (loss, ref) in enumerate(zip(losses, reference, strict=True), start=1):
+        print(f"step {step}: loss {loss:.6f} (reference without ZeRO {ref:.6f})")
     sharded = all(r["params_local"] <= r["params_total"] / world + 1024 for r in results)
     summary = {
         "world": world,
         "hosts": sorted({r["host"] for r in results}),
+        "devices": [r["device"] for r in results],
+        "cuda_visible_devices": [r["cuda_visible_devices"] for r in results],
+        "global_batch": args.global_batch,
         "losses": losses,
+        "reference": reference,
+        "max_rel_error": max(errors),
+        "rtol": args.rtol,
+        "matches_reference": max(errors) <= args.rtol,
         "loss_went_down": losses[-1] < losses[0],
         "sharded": sharded,
         "params_total": results[0]["params_total"],
@@ -130,7 +199,7 @@ def main() -> int:
     }
     print("ZERO3 " + json.dumps(summary))
     spread = len(summary["hosts"]) == world or args.strategy != "STRICT_SPREAD"
-    return 0 if summary["loss_went_down"] and sharded and spread else 1
+    return 0 if summary["matches_reference"] and sharded and spread else 1
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def main() -> None:
         }
         records.write_node_entry(ctx.cluster, ctx.host, entry)
         log.info(
-            "node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
+            "allocation %s: node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
+            ctx.job_id,
             ctx.host,
             ctx.ip,
             ctx.node_id,

@@ -211,11 +211,12 @@ def render_script(plan: AllocationPlan) -> str:
         f'logs="$RAYSTACK_HOME/clusters/$RAYSTACK_CLUSTER/{paths.LOGS}"',
         'mkdir -p "$logs"',
         'echo "raystack: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (cluster $RAYSTACK_CLUSTER)"',
-        "# One task per node with all of the node's CPUs and GPUs; each writes logs/node-<host>.log.",
+        "# One task per node with all of the node's CPUs and GPUs; each appends to logs/node-<host>.log",
+        "# (one file per host across allocations: a chain keeps them all).",
         "# --overlap lets `srun --jobid=... --overlap` debug steps run beside the cluster; the task",
         "# count is explicit because srun inherits SLURM_NTASKS from whatever sbatch was given.",
         'n="$SLURM_JOB_NUM_NODES"',
-        'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap '
+        'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --open-mode=append '
         f'--output="$logs/{paths.NODE_LOG.format(host="%N")}" \\',
         '    "$RAYSTACK_PYTHON" -m raystack.allocation.node',
         "",

@@ -123,6 +123,8 @@ class Cluster:
             try:
                 shape = slurm.node_shape(partition)
             except SlurmError as exc:
+                if "is not on PATH" in str(exc):
+                    raise
                 raise ConfigError(
                     f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
                     "give --gpus-per-node and --cpus-per-task, or a profile that sets them"

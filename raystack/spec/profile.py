@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from raystack.errors import ConfigError
 from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env, validate_time
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_PROFILES = REPO_ROOT / "slurm" / "profiles"
+# The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
+# slurm/profiles), so they are found in an installed wheel as well as in an editable install.
+BUILTIN_PROFILES = Path(__file__).parent.parent / "profiles"
 # Set by the allocation script or for each job: a profile's env must not shadow them.
 RESERVED_ENV = (
     "RAYSTACK_HOME",

@@ -78,6 +78,7 @@ class JobRecord(BaseModel):
     state: JobState = JobState.QUEUED
     request: JobRequest
     now: bool = False  # `--now`: submitted beside the line, not in it
+    entry: str | None = None  # its file in queue/ while it waits (<seq>-<id>)
     history: list[dict[str, Any]] = Field(default_factory=list)
     attempts: list[Attempt] = Field(default_factory=list)
     message: str = ""

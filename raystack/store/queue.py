@@ -102,12 +102,15 @@ def enqueue(request: JobRequest, now: bool = False, new_id: object = None) -> Jo
     p = paths.cluster(request.cluster)
     make_private_dirs(p)
     with locked(p):
+        seq = f"{0 if now else 1}{time.time_ns():020d}"
         for _ in range(ID_RETRIES):
+            entry = Entry(seq, request.id)
             record = JobRecord(
                 id=request.id,
                 name=request.name,
                 request=request,
                 now=now,
+                entry=entry.name,
                 history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
             )
             if create_job(request.cluster, record):
@@ -117,14 +120,9 @@ def enqueue(request: JobRequest, now: bool = False, new_id: object = None) -> Jo
             request.id = new_id(request.name)
         else:
             raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
-        entry = Entry(f"{0 if now else 1}{time.time_ns():020d}", request.id)
         touch(p.queue / entry.name)
         append_line(p.journal, f"+ {entry.name}")
     return record
-
-
-def _entry_of(name: str, job_id: str) -> Entry | None:
-    return next((e for e in waiting(name) if e.job_id == job_id), None)
 
 
 def cancel(name: str, job_id: str) -> JobRecord:
@@ -137,10 +135,9 @@ def cancel(name: str, job_id: str) -> JobRecord:
                 f"job {job_id} is {record.state.value}, not queued: "
                 f"`raystack stop {job_id}` stops a running job"
             )
-        entry = _entry_of(name, job_id)
-        if entry is not None:
-            (p.queue / entry.name).unlink(missing_ok=True)
-            append_line(p.journal, f"- {entry.name}")
+        if record.entry is not None:
+            (p.queue / record.entry).unlink(missing_ok=True)
+            append_line(p.journal, f"- {record.entry}")
         return change_job(
             name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
         )

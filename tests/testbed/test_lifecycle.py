@@ -85,7 +85,8 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
 def test_no_sbatch_on_path_is_one_line_naming_the_fix(rs_home: Path) -> None:
     done = raystack("up", "--nodes", "1", env={"PATH": str(Path(sys.executable).parent)})
     assert done.returncode == 1
-    assert "`sbatch` is not on PATH" in done.stderr and "slurm/testbed/up" in done.stderr
+    assert "is not on PATH: run raystack on a SLURM login node" in done.stderr  # sinfo, asked first
+    assert "slurm/testbed/up" in done.stderr and done.stderr.count("\n") == 1
     assert clusters.list_names() == []  # nothing was created
 
 
@@ -170,6 +171,7 @@ def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
         str(REPO / "slurm" / "raystack.sbatch"),
     ]
     first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    wait_until(lambda: clusters.exists("dup"), 120, "the hand-submitted allocation to create its record")
     Cluster("dup").wait_ready(timeout=180)
     assert clusters.read("dup").slurm_job_id == first
     # The record is lost (made to look ended): SLURM still runs the allocation, and `up` asks it.
@@ -181,7 +183,8 @@ def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
     # A twin submitted by hand starts, sees the first alive, and leaves without touching it.
     second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
     wait_until(lambda: (i := slurm.job_info(second)) and i.state.is_terminal(), 120, "the twin to leave")
-    log = (paths.cluster("dup").node_log("node1")).read_text()
+    twin_node = slurm.job_info(second).nodes  # type: ignore[union-attr]
+    log = (paths.cluster("dup").node_log(twin_node)).read_text()
     assert f"cluster dup is already run by SLURM job {first} (RUNNING); allocation {second} leaves" in log
     record = clusters.read("dup")
     assert record.slurm_job_id == first and record.state is ClusterState.READY

@@ -1,0 +1,116 @@
+"""The package layout is the architecture: imports point down the layers, never in a circle, and
+no module grows past 600 lines. `python tests/test_layout.py` prints the tree and the graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "raystack"
+# Lower layers never import higher ones. A module may import its own layer's modules.
+LAYERS = [
+    ["errors"],
+    ["store"],
+    ["adapters"],
+    ["plan"],
+    ["spec"],
+    ["launch"],
+    ["allocation"],
+    ["client"],
+    ["cli", "__init__", "__main__"],
+]
+MAX_LINES = 600
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    for i, names in enumerate(LAYERS):
+        if part in names:
+            return i
+    raise AssertionError(f"{module}: not in any layer of tests/test_layout.py; add its folder there")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(path: Path) -> set[str]:
+    """raystack modules imported by a file (at any depth: a function-level import counts too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("raystack")}
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("raystack")
+        ):
+            out.add(str(node.module))
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        targets = {t for t in imports(path) if t in mods and t != name}
+        # `from raystack import __version__` reads the package's metadata, nothing above it
+        edges[name] = {t for t in targets if t != "raystack"}
+    return edges
+
+
+def test_imports_point_down() -> None:
+    upward = []
+    for src, targets in graph().items():
+        for dst in targets:
+            if layer_of(dst) > layer_of(src):
+                upward.append(f"{src} -> {dst}")
+    assert upward == [], "imports pointing up the layers: " + ", ".join(upward)
+
+
+def test_no_import_circles() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*stack[stack.index(nxt) :], nxt]))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+def test_modules_stay_small() -> None:
+    big = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    assert {n: c for n, c in big.items() if c > MAX_LINES} == {}
+
+
+def main() -> None:
+    edges = graph()
+    for name, path in modules().items():
+        lines = len(path.read_text().splitlines())
+        targets = ", ".join(sorted(t.removeprefix("raystack.") for t in edges[name])) or "-"
+        print(f"{path.relative_to(PACKAGE.parent)!s:40} {lines:5}  -> {targets}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

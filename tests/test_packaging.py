@@ -1,0 +1,85 @@
+"""A non-editable install works on its own: built-in profiles are package data, and the CLI
+plans an allocation from a folder that is not the repository."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built as a wheel and installed (no dependencies: those of the venv serve)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        str(REPO),
+        "-w",
+        str(tmp),
+    ]
+    subprocess.run(build, check=True, cwd=tmp)
+    [wheel] = tmp.glob("raystack-*.whl")
+    site = tmp / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    return site
+
+
+def run(site: Path, cwd: Path, *code: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "XDG_CONFIG_HOME": str(cwd / "cfg"),
+        "RAYSTACK_HOME": str(cwd / "home"),
+    }
+    return subprocess.run(
+        [sys.executable, *code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_wheel_ships_the_builtin_profiles(installed: Path, tmp_path: Path) -> None:
+    done = run(
+        installed,
+        tmp_path,
+        "-c",
+        "import raystack, raystack.spec.profile as p; print(raystack.__file__); "
+        "print(sorted(p.available_profiles())); print(p.load_profile('isambard').gpus_per_node)",
+    )
+    assert done.returncode == 0, done.stderr
+    where, names, gpus = done.stdout.splitlines()
+    assert where.startswith(str(installed))  # the installed copy, not the repository
+    assert {"generic", "isambard", "brtx", "supercloud", "testbed"} <= set(ast.literal_eval(names))
+    assert gpus == "4"
+
+
+def test_installed_cli_plans_an_allocation(installed: Path, tmp_path: Path) -> None:
+    argv = [
+        "-m",
+        "raystack.cli",
+        "up",
+        "--nodes",
+        "2",
+        "--profile",
+        "isambard",
+        "--cpus-per-task",
+        "72",
+        "--dry-run",
+    ]
+    done = run(installed, tmp_path, *argv)
+    assert done.returncode == 0, done.stderr
+    assert "--gpus-per-node=4" in done.stdout and "module load cuda/12.6" in done.stdout
