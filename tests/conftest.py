@@ -107,3 +107,22 @@ def processes_of_job(job_id: str) -> list[tuple[int, str]]:
         except OSError:
             continue
     return found
+
+
+SLURM_COMMANDS = ("squeue", "sinfo", "sacct", "scontrol", "sbatch", "scancel")
+
+
+def slurm_shims(folder: Path) -> Path:
+    """Wrappers of SLURM's commands that log every call (one line each) to folder/calls.log and
+    then run the real command: put `folder` first on a PATH to count what raystack asks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    calls = folder / "calls.log"
+    calls.touch()
+    for name in SLURM_COMMANDS:
+        real = shutil.which(name)
+        if real is None:
+            continue
+        shim = folder / name
+        shim.write_text(f'#!/bin/bash\necho "{name} $*" >> {calls}\nexec {real} "$@"\n')
+        shim.chmod(0o755)
+    return calls

@@ -33,6 +33,7 @@ from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.queue import active, enqueue, waiting
 
 Progress = Callable[[str], None]
+SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
 Argv = list[str]  # (inside Cluster, `list` is the classmethod)
 JobRecords = list[JobRecord]
 
@@ -183,15 +184,23 @@ class Cluster:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> ClusterRecord:
-        """Poll the record (and SLURM, every 2 s) until READY; raise when it ends first."""
+        """Poll the record until READY; raise when it ends first.
+
+        SLURM is asked too (has the allocation started? did it end?), rate-limited: every 2 s at
+        first, backing off to every 10 s while it stays PENDING and once it runs (the head then
+        writes progress into the record itself).
+        """
         say = progress or (lambda _msg: None)
-        start, last_slurm, last_said = clock(), -1e9, ""
+        start, last_slurm, last_said, interval = clock(), -1e9, "", SLURM_POLL_MIN
         while True:
             record = records.read(self.name)
             if record.state is ClusterState.READY:
                 return record
-            if clock() - last_slurm >= 2:
+            if clock() - last_slurm >= interval:
                 last_slurm = clock()
+                interval = min(interval * 1.5, SLURM_POLL_MAX)
+                if record.state is ClusterState.STARTING:
+                    interval = SLURM_POLL_MAX
                 info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
                 record = reconcile(record, info)
                 if info is not None and info.state is SlurmState.PENDING:

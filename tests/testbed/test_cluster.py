@@ -18,7 +18,7 @@ from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 
-from ..conftest import NODES, module_home, processes_of_job
+from ..conftest import NODES, module_home, processes_of_job, slurm_shims
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
@@ -146,6 +146,20 @@ def test_status_json_and_exit_code(four: dict) -> None:
     assert st["ready"] is True
     assert st["nodes_alive"] == NODES and st["gpus"] == NODES * 4 and st["cpus"] == NODES * 16
     assert st["slurm_state"] == "RUNNING" and 0 < st["time_left_s"] <= 2 * 3600
+
+
+def test_commands_ask_slurm_about_their_own_job_once(four: dict, tmp_path: Path) -> None:
+    """No unfiltered squeue (megabytes on a busy site), and one query per command."""
+    calls = slurm_shims(tmp_path / "shims")
+    env = {"PATH": f"{tmp_path / 'shims'}:{os.environ['PATH']}"}
+    for args in (["status", "four"], ["queue", "four"], ["list"], ["env", "four"], ["status"]):
+        calls.write_text("")
+        done = raystack(*args, env=env)
+        assert done.returncode == 0, (args, done.stderr)
+        asked = calls.read_text().splitlines()
+        squeues = [c for c in asked if c.startswith("squeue")]
+        assert len(squeues) <= 1, (args, asked)
+        assert all(f"--jobs={four['job']}" in c for c in squeues), asked
 
 
 def test_name_may_be_omitted_with_one_cluster(four: dict) -> None:

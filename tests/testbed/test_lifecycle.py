@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 
-from ..conftest import NODES, processes_of_job, wait_until
+from ..conftest import NODES, processes_of_job, slurm_shims, wait_until
 from .test_cluster import RESOURCES_JOB, ray_job_submit, raystack, resources_from
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -124,6 +125,32 @@ def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> Non
     assert f"PENDING in SLURM (job {job}, reason: BeginTime)" in err
     assert "cluster later FAILED" in err and "CANCELLED" in err
     assert str(paths.cluster("later").logs) in err
+
+
+def test_waiting_for_a_pending_allocation_backs_off(rs_home: Path, tmp_path: Path) -> None:
+    calls = slurm_shims(tmp_path / "shims")
+    env = {"PATH": f"{tmp_path / 'shims'}:{os.environ['PATH']}"}
+    up = raystack(
+        "up",
+        "--nodes",
+        "1",
+        "--profile",
+        "testbed",
+        "--name",
+        "later",
+        "--sbatch=--begin=now+1hour",
+        "--no-wait",
+    )
+    assert up.returncode == 0, up.stderr
+    job = clusters.read("later").slurm_job_id
+    calls.write_text("")
+    t0 = time.monotonic()
+    done = raystack("wait", "later", "--timeout", "20", env=env)
+    waited = time.monotonic() - t0
+    assert done.returncode == 1 and "not READY after 20s" in done.stderr
+    squeues = [c for c in calls.read_text().splitlines() if c.startswith("squeue")]
+    assert all(f"--jobs={job}" in c for c in squeues)
+    assert 3 <= len(squeues) <= 2 + waited / 3, squeues  # 2 s at first, then backing off to 10 s
 
 
 def test_node_that_never_joins_fails_the_start_naming_node_and_log(
