@@ -15,6 +15,7 @@ Then the waiting jobs are cancelled and the next N is measured. Target: every fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import statistics
@@ -30,6 +31,8 @@ sys.path.insert(0, str(REPO))
 from _report import publish  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
+from raystack.client import Job  # noqa: E402
+from raystack.errors import ClusterError  # noqa: E402
 from raystack.spec.job import command_spec, new_job_id  # noqa: E402
 from raystack.spec.resolve import resolve  # noqa: E402
 from raystack.store import queue  # noqa: E402
@@ -93,12 +96,13 @@ def measure(cluster: Cluster, n: int, window: float) -> dict:
     cpu_pct = 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
     first = [e.job_id for e in queue.waiting(cluster.name)[:5]]
     blocker.stop(wait=True)
-    from raystack.client import Job
-
     records = [Job(cluster.name, j).wait(timeout=300) for j in first]
     gaps = [b.started - a.ended for a, b in itertools.pairwise(records) if a.ended and b.started]
     for entry in queue.waiting(cluster.name):
-        queue.cancel(cluster.name, entry.job_id)
+        with contextlib.suppress(ClusterError):  # the runner may take one off the queue meanwhile
+            queue.cancel(cluster.name, entry.job_id)
+    for job_id in queue.active(cluster.name):
+        Job(cluster.name, job_id).wait(timeout=300)
     return {
         "n": n,
         "submit_s": statistics.median(submit_s),

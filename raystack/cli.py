@@ -81,6 +81,16 @@ def up(
         list[str] | None,
         typer.Option("--sbatch", help="Extra sbatch option, e.g. --sbatch=--exclusive (repeatable)."),
     ] = None,
+    chain: Annotated[
+        int | None,
+        typer.Option(
+            "--chain", help="Allocations in all: the cluster and its queue live across K walltimes."
+        ),
+    ] = None,
+    signal_lead: Annotated[
+        str | None,
+        typer.Option("--signal-lead", help="Warn this long before each walltime end (default 10m)."),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the sbatch argv and script only.")
     ] = False,
@@ -99,6 +109,8 @@ def up(
         gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task,
         extra_sbatch=sbatch,
+        chain=chain,
+        signal_lead=signal_lead,
     )
     if plan.note and not as_json:
         err.print(f"raystack: {plan.note}", markup=False)
@@ -192,6 +204,16 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
             ("dashboard", st.dashboard_url or "-"),
             ("jobs", f"running {st.running_job or '-'}, {st.queued_jobs} queued"),
         ]
+        if st.chain_count > 1:
+            nxt = (
+                f"; next: job {st.next_job_id} {st.next_state or '?'}"
+                + (f" ({st.next_reason})" if st.next_reason and st.next_reason != "None" else "")
+                if st.next_job_id
+                else ""
+            )
+            rows.insert(4, ("chain", f"allocation {st.chain_index} of {st.chain_count}{nxt}"))
+        if st.resuming_jobs:
+            rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:
             rows.append(("ray", st.ray_error))
         for key, value in rows:

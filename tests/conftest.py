@@ -66,9 +66,10 @@ def module_home(testbed: Path, name: str) -> Iterator[Path]:
         yield home
 
 
-def slurm_jobs_alive() -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return out.stdout.split()
+def slurm_jobs_alive(with_names: bool = False) -> list:
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, check=True)
+    rows = [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]
+    return rows if with_names else [job for job, _ in rows]
 
 
 @pytest.fixture
@@ -80,12 +81,18 @@ def rs_home(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = testbed / f"rs-{uuid.uuid4().hex[:8]}"
     home.mkdir(parents=True)
     monkeypatch.setenv("RAYSTACK_HOME", str(home))
-    before = set(slurm_jobs_alive())
     yield home
     from raystack.adapters import slurm
 
-    for job in set(slurm_jobs_alive()) - before:  # every allocation the test started, records or not
-        slurm.scancel(job)
+    # Every allocation of this home's clusters, recorded or not (and no one else's).
+    names = (
+        {f"raystack-{p.name}" for p in (home / "clusters").iterdir()}
+        if (home / "clusters").is_dir()
+        else set()
+    )
+    for job, name in slurm_jobs_alive(with_names=True):
+        if name in names:
+            slurm.scancel(job)
     shutil.rmtree(home, ignore_errors=True)
 
 

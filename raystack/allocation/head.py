@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,12 +35,21 @@ from raystack.allocation.context import (
 )
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
 from raystack.allocation.runner import LEASE_HELD
+from raystack.allocation.walltime import (
+    NODE_LOST,
+    WARNING,
+    Ending,
+    classify,
+    end_allocation,
+    ending,
+    submit_follow_on,
+)
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 from raystack.store.files import locked
-from raystack.store.queue import settle_orphans
+from raystack.store.queue import active, settle_orphans
 
 log = logging.getLogger("raystack.node")
 
@@ -49,11 +59,12 @@ class Displaced(RaystackError):
 
 
 # ---------------------------------------------------------------------------- claiming the name
-def claim(ctx: NodeContext) -> None:
+def claim(ctx: NodeContext) -> bool:
     """Make this allocation the cluster's current one, unless another live allocation is.
 
     Two allocations of one name (a hand-submitted twin, a restarted `up`) would run two runners
-    on one queue; the one that finds a live other holder leaves instead.
+    on one queue; the one that finds a live other holder leaves instead. Returns whether this
+    allocation continues a chain (its jobs in flight of the last allocation then resume).
     """
     p = paths.cluster(ctx.cluster)
     with locked(p):
@@ -68,8 +79,13 @@ def claim(ctx: NodeContext) -> None:
                     f"allocation {ctx.job_id} leaves it alone and exits"
                 )
         record = record or records.ClusterRecord(name=ctx.cluster)
-        records.apply_changes(record, {"slurm_job_id": ctx.job_id})
+        follow_on = record.next_job_id == ctx.job_id or (other == ctx.job_id and record.chain_index > 1)
+        if record.next_job_id == ctx.job_id:  # the last head could not hand over (SIGKILL)
+            records.apply_changes(record, {"chain_index": record.chain_index + 1, "next_job_id": None})
+        records.apply_changes(record, {"slurm_job_id": ctx.job_id, "ending": None})
+        records.note_allocation(record, ctx.job_id, started=time.time(), nodes=ctx.num_nodes)
         records.write(record)
+        return follow_on
 
 
 # ---------------------------------------------------------------------------- readiness
@@ -155,14 +171,19 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
 # ---------------------------------------------------------------------------- the head's life
 def run_head(ctx: NodeContext) -> int:
     try:
-        claim(ctx)
+        follow_on = claim(ctx)
     except Displaced as exc:
         log.error("%s", exc)
         with contextlib.suppress(RaystackError):
             slurm.scancel(ctx.job_id)
         return 1
-    for job_id in settle_orphans(ctx.cluster, ctx.job_id, "found when the next allocation started"):
-        log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
+    reason = "found when the next allocation of the chain started" if follow_on else "found at the next start"
+    for job_id in settle_orphans(ctx.cluster, ctx.job_id, reason, requeue=follow_on):
+        log.warning(
+            "job %s was in flight in an allocation that ended: %s",
+            job_id,
+            "resumes" if follow_on else "FAILED",
+        )
     ports = node_ports(head=True)
     ray = RayProcess(ray_start_argv(ctx, ports, None), ray_env(ctx))
     head = Head(ctx, ray)
@@ -178,13 +199,14 @@ def run_head(ctx: NodeContext) -> int:
             message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
         )
         log.info("cluster %s READY", ctx.cluster)
+        submit_follow_on(ctx.cluster, ctx.job_id)
         failure = head.supervise()
     except Stop as stop:
-        head.end(ClusterState.STOPPED, f"allocation ended ({stop}: raystack down, scancel or walltime)")
+        head.end(None, f"SIGTERM ({stop})")
         return 0
     except (RaystackError, OSError) as exc:
         failure = str(exc)
-    head.end(ClusterState.FAILED, failure)
+    head.end(ending("failed", failure), failure)
     # A failed cluster must not hold its nodes until the walltime: the other nodes' tasks
     # would otherwise keep the allocation alive.
     with contextlib.suppress(RaystackError):
@@ -201,6 +223,9 @@ class Head:
         self.reap = Reaper()
         self.reap.owned.add(ray.proc.pid)
         self.report = GpuReport(ctx)
+        self.warned = False  # the walltime warning was passed on
+        self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
+        self.nodes = NodeWatch(ctx)
 
     def start_runner(self) -> subprocess.Popen:
         """The queue runner, a child of this node program (so teardown ends it too)."""
@@ -234,13 +259,43 @@ class Head:
                 backoff = floor if time.monotonic() - started > 60 else min(max(backoff * 2, floor), 30)
                 self.runner, started = self.start_runner(), time.monotonic()
                 records.update(self.ctx.cluster, runner_restarts=restarts)
+            if not self.warned and self.warning_flag.exists():
+                self.warned = True
+                self.interrupt(WARNING, "walltime warning: the jobs in flight are stopped to resume later")
+            lost = self.nodes()
+            if lost:
+                self.lose_nodes(lost)
             self.report()
             self.reap()
             time.sleep(POLL)
         code = self.ray.proc.returncode
         return f"the Ray head exited with code {code}; see {node_log(self.ctx, self.ctx.host)}"
 
-    def end(self, state: ClusterState, message: str) -> None:
+    def interrupt(self, why: str, message: str) -> None:
+        """Tell the runner (and its successors, through the record) to stop the jobs in flight
+        and start nothing more: this allocation is about to end."""
+        log.warning("%s", message)
+        records.update(self.ctx.cluster, ending=why, message=message)
+        if self.runner is not None and self.runner.poll() is None:
+            os.kill(self.runner.pid, signal.SIGUSR1)
+
+    def lose_nodes(self, lost: list[str]) -> None:
+        """A node left Ray. With a follow-on allocation pending, this allocation ends early (the
+        jobs in flight resume there, on healthy nodes); without one, it runs on, degraded."""
+        record = records.read(self.ctx.cluster)
+        names = ", ".join(lost)
+        if not record.next_job_id:
+            if record.ending is None and NODE_LOST not in record.message:
+                records.update(self.ctx.cluster, message=f"{NODE_LOST}: {names}; running on without it")
+            return
+        if record.ending != NODE_LOST:
+            self.interrupt(NODE_LOST, f"{NODE_LOST}: {names}; ending this allocation for the next one")
+            self.nodes.giving_up = time.monotonic()
+        if not active(self.ctx.cluster) or time.monotonic() - self.nodes.giving_up > self.nodes.drain_limit:
+            log.warning("jobs interrupted; cancelling allocation %s", self.ctx.job_id)
+            slurm.scancel(self.ctx.job_id)  # SIGTERM follows: end() hands over to the follow-on
+
+    def end(self, known: Ending | None, signal_text: str) -> None:
         """The allocation ends. The order matters when SLURM's SIGKILL may cut it short: the
         runner goes first (it cannot overwrite what follows), then the jobs in flight are
         settled, then the cluster's state is recorded, and only then is Ray stopped (slow)."""
@@ -249,11 +304,42 @@ class Head:
             self.runner.kill()
             self.runner.wait()
         with contextlib.suppress(RaystackError, OSError):
-            for job_id in settle_orphans(self.ctx.cluster, None, message.split(":")[0]):
-                log.info("job %s was in flight when the allocation ended", job_id)
-        log.info("cluster %s %s: %s", self.ctx.cluster, state.value, message)
-        with contextlib.suppress(RaystackError, OSError):
             record = records.read(self.ctx.cluster)
-            if record.slurm_job_id in (None, self.ctx.job_id):
-                records.update(self.ctx.cluster, state=state, message=message)
+            end = known or classify(record, self.ctx.job_id)
+            failed = end.kind == "failed"
+            state = ClusterState.FAILED if failed else ClusterState.STOPPED
+            log.info("allocation %s ended: %s (%s)", self.ctx.job_id, end.text, signal_text)
+            record = end_allocation(self.ctx.cluster, self.ctx.job_id, end, state)
+            log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
         stop_ray(self.ctx, self.ray)
+
+
+class NodeWatch:
+    """Counts the head's Ray nodes every few seconds; names the nodes lost for `grace` seconds."""
+
+    def __init__(self, ctx: NodeContext, every: float = 5.0, grace: float = 30.0):
+        self.ctx, self.every, self.grace = ctx, every, grace
+        self.checked, self.missing_since = 0.0, 0.0
+        self.giving_up = 0.0
+        self.drain_limit = 300.0  # seconds the interrupted jobs get to stop before the allocation ends
+        self.dashboard: Dashboard | None = None
+
+    def __call__(self) -> list[str]:
+        if time.monotonic() - self.checked < self.every:
+            return []
+        self.checked = time.monotonic()
+        record = records.read(self.ctx.cluster)
+        if not record.dashboard_url:
+            return []
+        self.dashboard = self.dashboard or Dashboard(
+            record.dashboard_url, records.read_token(self.ctx.cluster)
+        )
+        try:
+            missing = missing_nodes(self.ctx, self.dashboard.alive_nodes())
+        except RaystackError:
+            return []  # the State API is busy: not a lost node
+        if not missing:
+            self.missing_since = 0.0
+            return []
+        self.missing_since = self.missing_since or time.monotonic()
+        return missing if time.monotonic() - self.missing_since >= self.grace else []

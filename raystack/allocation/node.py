@@ -38,6 +38,9 @@ def main() -> None:
     become_subreaper()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # NOTE: the walltime warning goes to the batch shell only (--signal=B:USR1), which leaves a
+    # flag file for the head; a USR1 sent to the whole step by hand must not end the node.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         ctx = context_from_env(dict(os.environ))
         make_private_dirs(paths.cluster(ctx.cluster))

@@ -16,6 +16,7 @@ import bisect
 import logging
 import os
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -106,6 +107,10 @@ class Runner:
         self.active: set[str] = set()
         self.journal = store.JournalReader(name)
         self.rescan_at = -1.0
+        self.min_times: dict[str, float | None] = {}
+        self.deferred: set[str] = set()
+        # Started again after a walltime warning of this allocation: keep interrupting.
+        self.interrupting = self.cluster.ending is not None and self.cluster.slurm_job_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
         self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
 
@@ -160,26 +165,71 @@ class Runner:
                 self.active.discard(job_id)
             elif not record.now:
                 line_busy = True
-        while self.waiting and (self.waiting[0].now or not (line_busy or self.drain)):
-            entry = self.waiting.pop(0)
-            started = store.start(self.name, entry, entry.job_id, self.allocation)
+        if not self.interrupting:
+            self.start_what_may(line_busy)
+        if self.drain and self.resources_free(self.drain):
+            log.info("resources of %s are free", self.drain.job_id)
+            self.drain = None
+
+    def start_what_may(self, line_busy: bool) -> None:
+        """Start --now jobs at once, and the first job in line that fits once the line is free.
+
+        A job whose `min_time` is more than the allocation has left is passed over (it keeps its
+        place for the next allocation, and says so); the jobs behind it may start meanwhile."""
+        i = 0
+        while i < len(self.waiting) and (self.waiting[i].now or not (line_busy or self.drain)):
+            entry = self.waiting[i]
+            if self.too_late(entry):
+                i += 1
+                continue
+            del self.waiting[i]
+            started = store.start(self.name, entry, self.allocation)
             if started is None:
                 continue
             self.active.add(started.id)
             self.submit(started)
             line_busy = line_busy or not started.now
-        if self.drain and self.resources_free(self.drain):
-            log.info("resources of %s are free", self.drain.job_id)
-            self.drain = None
+
+    def too_late(self, entry: Entry) -> bool:
+        """The job needs more walltime than this allocation has left (its ledger is read once)."""
+        if entry.job_id not in self.min_times:
+            try:
+                self.min_times[entry.job_id] = read_job(self.name, entry.job_id).request.min_time
+            except ClusterError:
+                self.min_times[entry.job_id] = None  # store.start moves a bad entry aside
+        need, end = self.min_times[entry.job_id], self.cluster.walltime_end
+        if need is None or not end:
+            return False
+        left = end - time.time()
+        if left >= need:
+            return False
+        if entry.job_id not in self.deferred:
+            self.deferred.add(entry.job_id)
+            update_job(
+                self.name,
+                entry.job_id,
+                message=f"waits for an allocation with {_hm(need)} left (min_time; {_hm(max(0, left))} now)",
+            )
+        return True
+
+    def interrupt(self, *_: object) -> None:
+        """The allocation is about to end (walltime warning, a lost node): stop the jobs in flight
+        (SIGTERM, then SIGKILL after their stop_grace) so they can checkpoint, put them back at
+        the head of the queue, and start nothing more here."""
+        if not self.interrupting:
+            log.warning("allocation %s is ending: interrupting the jobs in flight", self.allocation)
+        self.interrupting = True
 
     # ------------------------------------------------------------------ one job
     def submit(self, record: JobRecord) -> None:
         """Submit the job's last attempt; a transient failure is retried on the next pass."""
         attempt = record.attempts[-1]
         cluster = records.read(self.name)
-        log.info("submitting %s as %s", record.id, attempt.id)
+        resumes = record.interruptions
+        request = (record.resume_request or record.request) if resumes else record.request
+        log.info("submitting %s as %s%s", record.id, attempt.id, f" (resume {resumes})" if resumes else "")
         try:
-            self.api.submit(attempt.id, **submit_options(record.request, cluster))
+            self.api.submit(attempt.id, **submit_options(request, cluster, resumes))
         except Exception as exc:
             if rayapi.is_connection_error(exc):
                 raise  # transient: the next pass finds the id unknown to Ray and submits again
@@ -213,6 +263,9 @@ class Runner:
             return True
         info = self.api.info(attempt.id)
         if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
+            if self.interrupting and not record.stop_requested:
+                store.requeue(self.name, record.id, self.interrupted_message())
+                return True
             if record.stop_requested:
                 self.finish(record, JobState.STOPPED, "stopped before it was submitted")
                 return True
@@ -234,7 +287,16 @@ class Runner:
         self.enforce_stop_and_timeout(record, attempt.id)
         if not state.is_terminal():
             return False
+        if self.interrupting and state is not JobState.SUCCEEDED and not record.stop_requested:
+            self.close_tail(record, attempt.id)
+            store.requeue(self.name, record.id, self.interrupted_message())
+            log.info("%s INTERRUPTED: back at the head of the queue", record.id)
+            return True
         return self.ended(record, state, info)
+
+    def interrupted_message(self) -> str:
+        why = records.read(self.name).ending or "the allocation is ending"
+        return f"stopped in allocation {self.allocation} ({why}); it resumes in the next allocation"
 
     def tail(self, record: JobRecord) -> None:
         """Stream the running attempt's log into logs/jobs/ (one thread per attempt)."""
@@ -248,8 +310,9 @@ class Runner:
         overdue = (
             timeout is not None and record.started is not None and time.time() - record.started > timeout
         )
-        if (record.stop_requested or overdue) and sid not in self.stop_sent:
-            log.info("stopping %s (%s)", sid, "timeout" if overdue and not record.stop_requested else "stop")
+        if (record.stop_requested or overdue or self.interrupting) and sid not in self.stop_sent:
+            why = "stop" if record.stop_requested else "timeout" if overdue else "the allocation is ending"
+            log.info("stopping %s (%s)", sid, why)
             self.api.stop(sid)
             self.stop_sent.add(sid)
 
@@ -270,8 +333,9 @@ class Runner:
                 message=f"attempt {len(record.attempts)} failed, retrying: {info.message}",
             )
             # The retry is submitted by a later pass, once the resources are free.
-            retry = f"{record.id}-retry{len(record.attempts)}"
-            store.add_attempt(self.name, record.id, retry, self.allocation)
+            store.add_attempt(
+                self.name, record.id, f"{record.id}-retry{len(record.attempts)}", self.allocation
+            )
             return False
         timeout = record.request.timeout
         if state is JobState.STOPPED and not record.stop_requested and timeout is not None:
@@ -327,6 +391,10 @@ class Runner:
             return False
 
 
+def _hm(seconds: float) -> str:
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s [%(name)s] %(message)s"
@@ -339,7 +407,9 @@ def main() -> None:
     if holder is not None:
         log.error("another queue runner holds cluster %s (%s); exiting", name, holder)
         sys.exit(LEASE_HELD)
-    Runner(name).run_forever(lease)
+    runner = Runner(name)
+    signal.signal(signal.SIGUSR1, runner.interrupt)  # sent by the head at the walltime warning
+    runner.run_forever(lease)
 
 
 if __name__ == "__main__":

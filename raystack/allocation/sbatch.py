@@ -16,7 +16,7 @@ from raystack import __version__
 from raystack.adapters.slurm import NodeShape
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
-from raystack.spec.values import validate_time
+from raystack.spec.values import parse_duration, time_to_seconds, validate_time
 from raystack.store import paths
 from raystack.store.paths import ClusterPaths
 
@@ -36,6 +36,8 @@ class AllocationPlan:
     cpus_per_task: int | None = None
     mem: str | None = None
     note: str = ""  # what was asked and why (whole nodes: read from sinfo)
+    chain: int = 1  # allocations in all: the cluster lives across this many walltimes
+    signal_lead: int = 600  # seconds before the end at which SLURM sends USR1
     python: str = "python3"
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -73,6 +75,10 @@ class AllocationPlan:
         if self.gpus_per_node:
             kind = f"{p.gpu_type}:" if p.gpu_type else ""
             opts.append(f"--gpus-per-node={kind}{self.gpus_per_node}")
+        if self.signal_lead:
+            # NOTE: B: sends it to the batch shell only. Without B:, SLURM signals every process
+            # of the step, Ray's own (they die of it). It may come up to 60 s earlier than asked.
+            opts.append(f"--signal=B:USR1@{self.signal_lead}")
         return [*opts, *self.extra_sbatch]
 
     def sbatch_argv(self) -> list[str]:
@@ -104,6 +110,8 @@ def plan(
     extra_sbatch: list[str] | None = None,
     python: str | None = None,
     shape: NodeShape | None = None,
+    chain: int | None = None,
+    signal_lead: str | float | None = None,
 ) -> AllocationPlan:
     """Validate the request against the profile and build the plan (nothing is submitted).
 
@@ -119,6 +127,20 @@ def plan(
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     name = paths.validate_name(name)
     walltime = validate_time(time or prof.time)
+    links = prof.chain if chain is None else chain
+    if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
+        raise ConfigError(
+            f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
+        )
+    try:
+        lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
+    except ValueError as exc:
+        raise ConfigError(f"--signal-lead: {exc}") from None
+    if lead >= time_to_seconds(walltime):
+        raise ConfigError(
+            f"--signal-lead: {lead:g}s is not less than the walltime {walltime}; "
+            "lower it (e.g. --signal-lead 60s)"
+        )
     for option in extra_sbatch or []:
         if not option.startswith("--"):
             raise ConfigError(f"--sbatch: {option!r} must be a long sbatch option such as --exclusive")
@@ -154,6 +176,8 @@ def plan(
         cpus_per_task=cpus,
         mem=mem,
         note=note,
+        chain=links,
+        signal_lead=max(1, round(lead)),
         python=python or sys.executable,
         extra_sbatch=(*prof.extra_sbatch, *(extra_sbatch or [])),
         env=dict(prof.env),
@@ -183,6 +207,7 @@ def render_script(plan: AllocationPlan) -> str:
                 "#   sbatch --nodes=N [--gpus-per-node=G --time=T ...] slurm/raystack.sbatch",
                 "# (cluster name: $RAYSTACK_CLUSTER, default slurm-<jobid>; `raystack status NAME`)",
                 "#SBATCH --job-name=raystack",
+                f"#SBATCH --signal=B:USR1@{plan.signal_lead}",
             ]
         ),
         *([f"# {line}" for line in _wrap_text(plan.note)] if plan.note else []),
@@ -215,10 +240,21 @@ def render_script(plan: AllocationPlan) -> str:
         "# (one file per host across allocations: a chain keeps them all).",
         "# --overlap lets `srun --jobid=... --overlap` debug steps run beside the cluster; the task",
         "# count is explicit because srun inherits SLURM_NTASKS from whatever sbatch was given.",
+        "# SLURM's walltime warning (--signal=B:USR1@<lead>) reaches this shell only: leave a flag",
+        "# for the head node's program (it stops the jobs in flight so they can checkpoint).",
+        f'trap \'echo "raystack: walltime warning at $(date)"; touch "$RAYSTACK_HOME/clusters/'
+        f"$RAYSTACK_CLUSTER/{paths.WARNING.format(job='$SLURM_JOB_ID')}\"' USR1",
         'n="$SLURM_JOB_NUM_NODES"',
         'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --open-mode=append '
         f'--output="$logs/{paths.NODE_LOG.format(host="%N")}" \\',
-        '    "$RAYSTACK_PYTHON" -m raystack.allocation.node',
+        '    "$RAYSTACK_PYTHON" -m raystack.allocation.node &',
+        "srun_pid=$!",
+        "status=0",
+        "while true; do  # `wait` returns early when a trapped signal arrives: wait again",
+        '    wait "$srun_pid" && status=0 || status=$?',
+        '    kill -0 "$srun_pid" 2>/dev/null || break',
+        "done",
+        'exit "$status"',
         "",
     ]
     return "\n".join(lines)

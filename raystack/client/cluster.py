@@ -18,6 +18,7 @@ from raystack.adapters import slurm
 from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.allocation import sbatch as allocation
+from raystack.allocation.walltime import DOWN
 from raystack.client.job import Job
 from raystack.client.reconcile import reconcile
 from raystack.errors import ClusterError, ConfigError, RayApiError, SlurmError
@@ -30,7 +31,7 @@ from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.ledger import JobRecord, all_jobs
-from raystack.store.queue import active, enqueue, waiting
+from raystack.store.queue import active, enqueue, interrupted, settle_orphans, waiting
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
@@ -57,6 +58,12 @@ class ClusterStatus:
     ray_error: str | None = None
     running_job: str | None = None
     queued_jobs: int = 0
+    chain_index: int = 1
+    chain_count: int = 1
+    next_job_id: str | None = None  # the chain's next allocation, pending on this one
+    next_state: str | None = None
+    next_reason: str | None = None
+    resuming_jobs: list[str] | None = None  # INTERRUPTED: they resume in the next allocation
 
     @property
     def ready(self) -> bool:
@@ -165,6 +172,9 @@ class Cluster:
                 profile=plan.profile.name,
                 nodes_expected=plan.nodes or 0,
                 gpus_per_node=plan.gpus_per_node,
+                chain_count=plan.chain,
+                signal_lead=plan.signal_lead,
+                sbatch_options=plan.sbatch_options(),
                 message="submitting",
                 history=[{"state": "SUBMITTED", "time": time.time(), "message": ""}],
             )
@@ -242,6 +252,7 @@ class Cluster:
             except RayApiError as exc:
                 ray_error = str(exc)
         running = active(self.name)
+        nxt = slurm.job_info(record.next_job_id) if record.next_job_id else None
         return ClusterStatus(
             name=self.name,
             state=record.state.value,
@@ -258,6 +269,12 @@ class Cluster:
             ray_error=ray_error,
             running_job=running[0] if running else None,
             queued_jobs=len(waiting(self.name)),
+            chain_index=record.chain_index,
+            chain_count=record.chain_count,
+            next_job_id=record.next_job_id,
+            next_state=nxt.state.value if nxt else None,
+            next_reason=nxt.reason if nxt else None,
+            resuming_jobs=interrupted(self.name),
         )
 
     def dashboard(self) -> Dashboard:
@@ -307,7 +324,10 @@ class Cluster:
         else:
             job_spec, base, source, file = spec, Path.cwd(), f"job spec {spec.name}", None
         request = resolve(job_spec, record, base, source, file)
-        return Job(self.name, enqueue(request, now=now, new_id=specs.new_job_id).id)
+        resumed = specs.resumed_spec(job_spec, source)
+        resume_request = resolve(resumed, record, base, f"{source} (resume)", file) if resumed else None
+        record_ = enqueue(request, now=now, new_id=specs.new_job_id, resume_request=resume_request)
+        return Job(self.name, record_.id)
 
     def jobs(self) -> JobRecords:
         """Every job of this cluster's ledger, oldest first."""
@@ -315,10 +335,46 @@ class Cluster:
 
     # ------------------------------------------------------------------ down
     def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:
-        """Cancel the allocation, wait until SLURM has released its nodes, mark the record."""
+        """End the cluster and its chain: cancel the running allocation and any pending follow-on,
+        wait until SLURM has released them, mark the record."""
         record = self.record()
         if record.state.is_terminal():
             return record
+        record = records.update(
+            self.name,
+            state=ClusterState.STOPPING,
+            ending=DOWN,
+            chain_ended="raystack down",
+            message="raystack down",
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            # Re-read each time: the head may submit a follow-on just now (it cancels it itself
+            # once it sees `down`, and so does this loop).
+            record = records.read(self.name)
+            live = []
+            for job in dict.fromkeys(j for j in (record.slurm_job_id, record.next_job_id) if j):
+                info = slurm.job_info(job)
+                if info is None or not info.state.is_terminal():
+                    slurm.scancel(job)
+                    live.append(job)
+            if not live:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"SLURM job(s) {', '.join(live)} still alive {timeout:.0f}s after scancel; "
+                    f"check `squeue -j {','.join(live)}`"
+                )
+            sleep(0.5)
+            slurm.forget()
+        record = records.read(self.name)
+        if not record.state.is_terminal():
+            record = records.update(
+                self.name, state=ClusterState.STOPPED, next_job_id=None, message="stopped by raystack down"
+            )
+        settle_orphans(self.name, None, "raystack down")
+        return record
+
         records.update(self.name, state=ClusterState.STOPPING, message="raystack down")
         if record.slurm_job_id:
             slurm.scancel(record.slurm_job_id)

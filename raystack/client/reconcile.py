@@ -14,10 +14,9 @@ from collections.abc import Callable
 
 from raystack.adapters import slurm
 from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.allocation.walltime import Ending, classify, end_allocation
 from raystack.store import cluster as records
-from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState
-from raystack.store.queue import settle_orphans
 
 CONFIRM_GONE_AFTER = 1.0  # seconds between the two answers that make a job GONE
 
@@ -47,15 +46,16 @@ def reconcile(record: ClusterRecord, info: JobInfo | None = None) -> ClusterReco
     ended = allocation_ended(record.slurm_job_id, info)
     if ended is None:
         return record
-    ended_ok = record.state in (ClusterState.READY, ClusterState.STOPPING)
-    state = ClusterState.STOPPED if ended_ok else ClusterState.FAILED
-    reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
-    message = (
-        f"allocation {record.slurm_job_id} ended ({ended.state.value}{reason}); "
-        f"logs: {paths.cluster(record.name).logs}"
+    current = records.read(record.name)
+    if current.slurm_job_id != record.slurm_job_id or current.state.is_terminal():
+        return current  # someone settled it, or a new allocation took over, meanwhile
+    ran = current.state in (ClusterState.READY, ClusterState.STOPPING)
+    if ran or current.state is ClusterState.STARTING:
+        # The head could not record the end itself (SIGKILL, a node failure): do it for it.
+        end = classify(current, str(record.slurm_job_id), info=ended)
+    else:  # it never started: cancelled or refused while pending
+        reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
+        end = Ending("failed", f"{ended.state.value}{reason} before it started", False, False)
+    return end_allocation(
+        record.name, str(record.slurm_job_id), end, ClusterState.STOPPED if ran else ClusterState.FAILED
     )
-    with_job = records.read(record.name)
-    if with_job.slurm_job_id != record.slurm_job_id or with_job.state.is_terminal():
-        return with_job  # someone settled it, or a new allocation took over, meanwhile
-    settle_orphans(record.name, None, f"SLURM job {record.slurm_job_id} {ended.state.value}")
-    return records.update(record.name, state=state, message=message)

@@ -68,6 +68,20 @@ class Needs(BaseModel):
     cpus_per_gpu: float | None = Field(default=None, ge=0)
 
 
+class Resume(BaseModel):
+    """How an interrupted job is submitted again (besides RAYSTACK_RESUME=1 in its env)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    set: list[str] = Field(default_factory=list)  # --set overrides, e.g. ["entrypoint=python t.py --resume"]
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> dict[str, str]:
+        return validate_env(value, reserved=("RAYSTACK_",))
+
+
 class JobSpec(BaseModel):
     """One job: what to run, with what environment, needing what, with which outputs."""
 
@@ -87,6 +101,8 @@ class JobSpec(BaseModel):
     stop_grace: float = 30.0  # seconds between SIGTERM and kill on `raystack stop`
     outputs: dict[str, str] = Field(default_factory=dict)  # name -> path (absolute once resolved)
     uv: bool = False  # let Ray manage workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)
+    min_time: float | None = None  # seconds of walltime the job needs to be worth starting
+    resume: Resume = Field(default_factory=Resume)
 
     @field_validator("name")
     @classmethod
@@ -129,6 +145,11 @@ class JobSpec(BaseModel):
     @classmethod
     def _grace(cls, value: Any) -> float:
         return parse_duration(value, limit=86400)
+
+    @field_validator("min_time", mode="before")
+    @classmethod
+    def _min_time(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
     @field_validator("outputs")
     @classmethod
@@ -179,7 +200,7 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"--set {quote(item)}: {quote('.'.join(path[: i + 1]))} is not a mapping")
             node = child
             annotation = model_fields[part].annotation if model_fields else None
-            model_fields = dict(annotation.model_fields) if annotation is Needs else None
+            model_fields = dict(annotation.model_fields) if annotation in (Needs, Resume) else None
     return data
 
 
@@ -226,8 +247,21 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
             field = ".".join(str(p) for p in err["loc"])
             raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
         first = next((e for e in errors if e["type"] == "extra_forbidden"), err)
-        valid = sorted(Needs.model_fields if first["loc"][:1] == ("needs",) else JobSpec.model_fields)
+        top = str(first["loc"][0]) if first["loc"] else ""
+        fields = {"needs": Needs.model_fields, "resume": Resume.model_fields}.get(top, JobSpec.model_fields)
+        valid = sorted(fields)
         raise ConfigError(one_line_error(exc, source, valid)) from exc
+
+
+def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
+    """The spec an interrupted job resumes with: its `resume.set` overrides applied and
+    `resume.env` added; None when it has none (it resumes as it was)."""
+    if not spec.resume.set and not spec.resume.env:
+        return None
+    data = spec.model_dump(exclude={"resume"})
+    data = apply_sets(data, list(spec.resume.set))
+    data["env"] = {**data.get("env", {}), **spec.resume.env}
+    return _validate(data, f"{source} (resume)")
 
 
 def new_job_id(name: str) -> str:

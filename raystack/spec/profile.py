@@ -13,7 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raystack.errors import ConfigError
-from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env, validate_time
+from raystack.spec.values import (
+    load_yaml,
+    one_line_error,
+    parse_duration,
+    size_to_mb,
+    validate_env,
+    validate_time,
+)
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -56,6 +63,17 @@ class Profile(BaseModel):
     local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
     object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
     join_timeout: int = Field(default=300, ge=5)  # seconds for every node to join the head
+    # walltime: allocations in a chain, and how long before each one's end SLURM warns
+    chain: int = Field(default=1, ge=1, le=1000)
+    signal_lead: float = 600.0
+
+    @field_validator("signal_lead", mode="before")
+    @classmethod
+    def _lead(cls, value: Any) -> float:
+        seconds = parse_duration(value, limit=65535)  # SLURM's --signal takes up to 65535 s
+        if seconds < 1:
+            raise ValueError("must be at least 1s (SLURM warns with whole seconds)")
+        return seconds
 
     @field_validator("time")
     @classmethod

@@ -75,5 +75,6 @@ def resolve(
         stop_grace=spec.stop_grace,
         outputs=outputs,
         uv=spec.uv,
+        min_time=spec.min_time,
         spec_file=spec_file,
     )

@@ -29,8 +29,10 @@ def driver_entrypoint(entrypoint: str) -> str:
     return DRIVER_PREFIX + entrypoint
 
 
-def job_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, str]:
-    """The environment conventions every job gets (documented in the README), spec env on top."""
+def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, str]:
+    """The environment conventions every job gets (documented in the README), spec env on top.
+
+    `resumes`: how often the job was interrupted (walltime) and is now submitted again."""
     env = {
         # Frameworks call ray.init(runtime_env={"env_vars": dict(os.environ)}), which otherwise
         # fails to merge with the job's own env_vars.
@@ -43,6 +45,11 @@ def job_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, str]:
     }
     if cluster.walltime_end:
         env["RAYSTACK_DEADLINE"] = str(int(cluster.walltime_end))
+    env["RAYSTACK_CHAIN_INDEX"] = str(cluster.chain_index)
+    env["RAYSTACK_CHAIN_COUNT"] = str(cluster.chain_count)
+    if resumes:
+        env["RAYSTACK_RESUME"] = "1"
+        env["RAYSTACK_RESUME_COUNT"] = str(resumes)
     for key, path in request.outputs.items():
         env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
     env.update(request.env)
@@ -50,19 +57,19 @@ def job_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, str]:
     return env
 
 
-def runtime_env(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
-    renv: dict[str, Any] = {"env_vars": job_env(request, cluster)}
+def runtime_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, Any]:
+    renv: dict[str, Any] = {"env_vars": job_env(request, cluster, resumes)}
     if request.working_dir:
         renv["working_dir"] = request.working_dir
         renv["excludes"] = request.excludes
     return renv
 
 
-def submit_options(request: JobRequest, cluster: ClusterRecord) -> dict[str, Any]:
+def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, Any]:
     """Keyword arguments of Dashboard.submit for this request (besides its submission id)."""
     return {
         "entrypoint": driver_entrypoint(request.entrypoint),
-        "runtime_env": runtime_env(request, cluster),
+        "runtime_env": runtime_env(request, cluster, resumes),
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,
         "entrypoint_resources": request.entrypoint_resources or None,

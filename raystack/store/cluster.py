@@ -21,7 +21,7 @@ from raystack.store.paths import ClusterPaths
 class ClusterState(str, Enum):
     """The Ray cluster's state (never SLURM's: see adapters.slurm.SlurmState)."""
 
-    SUBMITTED = "SUBMITTED"  # sbatch accepted it; the allocation may be pending
+    SUBMITTED = "SUBMITTED"  # sbatch accepted it (or the chain's next allocation): may be pending
     STARTING = "STARTING"  # the allocation runs; Ray is coming up
     READY = "READY"  # every node, GPU and CPU registered and the Jobs API answers
     STOPPING = "STOPPING"  # `down` asked for it
@@ -35,7 +35,7 @@ class ClusterState(str, Enum):
 class ClusterRecord(BaseModel):
     """cluster.json: everything a client needs to find and judge a cluster."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
 
     name: str
     state: ClusterState = ClusterState.SUBMITTED
@@ -56,6 +56,15 @@ class ClusterRecord(BaseModel):
     ray_version: str | None = None
     runner_pid: int | None = None  # the queue runner on the head
     runner_restarts: int = 0
+    # A chain of allocations: one cluster (and queue) across walltimes.
+    chain_count: int = 1  # allocations in all (raystack up --chain K)
+    chain_index: int = 1  # which of them runs (or is pending) now
+    signal_lead: int = 600  # seconds before the walltime at which SLURM warns (USR1)
+    sbatch_options: list[str] = Field(default_factory=list)  # what sbatch was given: the follow-on too
+    next_job_id: str | None = None  # the follow-on allocation, pending on this one (afterany)
+    ending: str | None = None  # why the current allocation is ending (walltime warning, down, ...)
+    chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
+    allocations: list[dict[str, Any]] = Field(default_factory=list)  # one entry per allocation run
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times
@@ -134,6 +143,15 @@ def apply_changes(record: Any, changes: dict[str, Any]) -> None:
         )
     for key, value in changes.items():
         setattr(record, key, value)
+
+
+def note_allocation(record: ClusterRecord, job_id: str, **fields: Any) -> None:
+    """Add to (or update) the record's entry for allocation `job_id` (kept across the chain)."""
+    entry = next((a for a in record.allocations if a.get("job_id") == job_id), None)
+    if entry is None:
+        entry = {"job_id": job_id, "index": record.chain_index}
+        record.allocations.append(entry)
+    entry.update(fields)
 
 
 def resolve(name: str | None) -> str:

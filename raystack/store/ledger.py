@@ -12,7 +12,7 @@ import time
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raystack.errors import ClusterError
 from raystack.store import paths
@@ -32,6 +32,7 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     STOPPED = "STOPPED"  # `raystack stop`, or its timeout
     CANCELLED = "CANCELLED"  # removed from the queue before it started
+    INTERRUPTED = "INTERRUPTED"  # stopped at its allocation's end; back at the head of the queue
 
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED)
@@ -56,6 +57,7 @@ class JobRequest(BaseModel):
     outputs: dict[str, str] = Field(default_factory=dict)
     uv: bool = False
     spec_file: str | None = None
+    min_time: float | None = None  # seconds of walltime it needs: not started with less left
     queued_at: float = Field(default_factory=time.time)
     # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
     # is not ours (an id reused after a ledger was lost), so its state is never inherited.
@@ -73,12 +75,17 @@ class Attempt(BaseModel):
 class JobRecord(BaseModel):
     """The ledger entry of one job: it outlives the allocation."""
 
+    model_config = ConfigDict(validate_assignment=True)
+
     id: str
     name: str
     state: JobState = JobState.QUEUED
     request: JobRequest
     now: bool = False  # `--now`: submitted beside the line, not in it
     entry: str | None = None  # its file in queue/ while it waits (<seq>-<id>)
+    # What an interrupted job is submitted with when it resumes (the spec's `resume:` applied).
+    resume_request: JobRequest | None = None
+    interruptions: int = 0
     history: list[dict[str, Any]] = Field(default_factory=list)
     attempts: list[Attempt] = Field(default_factory=list)
     message: str = ""

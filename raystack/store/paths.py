@@ -12,6 +12,7 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   jobs/<id>.json       the ledger (JobRecord): every state a job went through
   jobs/finished        one line per job that reached a final state (appended), newest last
   runner.lease         held (locked) by the one queue runner, with its heartbeat
+  walltime-warning-<j> left by allocation j's batch shell at SLURM's walltime warning
   logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log
   corrupt/             files moved aside because they could not be read
 """
@@ -33,6 +34,7 @@ SCRIPT = "raystack.sbatch"
 LOGS = "logs"
 NODE_LOG = "node-{host}.log"
 ALLOCATION_LOG = "allocation-{job}.log"
+WARNING = "walltime-warning-{job}"
 
 
 def home() -> Path:
@@ -128,6 +130,10 @@ class ClusterPaths:
 
     def allocation_log(self, job: str) -> Path:
         return self.logs / ALLOCATION_LOG.format(job=job)
+
+    def warning(self, job: str) -> Path:
+        """Left by allocation `job`'s batch shell when SLURM warns of its walltime (USR1)."""
+        return self.root / WARNING.format(job=job)
 
     def ledger(self, job_id: str) -> Path:
         return self.jobs / f"{job_id}.json"

@@ -82,6 +82,19 @@ def active(name: str) -> list[str]:
     return sorted(e.name for e in os.scandir(folder)) if folder.is_dir() else []
 
 
+def interrupted(name: str, look: int = 50) -> list[str]:
+    """Jobs waiting to resume after an interruption. They keep their original place, ahead of
+    every job queued after them, so only the head of the queue is read."""
+    found = []
+    for entry in waiting(name)[:look]:
+        try:
+            if read_job(name, entry.job_id).state is JobState.INTERRUPTED:
+                found.append(entry.job_id)
+        except ClusterError:
+            continue
+    return found
+
+
 def positions(name: str) -> dict[str, int]:
     """1-based place of every job not yet started, in queue order."""
     return {e.job_id: i for i, e in enumerate(waiting(name), start=1)}
@@ -93,7 +106,12 @@ def position(name: str, job_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------- transactions
-def enqueue(request: JobRequest, now: bool = False, new_id: object = None) -> JobRecord:
+def enqueue(
+    request: JobRequest,
+    now: bool = False,
+    new_id: object = None,
+    resume_request: JobRequest | None = None,
+) -> JobRecord:
     """Write the ledger entry (QUEUED) and the queue file in one transaction.
 
     The ledger is created with O_EXCL: an id that exists already (ids are random) gets a new
@@ -111,6 +129,9 @@ def enqueue(request: JobRequest, now: bool = False, new_id: object = None) -> Jo
                 request=request,
                 now=now,
                 entry=entry.name,
+                resume_request=resume_request.model_copy(update={"id": request.id})
+                if resume_request
+                else None,
                 history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
             )
             if create_job(request.cluster, record):
@@ -130,7 +151,10 @@ def cancel(name: str, job_id: str) -> JobRecord:
     p = paths.cluster(name)
     with locked(p):
         record = read_job(name, job_id)
-        if record.state is not JobState.QUEUED or record.attempts:
+        waiting_now = record.state is JobState.INTERRUPTED or (
+            record.state is JobState.QUEUED and not record.attempts
+        )
+        if not waiting_now or (p.active / job_id).exists():
             raise ClusterError(
                 f"job {job_id} is {record.state.value}, not queued: "
                 f"`raystack stop {job_id}` stops a running job"
@@ -143,8 +167,9 @@ def cancel(name: str, job_id: str) -> JobRecord:
         )
 
 
-def start(name: str, entry: Entry, submission_id: str, allocation: str | None) -> JobRecord | None:
-    """Take a job off the queue and record its first attempt (one transaction).
+def start(name: str, entry: Entry, allocation: str | None) -> JobRecord | None:
+    """Take a job off the queue and record its next attempt (one transaction): the submission id
+    is the job id, or <id>-r<n> for the n-th time it resumes after an interruption.
 
     Returns None when the job is no longer startable (cancelled, or its ledger unreadable).
     NOTE: the submission id is recorded before the job is submitted: a runner killed in
@@ -164,10 +189,11 @@ def start(name: str, entry: Entry, submission_id: str, allocation: str | None) -
             return None
         queued.unlink()
         append_line(p.journal, f"- {entry.name}")
-        if record.state is not JobState.QUEUED:
+        if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
             return None
         touch(p.active / entry.job_id)
-        attempt = Attempt(id=submission_id, allocation=allocation)
+        sid = f"{record.id}-r{record.interruptions}" if record.interruptions else record.id
+        attempt = Attempt(id=sid, allocation=allocation)
         return change_job(name, entry.job_id, attempts=[*record.attempts, attempt])
 
 
@@ -188,9 +214,36 @@ def finish(name: str, job_id: str, **changes: object) -> JobRecord:
         return record
 
 
-def settle_orphans(name: str, allocation: str | None, reason: str) -> list[str]:
+def requeue(name: str, job_id: str, message: str) -> JobRecord:
+    """Put an interrupted job back at the head of the queue: INTERRUPTED, its original queue entry
+    (which sorts before every job queued after it), off the active list. One transaction."""
+    p = paths.cluster(name)
+    with locked(p):
+        return _requeue(p, name, job_id, message)
+
+
+def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> JobRecord:
+    record = read_job(name, job_id)
+    entry = record.entry or Entry(f"1{int(record.request.queued_at * 1e9):020d}", job_id).name
+    record = change_job(
+        name,
+        job_id,
+        state=JobState.INTERRUPTED,
+        message=message,
+        entry=entry,
+        interruptions=record.interruptions + 1,
+    )
+    touch(p.queue / entry)
+    append_line(p.journal, f"+ {entry}")
+    (p.active / job_id).unlink(missing_ok=True)
+    return record
+
+
+def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool = False) -> list[str]:
     """Active jobs whose last attempt ran in another allocation than `allocation` (None: any) have
-    lost their Ray cluster: they are FAILED with `reason`, never submitted again by accident."""
+    lost their Ray cluster. By default they are FAILED with `reason`, never submitted again by
+    accident; with `requeue` (the allocation ended on purpose: walltime, a lost node with the
+    chain going on) they go back to the head of the queue, INTERRUPTED, to resume."""
     p = paths.cluster(name)
     settled = []
     for job_id in active(name):
@@ -206,13 +259,11 @@ def settle_orphans(name: str, allocation: str | None, reason: str) -> list[str]:
                 continue
             if not record.state.is_terminal():
                 where = f"allocation {last}" if last else "its allocation"
-                change_job(
-                    name,
-                    job_id,
-                    state=JobState.FAILED,
-                    ended=time.time(),
-                    message=f"{where} ended while the job was {record.state.value} ({reason})",
-                )
+                message = f"{where} ended while the job was {record.state.value} ({reason})"
+                if requeue:
+                    _requeue(p, name, job_id, message + "; it resumes in the next allocation")
+                else:
+                    change_job(name, job_id, state=JobState.FAILED, ended=time.time(), message=message)
                 settled.append(job_id)
             (p.active / job_id).unlink(missing_ok=True)
     return settled

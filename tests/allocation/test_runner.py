@@ -48,6 +48,8 @@ class FakeApi:
         self.submitted: list[str] = []
         self.stopped: list[str] = []
         self.log_text: dict[str, str] = {}
+        self.env: dict[str, dict] = {}
+        self.entrypoints: dict[str, str] = {}
         self.jobs = FakeJobs(self)
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
@@ -56,6 +58,8 @@ class FakeApi:
                 f"Job with submission_id {sid} already exists. Please use a different submission_id."
             )
         self.submitted.append(sid)
+        self.env[sid] = runtime_env["env_vars"]
+        self.entrypoints[sid] = entrypoint
         self.ray[sid] = Info(job_id=f"ray-{sid}", metadata=options["metadata"])
         self.log_text[sid] = f"log of {sid}\n"
 
@@ -204,7 +208,7 @@ def test_stop_requested_before_submission_never_reaches_ray(home: Path) -> None:
     api = FakeApi()
     r = runner(api)
     job = submit()
-    record = queue.start("c", queue.waiting("c")[0], job, "100")
+    record = queue.start("c", queue.waiting("c")[0], "100")
     assert record is not None
     from raystack.store.ledger import update_job
 
@@ -245,7 +249,7 @@ def test_foreign_submission_id_is_never_inherited(home: Path) -> None:
 def test_orphans_of_an_ended_allocation_are_settled_not_resubmitted(home: Path) -> None:
     api = FakeApi()
     job = submit()
-    assert queue.start("c", queue.waiting("c")[0], job, "99") is not None  # allocation 99 ended
+    assert queue.start("c", queue.waiting("c")[0], "99") is not None  # allocation 99 ended
     r = runner(api, allocation="100")
     r.tick()
     record = read_job("c", job)
@@ -286,11 +290,11 @@ def test_cancel_and_start_cannot_both_win(home: Path) -> None:
     job = submit()
     entry = queue.waiting("c")[0]
     queue.cancel("c", job)
-    assert queue.start("c", entry, job, "100") is None
+    assert queue.start("c", entry, "100") is None
     assert state(job) is JobState.CANCELLED
     other = submit()
     entry = queue.waiting("c")[0]
-    assert queue.start("c", entry, other, "100") is not None
+    assert queue.start("c", entry, "100") is not None
     with pytest.raises(Exception, match="not queued"):
         queue.cancel("c", other)
 
@@ -313,3 +317,80 @@ def test_ids_are_never_reused_within_a_cluster(home: Path) -> None:
     assert (first.id, second.id) == ("x-1", "x-2")
     assert read_job("c", "x-1").request.entrypoint == "a"
     assert json.loads(paths.cluster("c").ledger("x-2").read_text())["request"]["entrypoint"] == "b"
+
+
+def test_walltime_warning_interrupts_and_requeues_at_the_head(home: Path) -> None:
+    """At the warning: the job in flight is stopped (SIGTERM via Ray), INTERRUPTED, back at the
+    head of the queue with its original place; nothing else starts in this allocation."""
+    api = FakeApi()
+    r = runner(api)
+    first, second = submit(name="first"), submit(name="second")
+    r.tick()
+    api.set(first, "RUNNING")
+    r.tick()
+    r.interrupt()
+    r.tick()
+    assert api.stopped == [first]  # Ray's stop: SIGTERM, SIGKILL after stop_grace
+    r.tick()
+    record = read_job("c", first)
+    assert record.state is JobState.INTERRUPTED and record.interruptions == 1
+    assert "stopped in allocation 100" in record.message and queue.active("c") == []
+    assert [e.job_id for e in queue.waiting("c")] == [first, second]
+    r.tick()
+    assert api.submitted == [first]  # nothing more starts here
+    # The next allocation resumes it first, as <id>-r1, with RAYSTACK_RESUME=1.
+    nxt = runner(api, allocation="101")
+    nxt.tick()
+    record = read_job("c", first)
+    assert record.attempt_ids == [first, f"{first}-r1"] and record.attempts[-1].allocation == "101"
+    assert api.submitted == [first, f"{first}-r1"]
+    env = api.env[f"{first}-r1"]
+    assert env["RAYSTACK_RESUME"] == "1" and env["RAYSTACK_RESUME_COUNT"] == "1"
+
+
+def test_a_job_that_succeeds_during_the_warning_is_not_interrupted(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    job = submit()
+    r.tick()
+    api.set(job, "RUNNING")
+    r.tick()
+    r.interrupt()
+    api.ray[job].status = "SUCCEEDED"  # it finished before the stop landed
+    r.tick()
+    assert state(job) is JobState.SUCCEEDED
+
+
+def test_min_time_waits_for_a_longer_allocation_and_others_go_first(home: Path) -> None:
+    clusters.update("c", walltime_end=int(time.time()) + 600)  # 10 minutes left
+    api = FakeApi()
+    r = runner(api)
+    long = submit(name="long", min_time=3600)
+    short = submit(name="short")
+    r.tick()
+    assert api.submitted == [short]
+    assert "waits for an allocation with 1h00m left" in read_job("c", long).message
+    assert queue.position("c", long) == 1
+    clusters.update("c", walltime_end=int(time.time()) + 7200)
+    later = runner(api, allocation="101")
+    api.set(short, "SUCCEEDED", 0)
+    later.tick()
+    later.tick()
+    assert api.submitted == [short, long]
+
+
+def test_resume_request_is_what_an_interrupted_job_resumes_with(home: Path) -> None:
+    api = FakeApi()
+    request = JobRequest(id="t-1", name="t", cluster="c", entrypoint="python t.py")
+    resumed = JobRequest(id="x", name="t", cluster="c", entrypoint="python t.py --resume", env={"R": "1"})
+    queue.enqueue(request, resume_request=resumed)
+    r = runner(api)
+    r.tick()
+    api.set("t-1", "RUNNING")
+    r.tick()
+    r.interrupt()
+    r.tick()
+    r.tick()
+    runner(api, allocation="101").tick()
+    assert api.entrypoints["t-1"].endswith("python t.py")
+    assert api.entrypoints["t-1-r1"].endswith("python t.py --resume") and api.env["t-1-r1"]["R"] == "1"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,25 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
 def test_bad_requests_fail_before_anything_is_submitted(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         allocation.plan(**kwargs)
+
+
+def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: Path) -> None:
+    """--signal=B:USR1 reaches the batch shell only; it must not end the script (or srun), and
+    must leave the flag file the head polls for."""
+    plan = tricky_plan()
+    script = allocation.render_script(plan)
+    assert "--signal=B:USR1@600" in plan.sbatch_argv()
+    body = script.split('\nlogs="', 1)[1]
+    fake = (
+        f"RAYSTACK_HOME={tmp_path}; RAYSTACK_CLUSTER=c; SLURM_JOB_ID=42; SLURM_JOB_NUM_NODES=1\n"
+        "srun() { sleep 1.5; return 3; }\n"
+        f'logs="{tmp_path}/logs"\n' + body.split("\n", 1)[1]
+    )
+    (tmp_path / "clusters" / "c").mkdir(parents=True)
+    proc = subprocess.Popen(["bash", "-c", fake], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=10)
+    assert "walltime warning" in out
+    assert (tmp_path / "clusters" / "c" / "walltime-warning-42").exists()
+    assert proc.returncode == 3  # srun's own status, after the warning

@@ -1,0 +1,103 @@
+"""How an allocation's end is told apart, and what the record says afterwards (no SLURM: SLURM's
+answers are given as recorded on the testbed; the chain itself runs in tests/testbed/test_chain.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.allocation import walltime
+from raystack.store import cluster as clusters
+from raystack.store import queue
+from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.ledger import JobRequest, JobState, read_job
+
+NOW = 1_800_000_000.0
+
+
+def rec(**fields: object) -> ClusterRecord:
+    base: dict[str, object] = {
+        "state": ClusterState.READY,
+        "slurm_job_id": "7",
+        "walltime_end": int(NOW) + 3600,
+    }
+    return ClusterRecord(name="c", **{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("record", "info", "kind"),
+    [
+        (rec(ending="raystack down"), None, "down"),
+        (rec(state=ClusterState.STOPPING), None, "down"),
+        (rec(ending="walltime warning"), None, "walltime"),
+        (rec(ending="node lost"), None, "node lost"),
+        (rec(walltime_end=int(NOW) + 30), None, "walltime"),  # at the limit, warning or not
+        # SLURM's view at the moment the steps get SIGTERM (recorded on the testbed):
+        (rec(), JobInfo("7", SlurmState.COMPLETING, reason="TimeLimit"), "walltime"),
+        (rec(), JobInfo("7", SlurmState.COMPLETING, reason="None"), "scancel"),
+        (rec(), JobInfo("7", SlurmState.NODE_FAIL, reason="NodeDown"), "node lost"),
+        (rec(), JobInfo("7", SlurmState.PREEMPTED, reason="Preempted"), "preempted"),
+        (rec(), JobInfo("7", SlurmState.TIMEOUT), "walltime"),
+    ],
+)
+def test_classify(record: ClusterRecord, info: JobInfo | None, kind: str) -> None:
+    assert walltime.classify(record, "7", info=info, now=lambda: NOW).kind == kind
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    clusters.create("c")
+    clusters.write(rec(chain_count=3, next_job_id="8"))
+    return tmp_path
+
+
+def running_job() -> str:
+    record = queue.enqueue(JobRequest(id="j-1", name="j", cluster="c", entrypoint="x"))
+    assert queue.start("c", queue.waiting("c")[0], "7") is not None
+    return record.id
+
+
+def test_walltime_hands_the_cluster_to_the_follow_on_and_requeues(home: Path) -> None:
+    job = running_job()
+    record = walltime.end_allocation("c", "7", walltime.ending("walltime", "walltime"), ClusterState.STOPPED)
+    assert record.state is ClusterState.SUBMITTED and record.slurm_job_id == "8" and record.chain_index == 2
+    assert record.next_job_id is None and record.dashboard_url is None
+    assert "allocation 2 of 3 is SLURM job 8" in record.message
+    assert read_job("c", job).state is JobState.INTERRUPTED and queue.position("c", job) == 1
+    assert [a["job_id"] for a in record.allocations] == ["7"] and record.allocations[0][
+        "reason"
+    ] == "walltime"
+
+
+def test_scancel_ends_the_chain_and_cancels_the_follow_on(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cancelled = []
+    monkeypatch.setattr(walltime.slurm, "scancel", cancelled.append)
+    job = running_job()
+    end = walltime.ending("scancel", "cancelled by scancel or an administrator")
+    record = walltime.end_allocation("c", "7", end, ClusterState.STOPPED)
+    assert record.state is ClusterState.STOPPED and cancelled == ["8"]
+    assert "the pending allocation 8 was cancelled" in record.chain_ended  # type: ignore[operator]
+    assert read_job("c", job).state is JobState.FAILED
+
+
+def test_a_later_allocation_is_never_overwritten(home: Path) -> None:
+    clusters.update("c", slurm_job_id="9")
+    record = walltime.end_allocation("c", "7", walltime.ending("scancel", "x"), ClusterState.STOPPED)
+    assert record.slurm_job_id == "9" and record.state is ClusterState.READY
+
+
+def test_follow_on_submission(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clusters.update("c", next_job_id=None, sbatch_options=["--nodes=2", "--time=5"])
+    seen = []
+    monkeypatch.setattr(walltime.slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
+    assert walltime.submit_follow_on("c", "7") == "8"
+    assert seen == [["--nodes=2", "--time=5", "--dependency=afterany:7"]]
+    assert clusters.read("c").next_job_id == "8"
+    assert walltime.submit_follow_on("c", "7") is None  # one at a time
+    clusters.update("c", next_job_id=None, chain_index=3)
+    assert walltime.submit_follow_on("c", "7") is None  # the chain is used up
