@@ -27,7 +27,7 @@ from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import LogTail
-from raystack.errors import ClusterError, RayApiError
+from raystack.errors import ClusterError, ConfigError, RayApiError
 from raystack.spec.submission import submit_options
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -229,7 +229,12 @@ class Runner:
         request = (record.resume_request or record.request) if resumes else record.request
         log.info("submitting %s as %s%s", record.id, attempt.id, f" (resume {resumes})" if resumes else "")
         try:
-            self.api.submit(attempt.id, **submit_options(request, cluster, resumes))
+            options = submit_options(request, cluster, resumes)
+        except ConfigError as exc:  # its plan does not fit this allocation
+            self.finish(record, JobState.FAILED, str(exc))
+            return
+        try:
+            self.api.submit(attempt.id, **options)
         except Exception as exc:
             if rayapi.is_connection_error(exc):
                 raise  # transient: the next pass finds the id unknown to Ray and submits again

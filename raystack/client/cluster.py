@@ -172,6 +172,7 @@ class Cluster:
                 profile=plan.profile.name,
                 nodes_expected=plan.nodes or 0,
                 gpus_per_node=plan.gpus_per_node,
+                cpus_per_node=plan.cpus_per_task or 0,
                 chain_count=plan.chain,
                 signal_lead=plan.signal_lead,
                 sbatch_options=plan.sbatch_options(),

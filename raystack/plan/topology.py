@@ -206,9 +206,9 @@ def plan_grpo(
                 )
         return place(shape, bundles, engines, tp, cpus_per_learner_gpu)
     except Infeasible as exc:
-        raise Infeasible(
-            exc.reason, nearest(shape, learners, engines or 1, tp, cpus_per_learner_gpu)
-        ) from None
+        # Without an engine count, the nearest layout aims at as many engine GPUs as learner GPUs.
+        target = engines if engines else max(1, learners // tp)
+        raise Infeasible(exc.reason, nearest(shape, learners, target, tp, cpus_per_learner_gpu)) from None
 
 
 def _free_after(shape: Shape, bundles: list[int], cpus_per_learner_gpu: int) -> int:
@@ -240,9 +240,9 @@ def nearest(
                         layout = place(shape, bundles, e, tp_, cpus_per_learner_gpu)
                     except Infeasible:
                         continue
-                    cost = (
-                        abs(layout.learners - learners) / max(1, learners)
-                        + abs(e - engines) / max(1, engines)
+                    cost = (  # squared relative changes: a balanced compromise beats a lopsided one
+                        (abs(layout.learners - learners) / max(1, learners)) ** 2
+                        + (abs(e - engines) / max(1, engines)) ** 2
                         + (0 if tp_ == tp else 1),
                         -layout.gpus_used,
                     )

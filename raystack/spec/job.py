@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raystack.errors import ConfigError
+from raystack.spec.planning import PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
     ENV_NAME,
@@ -103,6 +104,7 @@ class JobSpec(BaseModel):
     uv: bool = False  # let Ray manage workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)
     min_time: float | None = None  # seconds of walltime the job needs to be worth starting
     resume: Resume = Field(default_factory=Resume)
+    plan: PlanSpec | None = None  # a layout computed from the cluster, put into {plan.*}
 
     @field_validator("name")
     @classmethod
@@ -199,9 +201,15 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {quote(item)}: {quote('.'.join(path[: i + 1]))} is not a mapping")
             node = child
-            annotation = model_fields[part].annotation if model_fields else None
-            model_fields = dict(annotation.model_fields) if annotation in (Needs, Resume) else None
+            model_fields = NESTED.get(part) if model_fields is not None else None
     return data
+
+
+NESTED: dict[str, dict[str, Any]] = {
+    "needs": dict(Needs.model_fields),
+    "resume": dict(Resume.model_fields),
+    "plan": dict(PlanSpec.model_fields),
+}
 
 
 def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
@@ -248,7 +256,11 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
             raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
         first = next((e for e in errors if e["type"] == "extra_forbidden"), err)
         top = str(first["loc"][0]) if first["loc"] else ""
-        fields = {"needs": Needs.model_fields, "resume": Resume.model_fields}.get(top, JobSpec.model_fields)
+        fields = {
+            "needs": Needs.model_fields,
+            "resume": Resume.model_fields,
+            "plan": PlanSpec.model_fields,
+        }.get(top, JobSpec.model_fields)
         valid = sorted(fields)
         raise ConfigError(one_line_error(exc, source, valid)) from exc
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from raystack.errors import ConfigError
 from raystack.spec import workdir
 from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, new_job_id
+from raystack.spec.planning import substitute
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -47,6 +48,7 @@ def resolve(
 ) -> JobRequest:
     """Check and resolve a spec for a cluster; nothing is written."""
     check_needs(spec, cluster, source)
+    substitute(spec.entrypoint, spec.plan, cluster, source)  # an infeasible plan is refused now
     working_dir = None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     if spec.working_dir is not None:
@@ -76,5 +78,6 @@ def resolve(
         outputs=outputs,
         uv=spec.uv,
         min_time=spec.min_time,
+        plan=spec.plan.model_dump() if spec.plan else None,
         spec_file=spec_file,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from raystack.spec.planning import PlanSpec, substitute
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -66,9 +67,14 @@ def runtime_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -
 
 
 def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, Any]:
-    """Keyword arguments of Dashboard.submit for this request (besides its submission id)."""
+    """Keyword arguments of Dashboard.submit for this request (besides its submission id).
+
+    A plan is computed again here, from the cluster as it is now. Raises ConfigError when it no
+    longer fits."""
+    plan = PlanSpec.model_validate(request.plan) if request.plan else None
+    entrypoint = substitute(request.entrypoint, plan, cluster, f"job {request.id}")
     return {
-        "entrypoint": driver_entrypoint(request.entrypoint),
+        "entrypoint": driver_entrypoint(entrypoint),
         "runtime_env": runtime_env(request, cluster, resumes),
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,

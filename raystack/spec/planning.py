@@ -1,0 +1,98 @@
+"""A job spec that asks for a plan: the layout is computed from the cluster and put into the
+entrypoint, at submit (so an infeasible plan is refused before anything is queued) and again
+when the job starts (the allocation may differ from the one it was queued for).
+
+    plan: {kind: grpo, learners: 20, tp: 1}
+    entrypoint: python open_instruct/grpo_fast.py {plan.flags} --model_name_or_path ...
+
+Placeholders: {plan.flags} (the framework's flags), {plan.num_learners_per_node},
+{plan.vllm_num_engines}, {plan.vllm_tensor_parallel_size}, {plan.single_gpu_mode}, {plan.learners},
+{plan.engines}, {plan.nodes}, {plan.gpus_per_node}. Nothing else in the entrypoint is touched
+(shell `${VAR}` stays as it is).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raystack.errors import ConfigError
+from raystack.plan.topology import LEARNER_CPUS_PER_GPU, GrpoLayout, Infeasible, Shape, plan_grpo
+from raystack.store.cluster import ClusterRecord
+
+PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
+
+
+class PlanSpec(BaseModel):
+    """What a job asks the planner for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["grpo"] = "grpo"
+    framework: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
+    learners: int = Field(ge=1, le=100_000)
+    engines: int | None = Field(default=None, ge=0, le=100_000)  # default: as many as fit
+    tp: int = Field(default=1, ge=1, le=64)
+    per_bundle: int | None = Field(default=None, ge=1, le=64)  # learner GPUs per bundle
+    cpus_per_learner_gpu: int = Field(default=LEARNER_CPUS_PER_GPU, ge=0, le=1024)
+
+
+def shape_of(cluster: ClusterRecord) -> Shape:
+    return Shape(cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node)
+
+
+def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayout:
+    """The layout on this cluster; ConfigError with the reason and the nearest fit if none."""
+    shape = shape_of(cluster)
+    if not shape.gpus_per_node or not shape.cpus_per_node:
+        raise ConfigError(
+            f"{source}: field 'plan': cluster '{cluster.name}' has {shape.gpus_per_node} GPUs and "
+            f"{shape.cpus_per_node} CPUs per node: a GRPO plan needs both"
+        )
+    try:
+        return plan_grpo(
+            shape, plan.learners, plan.engines, plan.tp, plan.per_bundle, plan.cpus_per_learner_gpu
+        )
+    except Infeasible as exc:
+        fix = f"; nearest that fits: {exc.nearest.summary()}" if exc.nearest else ""
+        raise ConfigError(f"{source}: field 'plan': {exc.reason} on cluster '{cluster.name}'{fix}") from None
+
+
+def values(layout: GrpoLayout, framework: str) -> dict[str, str]:
+    flags = {"open-instruct": layout.open_instruct, "verl": layout.verl, "openrlhf": layout.openrlhf}[
+        framework
+    ]()
+    return {
+        "flags": shlex.join(flags),
+        "num_learners_per_node": " ".join(map(str, layout.learner_bundles)),
+        "vllm_num_engines": str(layout.engines),
+        "vllm_tensor_parallel_size": str(layout.tp),
+        "single_gpu_mode": "--single_gpu_mode" if layout.single_gpu else "",
+        "learners": str(layout.learners),
+        "engines": str(layout.engines),
+        "nodes": str(layout.shape.nodes),
+        "gpus_per_node": str(layout.shape.gpus_per_node),
+    }
+
+
+def check_placeholders(entrypoint: str, source: str) -> None:
+    known = sorted(values(plan_grpo(Shape(1, 1, 1), 1), "open-instruct"))
+    for name in PLACEHOLDER.findall(entrypoint):
+        if name not in known:
+            raise ConfigError(
+                f"{source}: entrypoint: {{plan.{name}}} is not a plan value; use one of {', '.join(known)}"
+            )
+
+
+def substitute(entrypoint: str, plan: PlanSpec | None, cluster: ClusterRecord, source: str) -> str:
+    """The entrypoint with its {plan.*} placeholders filled for this cluster."""
+    if plan is None:
+        if PLACEHOLDER.search(entrypoint):
+            raise ConfigError(f"{source}: entrypoint uses {{plan.*}} but the spec has no 'plan:'; add one")
+        return entrypoint
+    check_placeholders(entrypoint, source)
+    filled = values(layout_for(plan, cluster, source), plan.framework)
+    return PLACEHOLDER.sub(lambda m: filled[m.group(1)], entrypoint)

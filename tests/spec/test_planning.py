@@ -1,0 +1,82 @@
+"""A spec that asks for a plan: filled in from the cluster at submit and again at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raystack.errors import ConfigError
+from raystack.spec.job import load_spec
+from raystack.spec.planning import PlanSpec, substitute
+from raystack.spec.resolve import resolve
+from raystack.spec.submission import submit_options
+from raystack.store.cluster import ClusterRecord, ClusterState
+
+ISAMBARD = ClusterRecord(
+    name="isa", state=ClusterState.READY, nodes_expected=10, gpus_per_node=4, cpus_per_node=288
+)
+
+
+def spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grpo.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_flags_are_filled_from_the_cluster(tmp_path: Path) -> None:
+    path = spec(
+        tmp_path,
+        "name: g\nentrypoint: python grpo_fast.py {plan.flags} --seed ${SEED:-1}\n"
+        "plan: {learners: 20, tp: 1}\n",
+    )
+    request = resolve(load_spec(path), ISAMBARD, tmp_path, "job spec g")
+    assert request.entrypoint.startswith("python grpo_fast.py {plan.flags}")  # filled when it starts
+    entry = submit_options(request, ISAMBARD)["entrypoint"]
+    assert "python grpo_fast.py --num_learners_per_node 2 2 2 2 2 2 2 2 2 2 --vllm_num_engines 20" in entry
+    assert entry.endswith("--vllm_tensor_parallel_size 1 --seed ${SEED:-1}")  # the shell's own braces stay
+    # When it starts, the plan is made again for the allocation it got: 5 nodes cannot hold it.
+    smaller = ISAMBARD.model_copy(update={"nodes_expected": 5})
+    nearest = r"no GPU is left .* nearest that fits: 10 learners \(2 2 2 2 2\), 10 engines"
+    with pytest.raises(ConfigError, match=nearest):
+        submit_options(request, smaller)
+
+
+def test_named_values_and_other_frameworks() -> None:
+    plan = PlanSpec(learners=8, engines=8, framework="verl")
+    line = substitute("train {plan.flags} n={plan.learners} e={plan.engines}", plan, ISAMBARD, "x")
+    assert line.startswith("train trainer.nnodes=") and "n=8 e=8" in line
+    line = substitute("x {plan.flags}", PlanSpec(learners=8, engines=8, framework="openrlhf"), ISAMBARD, "x")
+    assert "--actor_num_nodes" in line and "--vllm_num_engines 8" in line
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "plan: {learners: 44, per_bundle: 4}\n",
+            r"field 'plan': 11 learner bundles need 11 nodes .* nearest that fits",
+        ),
+        ("plan: {learners: 2, tp: 8}\n", r"an engine with TP 8 needs 8 GPUs on one node"),
+        ("plan: {learners: 2, learner: 1}\n", r"unknown key 'plan.learner' \(did you mean 'learners'\?\)"),
+        ("plan: {learners: 2, kind: ppo}\n", r"field 'plan.kind'"),
+    ],
+)
+def test_infeasible_or_wrong_plans_are_refused_at_submit(tmp_path: Path, text: str, message: str) -> None:
+    path = spec(tmp_path, "name: g\nentrypoint: python t.py {plan.flags}\n" + text)
+    with pytest.raises(ConfigError, match=message):
+        resolve(load_spec(path), ISAMBARD, tmp_path, "job spec g")
+
+
+def test_placeholders_need_a_plan_and_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"uses \{plan.\*\} but the spec has no 'plan:'"):
+        resolve(load_spec(spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\n")), ISAMBARD, tmp_path, "s")
+    bad = spec(tmp_path, "name: g\nentrypoint: t {plan.learner}\nplan: {learners: 2}\n")
+    with pytest.raises(ConfigError, match=r"\{plan.learner\} is not a plan value"):
+        resolve(load_spec(bad), ISAMBARD, tmp_path, "s")
+
+
+def test_a_plan_can_be_set_from_the_command_line(tmp_path: Path) -> None:
+    path = spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\nplan: {learners: 2}\n")
+    loaded = load_spec(path, ["plan.learners=20", "plan.tp=2"])
+    assert loaded.plan is not None and (loaded.plan.learners, loaded.plan.tp) == (20, 2)
