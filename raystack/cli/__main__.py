@@ -1,0 +1,3 @@
+from raystack.cli import main
+
+main()

@@ -1,0 +1,138 @@
+"""Verbs about jobs: submit, queue, logs, stop, cancel."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, err, out, print_json
+from raystack.client import Cluster, Job
+from raystack.store import queue
+from raystack.store.ledger import JobRecord, JobState
+
+
+def _exit_for(record: JobRecord) -> None:
+    """`--follow` and `logs -f` exit with the job's outcome: 0 only when it SUCCEEDED."""
+    if record.state is not JobState.SUCCEEDED:
+        err.print(f"job {record.id} {record.state.value}: {record.message}", markup=False)
+        raise typer.Exit(1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    args: Annotated[list[str], typer.Argument(help="A job spec (.yaml), or a command after --.")],
+    cluster: ClusterOpt = None,
+    sets: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a spec field: key.sub=value.")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream the log; exit with the job's outcome.")
+    ] = False,
+    now: Annotated[
+        bool, typer.Option("--now", help="Skip the queue: submit as soon as the cluster is READY.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a job (spec file or `-- command`) on the cluster; it may still be PENDING in SLURM."""
+    target = Cluster.get(cluster)
+    is_spec = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
+    job = target.submit(args[0] if is_spec else list(args), sets=sets or [], now=now)
+    record, pos = job.record(), job.position()
+    if as_json:
+        print_json({"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": pos})
+    else:
+        where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
+        err.print(f"queued job {job.id} on cluster {job.cluster} ({where})", markup=False)
+        if not follow:
+            err.print(f"  follow it: raystack logs {job.id} -f    stop it: raystack stop {job.id}")
+    if follow:
+        _exit_for(job.follow())
+
+
+@app.command("queue")
+def queue_(
+    name: NameArg = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", help="Every job of the ledger, not only the recent ones.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The cluster's jobs: running, the next queued and the last finished (--all: every job)."""
+    cluster = Cluster.get(name)
+    view = queue.view(cluster.name, every=show_all)
+    rows = [_job_row(cluster.name, r, view.positions) for r in view.records]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "name", "state", "pos", "start", "duration", "message")
+    for r, row in zip(view.records, rows, strict=True):
+        start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
+        table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:60])
+    out.print(table)
+    if view.more_queued or view.more_finished:
+        err.print(
+            f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "
+            f"raystack queue {cluster.name} --all"
+        )
+
+
+def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:
+    end = r.ended or (time.time() if r.started else None)
+    return {
+        "id": r.id,
+        "name": r.name,
+        "state": r.state.value,
+        "cluster": cluster,
+        "position": places.get(r.id, 0),
+        "queued": r.request.queued_at,
+        "start": r.started,
+        "end": r.ended,
+        "duration_s": round(end - r.started, 3) if r.started and end else None,
+        "attempts": len(r.attempts),
+        "allocations": [a.allocation for a in r.attempts],
+        "exit_code": r.exit_code,
+        "message": r.message,
+    }
+
+
+@app.command()
+def logs(
+    job_id: JobArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+    cluster: ClusterOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The job's state and whole log as JSON.")] = False,
+) -> None:
+    """Print a job's log (kept in the cluster folder, readable after `down`)."""
+    job = Job.get(job_id, cluster)
+    if follow:
+        _exit_for(job.follow(out=sys.stderr if as_json else None))
+    if as_json:
+        print_json({**_job_row(job.cluster, job.record(), {job.id: job.position()}), "log": job.logs()})
+    elif not follow:
+        print(job.logs(), end="")
+
+
+@app.command()
+def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is cancelled."""
+    record = Job.get(job_id, cluster).stop()
+    _print_job(record, as_json)
+
+
+@app.command()
+def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Remove a job that has not started from the queue (CANCELLED)."""
+    record = Job.get(job_id, cluster).cancel()
+    _print_job(record, as_json)
+
+
+def _print_job(record: JobRecord, as_json: bool) -> None:
+    if as_json:
+        print_json(record.model_dump(mode="json"))
+    else:
+        out.print(f"job {record.id}: {record.state.value} ({record.message})", markup=False)
