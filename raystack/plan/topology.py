@@ -70,24 +70,24 @@ class GrpoLayout:
 
     def verl(self) -> list[str]:
         """verl colocates actor and rollout on every GPU (its hybrid engine): nodes x GPUs."""
-        nodes = sum(1 for learners, engines in self.placement if learners or engines)
         return [
-            f"trainer.nnodes={nodes}",
+            f"trainer.nnodes={self.shape.nodes}",
             f"trainer.n_gpus_per_node={self.shape.gpus_per_node}",
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp}",
         ]
 
     def openrlhf(self) -> list[str]:
-        """OpenRLHF's Ray launcher: actors on whole nodes of equal learner GPUs, separate engines."""
+        """OpenRLHF's Ray launcher (openrlhf.cli.train_ppo_ray, its dotted flags): actors on nodes of
+        equal learner GPUs, engines apart."""
         per_node = self.learner_bundles[0] if self.learner_bundles else 0
         return [
-            "--actor_num_nodes",
+            "--actor.num_nodes",
             str(len(self.learner_bundles)),
-            "--actor_num_gpus_per_node",
+            "--actor.num_gpus_per_node",
             str(per_node),
-            "--vllm_num_engines",
+            "--vllm.num_engines",
             str(self.engines),
-            "--vllm_tensor_parallel_size",
+            "--vllm.tensor_parallel_size",
             str(self.tp),
         ]
 
@@ -198,7 +198,7 @@ def plan_grpo(
     try:
         place(shape, bundles, 0, tp, cpus_per_learner_gpu)  # the learners alone first: the true reason
         if engines is None:
-            engines = _free_after(shape, bundles, cpus_per_learner_gpu) // tp
+            engines = _free_after(shape, bundles, cpus_per_learner_gpu, tp)
             if engines == 0:
                 raise Infeasible(
                     f"no GPU is left for a vLLM engine of TP {tp} after {learners} learners "
@@ -211,14 +211,35 @@ def plan_grpo(
         raise Infeasible(exc.reason, nearest(shape, learners, target, tp, cpus_per_learner_gpu)) from None
 
 
-def _free_after(shape: Shape, bundles: list[int], cpus_per_learner_gpu: int) -> int:
-    """GPUs usable by TP-1 engines once the learner bundles are placed (0 if they do not fit)."""
+def _free_after(shape: Shape, bundles: list[int], cpus_per_learner_gpu: int, tp: int = 1) -> int:
+    """Whole engines of TP `tp` that fit once the learner bundles are placed (0 if they do not):
+    an engine's GPUs must be on one node."""
     try:
         layout = place(shape, bundles, 0, 1, cpus_per_learner_gpu)
     except Infeasible:
         return 0
-    used = [lg for lg, _ in layout.placement]
-    return sum(min(shape.gpus_per_node - u, shape.cpus_per_node - u * cpus_per_learner_gpu) for u in used)
+    return sum(
+        min((shape.gpus_per_node - used) // tp, (shape.cpus_per_node - used * cpus_per_learner_gpu) // tp)
+        for used, _ in layout.placement
+    )
+
+
+def plan_colocated(shape: Shape, tp: int) -> GrpoLayout:
+    """verl's hybrid engine: the actor and the rollout share every GPU of every node."""
+    if tp > shape.gpus_per_node:
+        raise Infeasible(
+            f"a rollout with TP {tp} needs {tp} GPUs on one node, but nodes have {shape.gpus_per_node}"
+        )
+    if shape.gpus_per_node % tp:
+        raise Infeasible(f"TP {tp} does not divide the {shape.gpus_per_node} GPUs of a node")
+    g = shape.gpus_per_node
+    return GrpoLayout(
+        shape,
+        tuple([g] * shape.nodes),
+        shape.nodes * g // tp,
+        tp,
+        placement=tuple((g, g // tp) for _ in range(shape.nodes)),
+    )
 
 
 def nearest(
@@ -232,7 +253,7 @@ def nearest(
         for size in range(1, g + 1):
             for count in range(1, min(shape.nodes, 2 * max(1, learners)) + 1):
                 bundles = [size] * count
-                room = _free_after(shape, bundles, cpus_per_learner_gpu) // tp_
+                room = _free_after(shape, bundles, cpus_per_learner_gpu, tp_)
                 for e in {min(engines, room), room}:
                     if e < 1:
                         continue

@@ -20,7 +20,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from raystack.errors import ConfigError
-from raystack.plan.topology import LEARNER_CPUS_PER_GPU, GrpoLayout, Infeasible, Shape, plan_grpo
+from raystack.plan.topology import (
+    LEARNER_CPUS_PER_GPU,
+    GrpoLayout,
+    Infeasible,
+    Shape,
+    plan_colocated,
+    plan_grpo,
+)
 from raystack.store.cluster import ClusterRecord
 
 PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
@@ -33,7 +40,7 @@ class PlanSpec(BaseModel):
 
     kind: Literal["grpo"] = "grpo"
     framework: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
-    learners: int = Field(ge=1, le=100_000)
+    learners: int = Field(default=1, ge=1, le=100_000)  # (verl: every GPU learns and rolls out)
     engines: int | None = Field(default=None, ge=0, le=100_000)  # default: as many as fit
     tp: int = Field(default=1, ge=1, le=64)
     per_bundle: int | None = Field(default=None, ge=1, le=64)  # learner GPUs per bundle
@@ -53,6 +60,8 @@ def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayou
             f"{shape.cpus_per_node} CPUs per node: a GRPO plan needs both"
         )
     try:
+        if plan.framework == "verl":  # its hybrid engine: actor and rollout share every GPU
+            return plan_colocated(shape, plan.tp)
         return plan_grpo(
             shape, plan.learners, plan.engines, plan.tp, plan.per_bundle, plan.cpus_per_learner_gpu
         )

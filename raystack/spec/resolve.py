@@ -6,6 +6,7 @@ absolute paths on the shared filesystem, and `needs` must fit the cluster.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from raystack.errors import ConfigError
@@ -43,6 +44,11 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
         )
 
 
+def expand(path: str) -> str:
+    """~ and $VARS in a path, as the submitter's shell would expand them."""
+    return os.path.expandvars(os.path.expanduser(path))
+
+
 def resolve(
     spec: JobSpec, cluster: ClusterRecord, base_dir: Path, source: str, spec_file: str | None = None
 ) -> JobRequest:
@@ -52,7 +58,7 @@ def resolve(
     working_dir = None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     if spec.working_dir is not None:
-        folder = (base_dir / spec.working_dir).resolve()
+        folder = (base_dir / expand(spec.working_dir)).resolve()
         if not folder.is_dir():
             raise ConfigError(
                 f"{source}: working_dir '{spec.working_dir}' is not a folder ({folder}); "
@@ -60,7 +66,7 @@ def resolve(
             )
         workdir.check(folder, excludes, source)
         working_dir = str(folder)
-    outputs = {key: str((base_dir / path).resolve()) for key, path in spec.outputs.items()}
+    outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
     return JobRequest(
         id=new_job_id(spec.name),
         name=spec.name,

@@ -31,7 +31,7 @@ def test_seed_000_seven_b_on_ten_isambard_nodes() -> None:
         "trainer.n_gpus_per_node=4",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     ]
-    assert layout.openrlhf()[:4] == ["--actor_num_nodes", "10", "--actor_num_gpus_per_node", "2"]
+    assert layout.openrlhf()[:4] == ["--actor.num_nodes", "10", "--actor.num_gpus_per_node", "2"]
 
 
 def test_single_gpu_mode() -> None:

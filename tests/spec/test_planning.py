@@ -45,9 +45,11 @@ def test_flags_are_filled_from_the_cluster(tmp_path: Path) -> None:
 def test_named_values_and_other_frameworks() -> None:
     plan = PlanSpec(learners=8, engines=8, framework="verl")
     line = substitute("train {plan.flags} n={plan.learners} e={plan.engines}", plan, ISAMBARD, "x")
-    assert line.startswith("train trainer.nnodes=") and "n=8 e=8" in line
+    assert (
+        line.startswith("train trainer.nnodes=") and "n=40 e=40" in line
+    )  # verl: every GPU learns and rolls out
     line = substitute("x {plan.flags}", PlanSpec(learners=8, engines=8, framework="openrlhf"), ISAMBARD, "x")
-    assert "--actor_num_nodes" in line and "--vllm_num_engines 8" in line
+    assert "--actor.num_nodes" in line and "--vllm.num_engines 8" in line
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,226 @@
+"""grpo_tiny: a tiny but real GRPO run, end to end, without a model hub.
+
+What seed 000's verification plan checks by hand, in one job: Ray init, rollouts from vLLM
+engines (Ray actors, PACK bundles), group-normalised advantages and a clipped policy loss,
+learners training with DeepSpeed ZeRO-3 across nodes (STRICT_SPREAD bundles), new weights pushed
+into the engines after every step over a process group (gloo on CPU, NCCL on GPUs), checkpoints
+every K steps to an absolute shared path, and resume from them.
+
+The layout comes in open-instruct's own flags, so a spec fills them from the planner:
+    python grpo_tiny.py {plan.flags} --steps 25      # --num_learners_per_node 1 1 --vllm_num_engines 2 ...
+
+Prints one `GRPO_STEP {json}` line per step and a `GRPO {json}` summary: rewards, the rollout
+backend it used (vllm, or torch where vLLM is not installed), engine start time, and the step
+time split (generation / training / weight sync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import ray
+import tiny
+from engines import Engine, vllm_available
+from learners import Learner, free_endpoint
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+stopping = False
+
+
+def on_term(_signum: int, _frame: object) -> None:
+    global stopping
+    stopping = True
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # open-instruct's layout flags (what `raystack plan grpo` prints)
+    p.add_argument("--num_learners_per_node", type=int, nargs="+", default=[1])
+    p.add_argument("--vllm_num_engines", type=int, default=1)
+    p.add_argument("--vllm_tensor_parallel_size", type=int, default=1)
+    p.add_argument("--single_gpu_mode", action="store_true")
+    # the run
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    p.add_argument("--epochs", type=int, default=2, help="clipped updates per batch")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=5)
+    p.add_argument("--learner-cpus-per-gpu", type=int, default=1, help="CPUs in each learner bundle per GPU")
+    p.add_argument("--rollouts", choices=["auto", "vllm", "torch"], default="auto")
+    p.add_argument(
+        "--dir", default=os.environ.get("RAYSTACK_OUTPUT_CHECKPOINTS", ""), help="absolute, shared"
+    )
+    return p.parse_args()
+
+
+def bundles(sizes: list[int], cpus_per_gpu: int, gpus: bool) -> list[dict]:
+    return [({"GPU": n} if gpus else {}) | {"CPU": max(1, cpus_per_gpu * n)} for n in sizes]
+
+
+def place_actors(
+    args: argparse.Namespace, gpus: bool, cuda: bool, backend: str, model_dir: str
+) -> tuple[list, list]:
+    learner_pg = placement_group(
+        bundles(args.num_learners_per_node, args.learner_cpus_per_gpu, gpus), "STRICT_SPREAD"
+    )
+    tp = args.vllm_tensor_parallel_size
+    engine_pg = placement_group([({"GPU": tp} if gpus else {}) | {"CPU": tp}] * args.vllm_num_engines, "PACK")
+    ray.get([learner_pg.ready(), engine_pg.ready()], timeout=600)
+    world = sum(args.num_learners_per_node)
+    learners, rank = [], 0
+    for b, size in enumerate(args.num_learners_per_node):
+        for _ in range(size):
+            strategy = PlacementGroupSchedulingStrategy(learner_pg, placement_group_bundle_index=b)
+            learners.append(
+                Learner.options(scheduling_strategy=strategy, num_gpus=1 if gpus else 0, num_cpus=0).remote(
+                    rank, world, cuda
+                )
+            )
+            rank += 1
+    engines = [
+        Engine.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(engine_pg, placement_group_bundle_index=i),
+            num_gpus=tp if gpus else 0,
+            num_cpus=tp,
+        ).remote(model_dir, backend, cuda, args.seed + i)
+        for i in range(args.vllm_num_engines)
+    ]
+    return learners, engines
+
+
+def generate(engines: list, prompts: list[list[int]], args: argparse.Namespace, step: int) -> list[list[int]]:
+    """Every prompt's group of responses, the prompts split over the engines."""
+    share = -(-len(prompts) // len(engines))
+    parts = [prompts[i * share : (i + 1) * share] for i in range(len(engines))]
+    seed = args.seed * 1_000_003 + step
+    refs = [
+        e.generate.remote(p, args.group_size, tiny.RESPONSE_LEN, seed + i)
+        for i, (e, p) in enumerate(zip(engines, parts, strict=True))
+        if p
+    ]
+    return [resp for groups in ray.get(refs) for group in groups for resp in group]
+
+
+def sync(learners: list, engines: list, names_shapes: list) -> tuple[float, list[float]]:
+    """Push the learners' weights into every engine; both sides' checksums."""
+    receiving = [e.update_weights.remote(names_shapes) for e in engines]
+    sent = ray.get([lr.broadcast_weights.remote() for lr in learners])[0]
+    return float(sent), [float(x) for x in ray.get(receiving)]
+
+
+def main() -> int:
+    args = parse()
+    if not args.dir or not os.path.isabs(args.dir):
+        print("grpo_tiny: need an absolute output folder (outputs.checkpoints or --dir)", file=sys.stderr)
+        return 2
+    ray.init()
+    signal.signal(
+        signal.SIGTERM, on_term
+    )  # NOTE: after ray.init, which installs a SIGTERM handler of its own
+    import torch
+
+    gpus = ray.cluster_resources().get("GPU", 0) > 0
+    cuda = gpus and torch.cuda.is_available()
+    backend = (
+        args.rollouts if args.rollouts != "auto" else ("vllm" if vllm_available() and not cuda else "torch")
+    )
+    out = Path(args.dir)
+    model_dir = out / "model"
+    if not (model_dir / "config.json").exists():
+        tiny.build(model_dir, args.seed)
+    t0 = time.time()
+    learners, engines = place_actors(args, gpus, cuda, backend, str(model_dir))
+    infos = ray.get([e.info.remote() for e in engines])
+    engine_start = time.time() - t0
+    print(f"grpo_tiny: {len(engines)} {backend} engines up in {engine_start:.1f}s: {infos}", flush=True)
+    master = ray.get(learners[0].endpoint.remote())
+    per_learner = args.prompts_per_step * args.group_size // len(learners)
+    start = ray.get(
+        [lr.setup.remote(master, str(model_dir), args.lr, per_learner, str(out / "ckpt")) for lr in learners]
+    )[0]
+    _, port = free_endpoint()
+    world = 1 + len(engines)
+    host = ray.get(learners[0].endpoint.remote())[0]
+    ray.get(
+        [learners[0].init_weight_group.remote(port, world)]
+        + [e.init_weight_group.remote(host, port, i + 1, world) for i, e in enumerate(engines)]
+    )
+    names_shapes = ray.get(learners[0].names_shapes.remote())
+    sync(learners, engines, names_shapes)  # the engines start from the learners' weights (a resumed run too)
+    print(f"grpo_tiny: starting at step {start} (resumed: {start > 0}), rollouts: {backend}", flush=True)
+    rows, checksums, step, learner_hosts = [], [], start, []
+    while step < args.steps and not stopping:
+        prompts = tiny.prompts(step, args.prompts_per_step, args.seed)
+        t = time.time()
+        responses = generate(engines, prompts, args, step)
+        gen_s = time.time() - t
+        expanded = [p for p in prompts for _ in range(args.group_size)]
+        rewards = [tiny.reward(p, r) for p, r in zip(expanded, responses, strict=True)]
+        adv = tiny.advantages(rewards, args.group_size)
+        seqs = [p + r for p, r in zip(expanded, responses, strict=True)]
+        n = len(seqs) // len(learners)
+        t = time.time()
+        trained = ray.get(
+            [
+                lr.train.remote(seqs[i * n : (i + 1) * n], adv[i * n : (i + 1) * n], args.epochs)
+                for i, lr in enumerate(learners)
+            ]
+        )
+        train_s = time.time() - t
+        learner_hosts = sorted({t["host"] for t in trained})
+        t = time.time()
+        sent, received = sync(learners, engines, names_shapes)
+        sync_s = time.time() - t
+        step += 1
+        if step % args.checkpoint_every == 0 or step == args.steps or stopping:
+            ray.get([lr.save.remote(step) for lr in learners])
+        row = {
+            "step": step,
+            "reward": round(statistics.mean(rewards), 4),
+            "gen_s": round(gen_s, 3),
+            "train_s": round(train_s, 3),
+            "sync_s": round(sync_s, 3),
+            "checksum_learner": sent,
+            "checksum_engines": received,
+        }
+        rows.append(row)
+        checksums.append(sent)
+        print("GRPO_STEP " + json.dumps(row), flush=True)
+    median = lambda key: round(statistics.median(r[key] for r in rows), 3) if rows else None  # noqa: E731
+    summary = {
+        "rollouts": backend,
+        "engines": len(engines),
+        "learners": len(learners),
+        "learner_hosts": learner_hosts,
+        "engine_hosts": sorted({i["host"] for i in infos}),
+        "engine_start_s": round(engine_start, 1),
+        "start_step": start,
+        "end_step": step,
+        "stopped": stopping,
+        "rewards": [r["reward"] for r in rows],
+        "median_s": {k: median(k) for k in ("gen_s", "train_s", "sync_s")},
+        "weights_synced_every_step": all(
+            r["checksum_engines"] == [r["checksum_learner"]] * len(engines) for r in rows
+        ),
+        "weights_changed_every_step": all(a != b for a, b in itertools.pairwise(checksums)),
+    }
+    print("GRPO " + json.dumps(summary), flush=True)
+    if stopping:
+        print(f"grpo_tiny: stopped at step {step}; checkpoint saved", flush=True)
+        return 143
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
