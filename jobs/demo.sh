@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo (`make demo`): one allocation on the local SLURM testbed runs a persistent Ray cluster;
-# three debug jobs are queued while it is still starting and run one after another; then down.
+# three debug jobs and a tiny real GRPO run (vLLM engines + DeepSpeed ZeRO-3 learners, its layout
+# from the planner) are queued while it is still starting and run one after another; then down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -14,9 +15,13 @@ sinfo -N -o '%N %t %c %G'
 step "raystack up --nodes $NODES --profile testbed --name demo --no-wait   (one sbatch)"
 raystack down demo >/dev/null 2>&1 || true
 raystack up --nodes "$NODES" --profile testbed --name demo --no-wait
+rm -rf "$RAYSTACK_HOME/grpo_tiny"   # a fresh run, not the resume of an earlier demo
 
-step "queue hello, allreduce and zero3 while the allocation is still starting"
+step "queue hello, allreduce, zero3 and grpo_tiny while the allocation is still starting"
 for job in hello allreduce zero3; do raystack submit --cluster demo "jobs/debug/$job.yaml"; done
+raystack submit --cluster demo jobs/grpo_tiny/grpo_tiny.yaml \
+    --set "entrypoint=python grpo_tiny.py {plan.flags} --steps 15 --learner-cpus-per-gpu 1" \
+    --set "outputs.checkpoints=$RAYSTACK_HOME/grpo_tiny"
 raystack queue demo
 
 step "raystack wait demo   (every node, GPU and the Jobs API up; no fixed sleeps)"
@@ -25,7 +30,8 @@ raystack wait demo
 step "the jobs run one after another (raystack logs <id> -f follows each)"
 for id in $(raystack queue demo --json | python3 -c 'import json,sys; print(" ".join(j["id"] for j in json.load(sys.stdin)))'); do
     echo "--- $id"
-    raystack logs "$id" -f | grep -E '^(node[0-9]|host |all-reduce|step [0-9]+:)' || true
+    raystack logs "$id" -f | grep -E '^(node[0-9]|host |all-reduce|step [0-9]+:|grpo_tiny: |GRPO_STEP)' \
+        | sed -E 's/, "checksum_learner.*//' || true
 done
 
 step "raystack queue demo"

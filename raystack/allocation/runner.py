@@ -345,6 +345,10 @@ class Runner:
         timeout = record.request.timeout
         if state is JobState.STOPPED and not record.stop_requested and timeout is not None:
             state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
+        elif state is JobState.FAILED and info.driver_exit_code is not None:
+            # Ray's message is the start of the log; the end says more (e.g. which rank failed).
+            last = last_line(self.paths.job_log(record.id, len(record.attempts)))
+            message = f"exit code {info.driver_exit_code}: {last}" if last else str(info.message or "")[:1000]
         else:
             message = str(info.message or "")[:1000]
         end = (info.end_time or 0) / 1000 or time.time()
@@ -394,6 +398,18 @@ class Runner:
         except RayApiError as exc:
             log.warning("cannot check resources: %s", exc)
             return False
+
+
+def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
+    """The last non-empty line of a log (read from its end: logs can be large)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 8192))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 def _hm(seconds: float) -> str:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster, Job
+from raystack.spec.planning import PlanSpec, describe
 from raystack.store import queue
 from raystack.store.ledger import JobRecord, JobState
 
@@ -47,6 +48,10 @@ def submit(
     else:
         where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
         err.print(f"queued job {job.id} on cluster {job.cluster} ({where})", markup=False)
+        if record.request.plan:
+            plan = PlanSpec.model_validate(record.request.plan)
+            line = describe(plan, target.record(), f"job {job.id}", record.request.processes)
+            err.print(f"  plan: {line}", markup=False)
         if not follow:
             err.print(f"  follow it: raystack logs {job.id} -f    stop it: raystack stop {job.id}")
     if follow:

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import re
 import secrets
+import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from raystack.errors import ConfigError
 from raystack.spec.planning import PlanSpec
@@ -89,7 +98,13 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    entrypoint: str
+    kind: Literal["ray", "spmd"] = "ray"  # spmd: a launcher on every node (raystack.launch.spmd)
+    entrypoint: str = ""  # kind ray: the driver's command; kind spmd: made from the fields below
+    launcher: Literal["torchrun", "deepspeed", "accelerate"] | None = None
+    command: str | None = None  # after the launcher: the training script and its arguments, verbatim
+    launcher_args: list[str] = Field(default_factory=list)  # e.g. ["--use_deepspeed", ...] for accelerate
+    nodes: int | None = Field(default=None, ge=1)  # default: every node of the cluster
+    procs_per_node: int | None = Field(default=None, ge=1)  # default: the node's GPUs, or 1
     working_dir: str | None = None
     excludes: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -115,23 +130,23 @@ class JobSpec(BaseModel):
 
     @field_validator("entrypoint")
     @classmethod
-    def _entrypoint(cls, value: str) -> str:
-        if not value.strip():
+    def _entrypoint(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("kind", "ray") == "ray" and not value.strip():
             raise ValueError("is empty; give the command to run, e.g. 'python train.py'")
-        return value
+        return check_command(value)
 
-    @field_validator("entrypoint")
-    @classmethod
-    def _entrypoint_size(cls, value: str) -> str:
-        size = len((DRIVER_PREFIX + value).encode())
-        if size >= MAX_ARG:
-            raise ValueError(
-                f"is {size:,} bytes; the kernel passes at most {MAX_ARG // 1024} KiB in one argument: "
-                "put the command in a script in the working_dir and run that"
-            )
-        if "\0" in value:
-            raise ValueError("holds a NUL byte; no shell can run it")
-        return value
+    @model_validator(mode="after")
+    def _kind(self) -> JobSpec:
+        if self.kind == "ray":
+            if self.launcher or self.command:
+                raise ValueError("launcher and command are for kind: spmd; add kind: spmd or use entrypoint")
+            return self
+        if self.entrypoint:
+            raise ValueError("kind: spmd makes its own entrypoint: give launcher and command instead")
+        if not self.launcher or not (self.command or "").strip():
+            raise ValueError("kind: spmd needs launcher (torchrun, deepspeed, accelerate) and command")
+        self.entrypoint = check_command(spmd_entrypoint(self))
+        return self
 
     @field_validator("env", mode="before")
     @classmethod
@@ -234,17 +249,22 @@ def command_name(argv: list[str]) -> str:
 
 def command_spec(argv: list[str], sets: list[str] | None = None, name: str | None = None) -> JobSpec:
     """A spec for a bare command: `raystack submit -- python train.py --lr 1e-6`."""
-    import shlex
-
     if not argv:
         raise ConfigError(
             "submit: give a spec file or a command after --, e.g. raystack submit -- python x.py"
         )
     data = {"name": name or command_name(argv), "entrypoint": shlex.join(argv)}
-    return _validate(apply_sets(data, sets or []), "command")
+    data = apply_sets(data, sets or [])
+    if data.get("kind") == "spmd" or data.get("launcher"):  # `raystack submit --launcher torchrun -- x.py`
+        command = data.pop("entrypoint")
+        data = {**data, "kind": "spmd", "command": command}
+    return _validate(data, "command")
 
 
 def _validate(data: dict[str, Any], source: str) -> JobSpec:
+    typo = not set(data) <= set(JobSpec.model_fields)  # an unknown key explains a missing one better
+    if data.get("kind", "ray") == "ray" and "entrypoint" not in data and not typo:
+        raise ConfigError(f"{source}: missing field 'entrypoint'; add it, e.g. entrypoint: python train.py")
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -265,12 +285,36 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
         raise ConfigError(one_line_error(exc, source, valid)) from exc
 
 
+def check_command(value: str) -> str:
+    size = len((DRIVER_PREFIX + value).encode())
+    if size >= MAX_ARG:
+        raise ValueError(
+            f"is {size:,} bytes; the kernel passes at most {MAX_ARG // 1024} KiB in one argument: "
+            "put the command in a script in the working_dir and run that"
+        )
+    if "\0" in value:
+        raise ValueError("holds a NUL byte; no shell can run it")
+    return value
+
+
+def spmd_entrypoint(spec: JobSpec) -> str:
+    """The driver of an SPMD job: raystack's launcher, then the user's command as written."""
+    words = ["python", "-m", "raystack.launch.spmd", f"--launcher={spec.launcher}"]
+    if spec.nodes:
+        words.append(f"--nodes={spec.nodes}")
+    if spec.procs_per_node:
+        words.append(f"--procs-per-node={spec.procs_per_node}")
+    words += [f"--launcher-arg={a}" for a in spec.launcher_args]
+    words.append(f"--stop-grace={max(1, spec.stop_grace - 5):g}")  # inside Ray's own grace
+    return shlex.join(words) + " -- " + str(spec.command).strip()
+
+
 def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
     """The spec an interrupted job resumes with: its `resume.set` overrides applied and
     `resume.env` added; None when it has none (it resumes as it was)."""
     if not spec.resume.set and not spec.resume.env:
         return None
-    data = spec.model_dump(exclude={"resume"})
+    data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
     data = apply_sets(data, list(spec.resume.set))
     data["env"] = {**data.get("env", {}), **spec.resume.env}
     return _validate(data, f"{source} (resume)")

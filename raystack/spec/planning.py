@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from raystack.errors import ConfigError
+from raystack.plan.batch import keep_effective_batch
 from raystack.plan.topology import (
     LEARNER_CPUS_PER_GPU,
     GrpoLayout,
@@ -34,11 +35,16 @@ PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
 
 
 class PlanSpec(BaseModel):
-    """What a job asks the planner for."""
+    """What a job asks the planner for: a GRPO layout, or the batch arithmetic of a new GPU count."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["grpo"] = "grpo"
+    kind: Literal["grpo", "batch"] = "grpo"
+    # batch: keep the effective batch of `old` (processes x micro-batch x accumulation, e.g.
+    # "1x8x64") on `processes` (default: an SPMD job's nodes x processes per node)
+    old: str | None = Field(default=None, pattern=r"^\d+x\d+x\d+$")
+    processes: int | None = Field(default=None, ge=1)
+    micro: int | None = Field(default=None, ge=1)
     framework: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
     learners: int = Field(default=1, ge=1, le=100_000)  # (verl: every GPU learns and rolls out)
     engines: int | None = Field(default=None, ge=0, le=100_000)  # default: as many as fit
@@ -87,21 +93,51 @@ def values(layout: GrpoLayout, framework: str) -> dict[str, str]:
     }
 
 
-def check_placeholders(entrypoint: str, source: str) -> None:
-    known = sorted(values(plan_grpo(Shape(1, 1, 1), 1), "open-instruct"))
-    for name in PLACEHOLDER.findall(entrypoint):
-        if name not in known:
-            raise ConfigError(
-                f"{source}: entrypoint: {{plan.{name}}} is not a plan value; use one of {', '.join(known)}"
-            )
+def batch_values(plan: PlanSpec, processes: int | None, source: str) -> dict[str, str]:
+    if not plan.old:
+        raise ConfigError(f"{source}: field 'plan.old': a batch plan needs the old run, e.g. old: 1x8x64")
+    procs = plan.processes or processes
+    if not procs:
+        raise ConfigError(f"{source}: field 'plan.processes': give the new run's processes (GPUs)")
+    old_procs, old_micro, old_accum = (int(x) for x in plan.old.split("x"))
+    batch = keep_effective_batch(old_procs, old_micro, old_accum, procs, plan.micro)
+    return {
+        "grad_accum": str(batch.grad_accum),
+        "micro_batch": str(batch.micro_batch),
+        "processes": str(batch.processes),
+        "effective": str(batch.effective),
+        "difference": f"{batch.difference:+.1%}",
+    }
 
 
-def substitute(entrypoint: str, plan: PlanSpec | None, cluster: ClusterRecord, source: str) -> str:
-    """The entrypoint with its {plan.*} placeholders filled for this cluster."""
+def substitute(
+    entrypoint: str, plan: PlanSpec | None, cluster: ClusterRecord, source: str, processes: int | None = None
+) -> str:
+    """The entrypoint with its {plan.*} placeholders filled for this cluster (`processes`: an SPMD
+    job's, for a batch plan)."""
     if plan is None:
         if PLACEHOLDER.search(entrypoint):
             raise ConfigError(f"{source}: entrypoint uses {{plan.*}} but the spec has no 'plan:'; add one")
         return entrypoint
-    check_placeholders(entrypoint, source)
-    filled = values(layout_for(plan, cluster, source), plan.framework)
+    if plan.kind == "batch":
+        filled = batch_values(plan, processes, source)
+    else:
+        filled = values(layout_for(plan, cluster, source), plan.framework)
+    for name in PLACEHOLDER.findall(entrypoint):
+        if name not in filled:
+            known = ", ".join(sorted(filled))
+            raise ConfigError(
+                f"{source}: entrypoint: {{plan.{name}}} is not a {plan.kind} plan value; use one of {known}"
+            )
     return PLACEHOLDER.sub(lambda m: filled[m.group(1)], entrypoint)
+
+
+def describe(plan: PlanSpec, cluster: ClusterRecord, source: str, processes: int | None = None) -> str:
+    """One line: what the plan comes to on this cluster (printed by `raystack submit`)."""
+    if plan.kind == "batch":
+        v = batch_values(plan, processes, source)
+        return (
+            f"effective batch {v['processes']} x {v['micro_batch']} x {v['grad_accum']} = {v['effective']} "
+            f"(was {plan.old}: {v['difference']})"
+        )
+    return f"{layout_for(plan, cluster, source).summary()} ({plan.framework})"

@@ -17,6 +17,13 @@ from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
 
+def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
+    """An SPMD job's processes in all on this cluster (its defaults: every node, every GPU)."""
+    if spec.kind != "spmd":
+        return None
+    return (spec.nodes or cluster.nodes_expected) * (spec.procs_per_node or cluster.gpus_per_node or 1)
+
+
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
@@ -36,6 +43,10 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
                 f"{source}: needs.cpus_per_gpu={n.cpus_per_gpu:g} asks {per_node:g} CPUs per node "
                 f"but cluster '{cluster.name}' has {cpn}; lower it or raise cpus_per_task"
             )
+    if spec.kind == "spmd" and spec.nodes and spec.nodes > nodes:
+        raise ConfigError(f"{source}: nodes={spec.nodes} but {have}; {fix}")
+    if spec.kind == "spmd" and spec.procs_per_node and gpn and spec.procs_per_node > gpn:
+        raise ConfigError(f"{source}: procs_per_node={spec.procs_per_node} but {have}; {fix}")
     if spec.entrypoint_num_gpus > gpn:
         raise ConfigError(f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but {have}; {fix}")
     if cpn and spec.entrypoint_num_cpus > cpn:
@@ -54,7 +65,9 @@ def resolve(
 ) -> JobRequest:
     """Check and resolve a spec for a cluster; nothing is written."""
     check_needs(spec, cluster, source)
-    substitute(spec.entrypoint, spec.plan, cluster, source)  # an infeasible plan is refused now
+    substitute(
+        spec.entrypoint, spec.plan, cluster, source, spmd_processes(spec, cluster)
+    )  # refused now if not
     working_dir = None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     if spec.working_dir is not None:
@@ -85,5 +98,6 @@ def resolve(
         uv=spec.uv,
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
+        processes=spmd_processes(spec, cluster),
         spec_file=spec_file,
     )

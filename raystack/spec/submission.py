@@ -72,7 +72,7 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
     A plan is computed again here, from the cluster as it is now. Raises ConfigError when it no
     longer fits."""
     plan = PlanSpec.model_validate(request.plan) if request.plan else None
-    entrypoint = substitute(request.entrypoint, plan, cluster, f"job {request.id}")
+    entrypoint = substitute(request.entrypoint, plan, cluster, f"job {request.id}", request.processes)
     return {
         "entrypoint": driver_entrypoint(entrypoint),
         "runtime_env": runtime_env(request, cluster, resumes),

@@ -134,6 +134,8 @@ def one_line_error(exc: ValidationError, source: str, valid: list[str]) -> str:
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:
         message += f" (got {quote(err['input'])})"
+    if not err["loc"]:  # a rule across fields (the model's own validator)
+        return f"{source}: {message}"[:MAX_MESSAGE]
     return f"{source}: field '{where}': {message}"[:MAX_MESSAGE]
 
 

@@ -59,6 +59,7 @@ class JobRequest(BaseModel):
     spec_file: str | None = None
     min_time: float | None = None  # seconds of walltime it needs: not started with less left
     plan: dict[str, Any] | None = None  # the spec's plan: the entrypoint's {plan.*} are filled at start
+    processes: int | None = None  # an SPMD job's processes in all (for a batch plan)
     queued_at: float = Field(default_factory=time.time)
     # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
     # is not ours (an id reused after a ledger was lost), so its state is never inherited.

@@ -143,6 +143,13 @@ def test_command_spec_name(argv: list[str], name: str) -> None:
     assert command_spec(argv).name == name
 
 
+def test_command_spec_with_a_launcher_becomes_spmd() -> None:
+    spec = command_spec(["train.py", "--lr", "1"], sets=["launcher=torchrun", "nodes=2"])
+    assert (spec.kind, spec.command, spec.nodes) == ("spmd", "train.py --lr 1", 2)
+    assert spec.entrypoint.startswith("python -m raystack.launch.spmd --launcher=torchrun --nodes=2 ")
+    assert spec.entrypoint.endswith(" -- train.py --lr 1")
+
+
 def test_debug_specs_load() -> None:
     for name in ("hello", "allreduce", "zero3", "resume"):
         assert load_spec(REPO / "jobs" / "debug" / f"{name}.yaml").name == name

@@ -74,7 +74,7 @@ def test_placeholders_need_a_plan_and_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"uses \{plan.\*\} but the spec has no 'plan:'"):
         resolve(load_spec(spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\n")), ISAMBARD, tmp_path, "s")
     bad = spec(tmp_path, "name: g\nentrypoint: t {plan.learner}\nplan: {learners: 2}\n")
-    with pytest.raises(ConfigError, match=r"\{plan.learner\} is not a plan value"):
+    with pytest.raises(ConfigError, match=r"\{plan.learner\} is not a grpo plan value"):
         resolve(load_spec(bad), ISAMBARD, tmp_path, "s")
 
 
@@ -82,3 +82,15 @@ def test_a_plan_can_be_set_from_the_command_line(tmp_path: Path) -> None:
     path = spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\nplan: {learners: 2}\n")
     loaded = load_spec(path, ["plan.learners=20", "plan.tp=2"])
     assert loaded.plan is not None and (loaded.plan.learners, loaded.plan.tp) == (20, 2)
+
+
+def test_describe_says_what_a_plan_comes_to_on_the_cluster() -> None:
+    from raystack.spec.planning import PlanSpec, describe
+
+    batch = PlanSpec(kind="batch", old="1x8x64", micro=8)
+    assert describe(batch, ClusterRecord(name="c", nodes_expected=1, gpus_per_node=8), "t", 6) == (
+        "effective batch 6 x 8 x 11 = 528 (was 1x8x64: +3.1%)"
+    )
+    grpo = PlanSpec(kind="grpo", learners=20, tp=1)
+    line = describe(grpo, ClusterRecord(name="c", nodes_expected=10, gpus_per_node=4, cpus_per_node=288), "t")
+    assert line == "20 learners (2 2 2 2 2 2 2 2 2 2), 20 engines x TP 1 (open-instruct)"

@@ -1,0 +1,135 @@
+"""Benchmark: what launching an SPMD job through raystack costs, against srun + torchrun.
+
+On one warm 4-node testbed cluster, in the same run, alternating (--repeats times each):
+  raystack  `kind: spmd` torchrun job (4 nodes x 2 processes, jobs/debug/spmd.py) submitted to
+            the queue: the queue runner, the Ray job, one launcher actor per node, torchrun.
+  srun      the same torchrun started directly inside the same allocation, the way a
+            hand-written sbatch script does: `srun --jobid J --overlap --nodes 4 torchrun ...`.
+Measured: submit (or srun start) -> the last rank's first line (each rank stamps the time it
+reported itself, after its process group is up and an all-reduce is done). Target: raystack
+within 1.5x of srun (medians).
+
+    python bench/spmd_launch.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from _report import publish  # noqa: E402
+
+from raystack import Cluster  # noqa: E402
+from raystack.spec.job import JobSpec  # noqa: E402
+from raystack.store.ledger import JobState  # noqa: E402
+
+HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
+NODES, PROCS = 4, 2
+TARGET = 1.5
+COMMAND = "spmd.py --steps 1"
+
+
+def first_lines(text: str) -> list[float]:
+    """The time each rank stamped on its SPMD_RANK line."""
+    stamps = {}
+    for line in text.splitlines():
+        _, tag, data = line.partition("SPMD_RANK ")
+        if tag:
+            info = json.loads(data)
+            stamps[info["rank"]] = info["t"]
+    assert len(stamps) == NODES * PROCS, f"{len(stamps)} of {NODES * PROCS} ranks reported"
+    return list(stamps.values())
+
+
+def through_raystack(cluster: Cluster, i: int) -> float:
+    t0 = time.time()
+    job = cluster.submit(
+        JobSpec.model_validate(
+            {
+                "name": f"launch{i}",
+                "kind": "spmd",
+                "launcher": "torchrun",
+                "nodes": NODES,
+                "procs_per_node": PROCS,
+                "command": COMMAND,
+                "working_dir": str(REPO / "jobs" / "debug"),
+            }
+        )
+    )
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, record.message
+    return max(first_lines(job.logs())) - t0
+
+
+def through_srun(cluster: Cluster, i: int) -> float:
+    record = cluster.record()
+    bindir = Path(sys.executable).parent
+    inner = (
+        f"cd {REPO / 'jobs' / 'debug'} && exec {bindir}/torchrun --nnodes={NODES} "
+        f"--node_rank=$SLURM_NODEID --nproc_per_node={PROCS} --master_addr={record.head_ip} "
+        f"--master_port={29600 + i} {COMMAND}"
+    )
+    t0 = time.time()
+    proc = subprocess.run(
+        ["srun", f"--jobid={record.slurm_job_id}", "--overlap", f"--nodes={NODES}", f"--ntasks={NODES}",
+         "--ntasks-per-node=1", "bash", "-c", inner],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return max(first_lines(proc.stdout + proc.stderr)) - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    subprocess.run(
+        [str(REPO / "slurm/testbed/up"), "--nodes", str(NODES)], check=True, stdout=subprocess.DEVNULL
+    )
+    HOME.mkdir(parents=True, exist_ok=True)
+    os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp(prefix="bench-spmd-", dir=HOME)
+    cluster = Cluster.up(NODES, profile="testbed", name="spmdbench", timeout=300)
+    ray_s, srun_s = [], []
+    try:
+        through_raystack(cluster, -1)  # warm-up: the working_dir package, torch's first import
+        through_srun(cluster, 99)
+        for i in range(args.repeats):
+            ray_s.append(through_raystack(cluster, i))
+            srun_s.append(through_srun(cluster, i))
+    finally:
+        cluster.down()
+    ray_m, srun_m = statistics.median(ray_s), statistics.median(srun_s)
+    ratio = ray_m / srun_m
+    lines = [
+        f"{'launch':>10} {'median s':>9} {'runs s':>30}",
+        f"{'raystack':>10} {ray_m:>9.2f} {' '.join(f'{x:.2f}' for x in ray_s):>30}",
+        f"{'srun':>10} {srun_m:>9.2f} {' '.join(f'{x:.2f}' for x in srun_s):>30}",
+        f"submit -> every rank's first line, {NODES} nodes x {PROCS} processes: "
+        f"raystack / srun = {ratio:.2f}x (target <= {TARGET}x)",
+    ]
+    publish(
+        "spmd_launch",
+        "\n".join(lines),
+        {
+            "nodes": NODES,
+            "procs_per_node": PROCS,
+            "raystack_s": [round(x, 3) for x in ray_s],
+            "srun_s": [round(x, 3) for x in srun_s],
+            "ratio": round(ratio, 3),
+            "target_within_1_5x": ratio <= TARGET,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

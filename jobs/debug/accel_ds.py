@@ -1,0 +1,59 @@
+"""accel_ds: a few training steps through Hugging Face accelerate with a DeepSpeed config.
+
+Launched with `accelerate launch --use_deepspeed --deepspeed_config_file ds_config.json ...`
+(`kind: spmd, launcher: accelerate`): every rank reports its place; rank 0 prints the losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+
+
+def report(tag: str, data: dict) -> None:
+    """One whole line in one write: the ranks of a node share a pipe, and a print() split into
+    text and newline interleaves with the other ranks' lines."""
+    os.write(1, f"{tag} {json.dumps(data)}\n".encode())
+
+
+def main() -> int:
+    # Without CUDA, accelerate finds no backend for DeepSpeed and runs every process alone
+    # (world 1); naming gloo makes it use the process group the launcher set up.
+    handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
+    acc = Accelerator(kwargs_handlers=handlers)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(acc.process_index)
+    x = torch.randn(64, 16, generator=gen)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4
+    )
+    net, opt, loader = acc.prepare(net, opt, loader)
+    losses = []
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(net(xb), yb)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(round(float(loss), 5))
+    info = {
+        "rank": acc.process_index,
+        "world": acc.num_processes,
+        "host": socket.gethostname(),
+        "type": str(acc.distributed_type),
+    }
+    report("ACCEL_RANK", info)
+    if acc.is_main_process:
+        report("ACCEL", {"world": acc.num_processes, "steps": len(losses), "losses": losses[:3]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

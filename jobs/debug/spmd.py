@@ -1,0 +1,87 @@
+"""spmd: what every rank of an SPMD launch sees, an all-reduce, and a few DDP steps.
+
+Run by a launcher on every node (`kind: spmd`, e.g. torchrun): each rank prints one `SPMD_RANK`
+line (world size, rank, local rank, host, the GPUs it sees) and checks an all-reduce; then a few
+steps of a small model under DistributedDataParallel. NCCL with GPUs, gloo without.
+`--fail-rank R --fail-code C` makes rank R exit with code C (to test failure handling);
+`--sleep S` keeps every rank busy for S seconds (to test stopping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def report(tag: str, data: dict) -> None:
+    """One whole line in one write: the ranks of a node share a pipe, and a print() split into
+    text and newline interleaves with the other ranks' lines."""
+    os.write(1, f"{tag} {json.dumps(data)}\n".encode())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-code", type=int, default=3)
+    p.add_argument("--sleep", type=float, default=0.0)
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    value = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(value)
+    ok = value.item() == world * (world + 1) / 2
+    info = {
+        "rank": rank,
+        "world": world,
+        "local_rank": local,
+        "host": socket.gethostname(),
+        "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "-1"))),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "allreduce_ok": ok,
+        "t": time.time(),  # when this rank was up (bench/spmd_launch.py)
+    }
+    report("SPMD_RANK", info)
+    if rank == args.fail_rank:
+        print(f"rank {rank} exits {args.fail_code} on purpose", flush=True)
+        sys.exit(args.fail_code)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Linear(16, 1).to(device), device_ids=[local] if cuda else None
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(args.steps):
+        x = torch.randn(8, 16, generator=gen).to(device)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(round(loss.item(), 5))
+    weights = model.module.weight.detach().clone()
+    gathered = [torch.empty_like(weights) for _ in range(world)]
+    dist.all_gather(gathered, weights)
+    in_sync = all(torch.equal(g, gathered[0]) for g in gathered)  # DDP keeps every replica equal
+    time.sleep(args.sleep)
+    dist.barrier()
+    if rank == 0:
+        report("SPMD_DEBUG", {"world": world, "allreduce_ok": ok, "ddp_in_sync": in_sync, "losses": losses})
+    dist.destroy_process_group()
+    return 0 if ok and in_sync else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

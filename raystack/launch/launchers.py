@@ -1,0 +1,121 @@
+"""The command line of each SPMD launcher on one node, with the rendezvous raystack gives it, and
+how to read which rank failed from its output. Pure functions.
+
+  torchrun    --nnodes N --node_rank r --nproc_per_node P --master_addr A --master_port p CMD
+  deepspeed   --hostfile H --no_ssh --node_rank r --num_nodes N --num_gpus P --master_addr A
+              --master_port p CMD   (H: generated, one line per node: DeepSpeed's world info;
+              nothing is reached over ssh)
+  accelerate  launch --num_machines N --machine_rank r --num_processes N*P --main_process_ip A
+              --main_process_port p [--multi_gpu] CMD
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the node ranks meet: node 0's address and a free port there."""
+
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    hosts: tuple[str, ...]  # every node's host name, by node rank
+    gpus: bool = False
+
+
+def argv(
+    launcher: str, rdv: Rendezvous, command: list[str], extra: list[str], hostfile: str = ""
+) -> list[str]:
+    """The launcher's command line on node `rdv.node_rank`."""
+    if launcher == "torchrun":
+        return [
+            "torchrun",
+            f"--nnodes={rdv.nnodes}",
+            f"--node_rank={rdv.node_rank}",
+            f"--nproc_per_node={rdv.nproc_per_node}",
+            f"--master_addr={rdv.master_addr}",
+            f"--master_port={rdv.master_port}",
+            *extra,
+            *command,
+        ]
+    if launcher == "deepspeed":
+        return [
+            "deepspeed",
+            f"--hostfile={hostfile}",
+            "--no_ssh",
+            f"--node_rank={rdv.node_rank}",
+            f"--num_nodes={rdv.nnodes}",
+            f"--num_gpus={rdv.nproc_per_node}",
+            f"--master_addr={rdv.master_addr}",
+            f"--master_port={rdv.master_port}",
+            *extra,
+            *command,
+        ]
+    if launcher == "accelerate":
+        multi = ["--multi_gpu"] if wants_multi_gpu(rdv, extra) else []
+        return [
+            "accelerate",
+            "launch",
+            f"--num_machines={rdv.nnodes}",
+            f"--machine_rank={rdv.node_rank}",
+            f"--num_processes={rdv.nnodes * rdv.nproc_per_node}",
+            f"--main_process_ip={rdv.master_addr}",
+            f"--main_process_port={rdv.master_port}",
+            *multi,
+            *extra,
+            *command,
+        ]
+    raise ValueError(f"unknown launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
+
+
+# An accelerate argument that already says how to distribute: `--multi_gpu` would override it
+# (a config file's `distributed_type: DEEPSPEED` turns into plain DDP).
+_DISTRIBUTION_ARGS = (
+    "--config_file",
+    "--use_deepspeed",
+    "--use_fsdp",
+    "--use_megatron_lm",
+    "--multi_gpu",
+    "--cpu",
+    "--tpu",
+)
+
+
+def wants_multi_gpu(rdv: Rendezvous, extra: list[str]) -> bool:
+    """accelerate needs `--multi_gpu` for several GPU processes unless the user's arguments
+    already choose a distribution (a config file, DeepSpeed, FSDP, Megatron, CPU)."""
+    if not rdv.gpus or rdv.nnodes * rdv.nproc_per_node < 2:
+        return False
+    return not any(a.split("=", 1)[0] in _DISTRIBUTION_ARGS for a in extra)
+
+
+def hostfile(rdv: Rendezvous) -> str:
+    """DeepSpeed's hostfile: the world it starts (`slots`: processes per node)."""
+    return "".join(f"{host} slots={rdv.nproc_per_node}\n" for host in rdv.hosts)
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
+_RANK_TAG = re.compile(r"\[rank(\d+)\]")
+
+
+def failure(lines: list[str], code: int) -> tuple[int | None, int]:
+    """(global rank, exit code) of the process that failed a launcher, as far as its output
+    says: torchrun's (and accelerate's) root cause, DeepSpeed's return code; else the launcher's."""
+    text = "\n".join(lines)
+    root = _ROOT_CAUSE.search(text)
+    if root:
+        return int(root.group(1)), int(root.group(2))
+    ds = _DS_EXIT.findall(text)
+    tags = _RANK_TAG.findall(text)
+    rank = int(tags[-1]) if tags else None
+    if ds:
+        return rank, int(ds[-1])
+    return rank, code

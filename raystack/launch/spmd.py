@@ -1,0 +1,259 @@
+"""SPMD jobs (torchrun, the DeepSpeed launcher, accelerate) on the persistent cluster.
+
+`python -m raystack.launch.spmd --launcher torchrun [--nodes N] [--procs-per-node P] -- CMD...`
+is the driver of a `kind: spmd` job. It holds one bundle per node (STRICT_SPREAD: that node's
+GPUs and CPUs), starts one NodeLauncher actor in each, and each runs the launcher with the
+rendezvous (node 0's address and a free port there) and the GPUs Ray assigned it
+(CUDA_VISIBLE_DEVICES). No hostfile to write and no ssh: this replaces both.
+
+Every line a launcher prints reaches the job's log prefixed with its node rank, like
+`srun --label`. When one launcher exits non-zero the others are stopped at once and the job fails
+naming the node, the rank and the exit code, with that node's last lines. SIGTERM (`raystack
+stop`, a timeout, the walltime warning) stops every node's processes; and a launcher whose actor
+dies is killed by a watchdog process beside it, so nothing is left holding a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from raystack.launch.launchers import LAUNCHERS, Rendezvous, argv, failure, hostfile
+
+POLL = 0.2  # seconds between reads of the launchers' output
+TAIL = 20  # lines of a failed node shown in the job's failure
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child, before exec)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class NodeLauncherImpl:
+    """Runs one node's launcher in its own process group and keeps its output for the driver."""
+
+    def __init__(self, node_rank: int):
+        self.node_rank = node_rank
+        self.proc: subprocess.Popen | None = None
+        self.lines: collections.deque[str] = collections.deque()
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self.lock = threading.Lock()
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return {
+            "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "port": port,
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+        }
+
+    def start(self, command: list[str], files: dict[str, str]) -> int:
+        for path, text in files.items():
+            with open(path, "w") as fh:
+                fh.write(text)
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stopped as one
+            preexec_fn=_die_with_parent,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        # NOTE: the same guard as Ray's own job supervisor: if this actor dies (SIGKILL included),
+        # the launcher's whole process group goes too. PDEATHSIG alone would spare its children.
+        watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
+        subprocess.Popen(
+            f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null",
+            shell=True,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.lock:
+                self.lines.append(line.rstrip("\n"))
+                self.tail.append(line.rstrip("\n"))
+
+    def poll(self) -> tuple[list[str], int | None]:
+        """New output lines, and the launcher's exit code once it has ended (and been read out)."""
+        code = self.proc.poll() if self.proc else None
+        with self.lock:
+            out = list(self.lines)
+            self.lines.clear()
+        if code is not None and self.proc and self.proc.stdout and not self.proc.stdout.closed:
+            time.sleep(0.05)  # the reader thread catches the last lines
+            with self.lock:
+                out += list(self.lines)
+                self.lines.clear()
+        return out, code
+
+    def last_lines(self) -> list[str]:
+        with self.lock:
+            return list(self.tail)
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM the launcher's process group, SIGKILL what is left after `grace` seconds."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the workers too, even if the launcher left
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        return self.proc.returncode
+
+
+stopping = False
+
+
+def _on_term(_signum: int, _frame: object) -> None:
+    global stopping
+    stopping = True
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m raystack.launch.spmd", description=__doc__.splitlines()[0])
+    p.add_argument("--launcher", choices=LAUNCHERS, required=True)
+    p.add_argument("--nodes", type=int, default=0, help="default: every node of the cluster")
+    p.add_argument("--procs-per-node", type=int, default=0, help="default: the node's GPUs, or 1")
+    p.add_argument("--launcher-arg", action="append", default=[], help="passed to the launcher (repeatable)")
+    p.add_argument("--stop-grace", type=float, default=10.0)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the script and its arguments")
+    ns = p.parse_args(args)
+    ns.command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not ns.command:
+        p.error("give the command after --, e.g. -- train.py --lr 1e-4")
+    return ns
+
+
+def main(args: list[str] | None = None) -> int:
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    ns = parse(sys.argv[1:] if args is None else args)
+    ray.init()
+    signal.signal(signal.SIGTERM, _on_term)  # NOTE: after ray.init, which installs one of its own
+    t0 = time.time()
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    nodes = ns.nodes or len(alive)
+    gpus_per_node = int(min(n["Resources"].get("GPU", 0) for n in alive))
+    cpus_per_node = int(min(n["Resources"].get("CPU", 1) for n in alive))
+    procs = ns.procs_per_node or gpus_per_node or 1
+    if nodes > len(alive) or (gpus_per_node and procs > gpus_per_node):
+        have = f"{len(alive)} nodes x {gpus_per_node} GPUs"
+        print(f"raystack spmd: {nodes} nodes x {procs} processes do not fit {have}")
+        return 2
+    bundle = {"CPU": cpus_per_node, **({"GPU": procs} if gpus_per_node else {})}
+    pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=600)
+    actor_cls: Any = ray.remote(NodeLauncherImpl)
+    actors: list[Any] = [
+        actor_cls.options(
+            num_cpus=cpus_per_node,
+            num_gpus=procs if gpus_per_node else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+        ).remote(r)
+        for r in range(nodes)
+    ]
+    places = ray.get([a.where.remote() for a in actors])
+    hosts = tuple(p["host"] for p in places)
+    work = tempfile.gettempdir()
+    starts = []
+    for r, actor in enumerate(actors):
+        rdv = Rendezvous(nodes, r, procs, places[0]["ip"], places[0]["port"], hosts, bool(gpus_per_node))
+        files = {}
+        hf = ""
+        if ns.launcher == "deepspeed":
+            hf = os.path.join(work, f"raystack-hostfile-{os.getpid()}-{r}")
+            files[hf] = hostfile(rdv)
+        line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf)
+        print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)
+        starts.append(actor.start.remote(line, files))
+    ray.get(starts)
+    print(
+        f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
+        f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}",
+        flush=True,
+    )
+    return follow(actors, hosts, ns, t0)
+
+
+def follow(actors: list, hosts: tuple[str, ...], ns: argparse.Namespace, t0: float) -> int:
+    """Print every node's lines with its rank until all end; stop all when one fails or on SIGTERM."""
+    import ray
+
+    codes: dict[int, int] = {}
+    first_line: dict[int, float] = {}
+    while len(codes) < len(actors):
+        if stopping:
+            ray.get([a.stop.remote(ns.stop_grace) for a in actors])
+            print(
+                f"raystack spmd: stopped; every node's processes ended ({time.time() - t0:.1f}s)", flush=True
+            )
+            return 143
+        for r, (lines, code) in enumerate(ray.get([a.poll.remote() for a in actors])):
+            for line in lines:
+                first_line.setdefault(r, time.time() - t0)
+                print(f"[node {r}] {line}", flush=True)
+            if code is not None and r not in codes:
+                codes[r] = code
+                if code != 0:
+                    return failed(actors, hosts, r, code, ns)
+        time.sleep(POLL)
+    summary = {
+        "nodes": len(actors),
+        "hosts": list(hosts),
+        "first_line_s": first_line,
+        "seconds": round(time.time() - t0, 2),
+    }
+    print("SPMD " + json.dumps(summary), flush=True)
+    return 0
+
+
+def failed(actors: list, hosts: tuple[str, ...], node: int, code: int, ns: argparse.Namespace) -> int:
+    import ray
+
+    ray.get([a.stop.remote(2.0) for i, a in enumerate(actors) if i != node])
+    tail = ray.get(actors[node].last_lines.remote())
+    rank, exit_code = failure(tail, code)
+    for line in tail[-TAIL:]:
+        print(f"[node {node}] | {line}", flush=True)
+    who = f"node {node} rank {rank if rank is not None else '?'} exited {exit_code}"
+    print(f"raystack spmd: {who} (host {hosts[node]}, {ns.launcher}); every other node stopped", flush=True)
+    return exit_code if 0 < exit_code < 256 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

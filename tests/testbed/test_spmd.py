@@ -1,0 +1,143 @@
+"""SPMD jobs through the queue on the testbed (CPU, gloo): torchrun, the DeepSpeed launcher and
+accelerate across nodes, a rank that fails, a stop — and nothing left behind on any node."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.client import Job
+from raystack.store import cluster as clusters
+from raystack.store.ledger import JobState
+
+from ..conftest import NODES, module_home, processes_of_job, wait_until
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+REPO = Path(__file__).resolve().parents[2]
+DEBUG = REPO / "jobs" / "debug"
+LAUNCHED = ("torchrun", "deepspeed", "accelerate", "spmd.py", "ds_zero3.py", "accel_ds.py")
+
+
+@pytest.fixture(scope="module")
+def sp(testbed: Path) -> Iterator[dict]:
+    if NODES < 4:
+        pytest.skip("needs 4 testbed nodes")
+    with module_home(testbed, "spmd") as home:
+        cluster = Cluster.up(4, profile="testbed", name="sp", timeout=300)
+        yield {"cluster": cluster, "home": home, "job": clusters.read("sp").slurm_job_id}
+        cluster.down()
+
+
+def lines(job: Job, prefix: str) -> list[dict]:
+    found = []
+    for line in job.logs().splitlines():
+        text = line.split("] ", 1)[1] if line.startswith("[node ") else line
+        if text.startswith(prefix + " "):
+            found.append(json.loads(text.removeprefix(prefix + " ")))
+    return found
+
+
+def launched(alloc: str) -> list[str]:
+    """Processes of the launchers or their ranks still alive anywhere in the allocation."""
+    return [cmd for _, cmd in processes_of_job(alloc) if any(word in cmd for word in LAUNCHED)]
+
+
+def test_torchrun_across_four_nodes(sp: dict) -> None:
+    job = sp["cluster"].submit(DEBUG / "spmd.yaml", sets=["procs_per_node=2"])
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, job.logs()[-3000:]
+    ranks = lines(job, "SPMD_RANK")
+    assert sorted(r["rank"] for r in ranks) == list(range(8)) and {r["world"] for r in ranks} == {8}
+    assert all(r["allreduce_ok"] for r in ranks)
+    by_node: dict[int, set] = {}
+    for r in ranks:
+        by_node.setdefault(r["node_rank"], set()).add(r["host"])
+    assert sorted(by_node) == [0, 1, 2, 3] and all(len(h) == 1 for h in by_node.values())
+    assert len({h for hs in by_node.values() for h in hs}) == 4  # four different nodes
+    assert all(len(r["cuda_visible_devices"].split(",")) == 2 for r in ranks)  # the GPUs Ray gave the node
+    assert lines(job, "SPMD_DEBUG")[0]["ddp_in_sync"]
+    assert "[node 3] " in job.logs()  # every line carries its node's rank
+
+
+def test_deepspeed_launcher_no_ssh_zero3_matches_reference(sp: dict) -> None:
+    job = sp["cluster"].submit(
+        ["ds_zero3.py", "--steps", "4"],
+        sets=[
+            "name=ds",
+            "launcher=deepspeed",
+            "nodes=2",
+            "procs_per_node=2",
+            f"working_dir={DEBUG}",
+            "env.DS_ACCELERATOR=cpu",
+        ],
+    )
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, job.logs()[-3000:]
+    [result] = lines(job, "DS_ZERO3")
+    assert result["world"] == 4 and result["matches_reference"] and result["max_rel_error"] <= 1e-3
+    assert "raystack spmd: deepspeed on 2 nodes x 2 processes" in job.logs()
+    assert (
+        "--no_ssh --node_rank=1 --num_nodes=2 --num_gpus=2" in job.logs()
+    )  # no ssh: each node starts itself
+
+
+def test_accelerate_with_a_deepspeed_config_across_two_nodes(sp: dict) -> None:
+    extra = [
+        "--use_deepspeed",
+        "--deepspeed_config_file=ds_config.json",
+        "--deepspeed_multinode_launcher=standard",
+    ]
+    job = sp["cluster"].submit(
+        ["accel_ds.py"],
+        sets=[
+            "name=accel",
+            "launcher=accelerate",
+            "nodes=2",
+            "procs_per_node=2",
+            f"working_dir={DEBUG}",
+            "env.DS_ACCELERATOR=cpu",
+            f"launcher_args={json.dumps(extra)}",
+        ],
+    )
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, job.logs()[-3000:]
+    ranks = lines(job, "ACCEL_RANK")
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3] and len({r["host"] for r in ranks}) == 2
+    assert all(r["world"] == 4 for r in ranks), ranks  # one world, not four processes alone
+    assert "DEEPSPEED" in ranks[0]["type"]
+
+
+def test_a_failing_rank_fails_the_job_fast_and_leaves_nothing(sp: dict) -> None:
+    cluster: Cluster = sp["cluster"]
+    job = cluster.submit(
+        DEBUG / "spmd.yaml",
+        sets=["name=fails", "procs_per_node=2", "command=spmd.py --fail-rank 3 --fail-code 3 --sleep 120"],
+    )
+    after = cluster.submit(["python", "-c", "print('after the failure')"], sets=["name=after-fail"])
+    record = job.wait(timeout=300)
+    assert record.state is JobState.FAILED
+    assert "node 1 rank 3 exited 3" in record.message, record.message
+    assert record.exit_code == 3
+    ran = record.ended - record.started  # type: ignore[operator]
+    assert ran < 60, ran  # not the 120 s the other ranks would have slept
+    wait_until(lambda: launched(sp["job"]) == [], 30, "every rank and launcher to end")
+    assert after.wait(timeout=300).state is JobState.SUCCEEDED
+
+
+def test_stop_leaves_no_process_on_any_node(sp: dict) -> None:
+    cluster: Cluster = sp["cluster"]
+    job = cluster.submit(
+        DEBUG / "spmd.yaml", sets=["name=long", "procs_per_node=2", "command=spmd.py --sleep 600"]
+    )
+    wait_until(lambda: len(lines(job, "SPMD_RANK")) == 8, 300, "every rank to start")
+    t0 = time.time()
+    record = job.stop()
+    assert record.state is JobState.STOPPED
+    wait_until(lambda: launched(sp["job"]) == [], 30, "every rank and launcher to end")
+    assert time.time() - t0 < record.request.stop_grace + 30
+    assert "raystack spmd: stopped" in job.logs()
