@@ -41,7 +41,7 @@ test: install lint
 	$(BIN)/pytest -v tests
 
 test-fast: install
-	$(BIN)/pytest -v -m 'not testbed' tests
+	$(BIN)/pytest -v -m 'not testbed and not ray' tests
 
 lint: install
 	$(BIN)/ruff check raystack tests bench jobs

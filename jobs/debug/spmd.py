@@ -26,12 +26,37 @@ def report(tag: str, data: dict) -> None:
     os.write(1, f"{tag} {json.dumps(data)}\n".encode())
 
 
+def bandwidth(size_mb: float, iters: int, rank: int, world: int, device: torch.device) -> None:
+    """Bus bandwidth of an all-reduce of `size_mb`, as jobs/debug/allreduce.py measures it (the
+    same tensor, warm-up and timing), so that the two can be compared."""
+    tensor = torch.full((int(size_mb * 2**20 / 4),), rank + 1.0, dtype=torch.float32, device=device)
+    dist.all_reduce(tensor)
+    ok = bool(torch.all(tensor == world * (world + 1) / 2).item())
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = torch.tensor([(time.perf_counter() - start) / iters], device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    busbw = 2 * (world - 1) / world * size_mb * 2**20 / seconds.item() / 1e9 if world > 1 else 0.0
+    if rank == 0:
+        report(
+            "SPMD_ALLREDUCE", {"world": world, "size_mb": size_mb, "ok": ok, "busbw_gb_s": round(busbw, 3)}
+        )
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--allreduce-mb", type=float, default=0.0, help="measure the bus bandwidth of this size")
+    p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -51,12 +76,15 @@ def main() -> int:
         "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "-1"))),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "allreduce_ok": ok,
+        "nice": os.nice(0),  # raystack runs the ranks at niceness 0 (Ray's workers: 15)
         "t": time.time(),  # when this rank was up (bench/spmd_launch.py)
     }
     report("SPMD_RANK", info)
     if rank == args.fail_rank:
         print(f"rank {rank} exits {args.fail_code} on purpose", flush=True)
         sys.exit(args.fail_code)
+    if args.allreduce_mb:
+        bandwidth(args.allreduce_mb, args.iters, rank, world, device)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Linear(16, 1).to(device), device_ids=[local] if cuda else None

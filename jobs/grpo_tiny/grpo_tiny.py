@@ -200,6 +200,8 @@ def main() -> int:
     median = lambda key: round(statistics.median(r[key] for r in rows), 3) if rows else None  # noqa: E731
     summary = {
         "rollouts": backend,
+        "device": "cuda" if cuda else "cpu",
+        "sync_backend": "nccl" if cuda else "gloo",  # the learner -> engines weight broadcast
         "engines": len(engines),
         "learners": len(learners),
         "learner_hosts": learner_hosts,

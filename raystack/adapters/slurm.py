@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from raystack.adapters import local
 from raystack.errors import SlurmError
 
 CACHE_TTL = 1.0  # seconds a job's state is reused within one process
@@ -275,6 +276,8 @@ def job_info(job_id: str) -> JobInfo | None:
     GONE only when SLURM says so: squeue answers "Invalid job id" AND accounting has no row
     (or is disabled). None when SLURM could not be asked: an error is never an answer.
     """
+    if local.is_local(job_id):
+        return local_info(job_id)
     cached = _cache.get(job_id)
     if cached and time.monotonic() - cached[0] < CACHE_TTL:
         return cached[1]
@@ -301,6 +304,21 @@ def _job_info(job_id: str) -> JobInfo | None:
         return None
 
 
+LOCAL_ENDED = "the local node program is no longer running"
+
+
+def local_info(job_id: str) -> JobInfo | None:
+    """A local cluster's allocation (`raystack up --local`) in SLURM's terms: RUNNING while its
+    node program lives, COMPLETED once it has gone; None from another host (it cannot be asked)."""
+    alive = local.alive(job_id)
+    if alive is None:
+        return None
+    host = local.host_of(job_id)
+    if alive:
+        return JobInfo(job_id, SlurmState.RUNNING, name="raystack-local", nodes=host, node_count=1)
+    return JobInfo(job_id, SlurmState.COMPLETED, reason=LOCAL_ENDED, nodes=host, node_count=1)
+
+
 def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
     """This user's jobs called `name` that slurmctld knows (active or recently finished)."""
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or ""
@@ -315,6 +333,9 @@ def node_shape(partition: str | None) -> NodeShape:
 
 def scancel(job_id: str) -> None:
     """Cancel a job; cancelling a finished job is not an error."""
+    if local.is_local(job_id):
+        local.stop(job_id)
+        return
     forget(job_id)
     try:
         _run(["scancel", job_id])

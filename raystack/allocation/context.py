@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
+from raystack.adapters import local
 from raystack.allocation.rayproc import RayProcess, gpu_processes, has_nvidia_smi
 from raystack.errors import RaystackError
 from raystack.spec.values import size_to_mb
@@ -99,6 +100,8 @@ def node_ip(host: str) -> str:
 
 
 def context_from_env(env: dict[str, str]) -> NodeContext:
+    if env.get(local.ENV_ID):
+        return local_context(env)
     job_id = env["SLURM_JOB_ID"]
     host = socket.gethostname().split(".")[0]
     cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
@@ -122,6 +125,28 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
     )
 
 
+def local_context(env: dict[str, str]) -> NodeContext:
+    """A local cluster (`raystack up --local`): one node, this machine, no SLURM. It binds to
+    127.0.0.1 unless RAYSTACK_NODE_IP says otherwise: nothing is reachable from elsewhere."""
+    job_id = env[local.ENV_ID]
+    host = local.this_host()
+    scratch = Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
+    store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
+    return NodeContext(
+        cluster=env["RAYSTACK_CLUSTER"],
+        job_id=job_id,
+        node_id=0,
+        num_nodes=1,
+        host=host,
+        ip=env.get("RAYSTACK_NODE_IP") or "127.0.0.1",
+        gpus=int(env.get("RAYSTACK_LOCAL_GPUS") or 0),
+        cpus=int(env.get("RAYSTACK_LOCAL_CPUS") or local.cpu_count()),
+        temp_dir=scratch / f"rs-local-{job_id.rsplit('-', 1)[-1]}",
+        object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
+        join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
+    )
+
+
 # ---------------------------------------------------------------------------- ray processes
 def ray_env(ctx: NodeContext) -> dict[str, str]:
     env = dict(os.environ)
@@ -132,6 +157,7 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
         RAY_USAGE_STATS_ENABLED="0",
         RAYSTACK_CLUSTER=ctx.cluster,
+        RAYSTACK_ALLOCATION=ctx.job_id,  # SLURM's job id, or a local cluster's id
     )
     env.pop("RAY_ADDRESS", None)
     # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from raystack.adapters import slurm
+from raystack.adapters import local, slurm
 from raystack.adapters.ray import Dashboard, NodeSummary
 from raystack.allocation.context import (
     POLL,
@@ -91,6 +91,8 @@ def claim(ctx: NodeContext) -> bool:
 # ---------------------------------------------------------------------------- readiness
 def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
     """Host names expected in the allocation whose address is not among Ray's alive nodes."""
+    if ctx.num_nodes == 1:  # (a local cluster's 127.0.0.1 is reported by Ray as the host's address)
+        return [] if alive else [ctx.host]
     entries = records.read_node_entries(ctx.cluster)
     alive_ips = {n.ip for n in alive}
     record = records.read(ctx.cluster)
@@ -158,7 +160,7 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
         ports=ports,
         gcs_address=f"{ctx.ip}:{ports['gcs']}",
         dashboard_url=f"http://{ctx.ip}:{ports['dashboard']}",
-        nodes=slurm.hostnames(nodelist),
+        nodes=[ctx.host] if local.is_local(ctx.job_id) else slurm.hostnames(nodelist),
         nodes_expected=ctx.num_nodes,
         nodes_joined=0,
         gpus_per_node=ctx.gpus,

@@ -27,7 +27,9 @@ _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 class Lease:
     def __init__(self, paths: ClusterPaths, allocation: str | None = None):
         self.path = paths.runner_lease
-        self.allocation = allocation or os.environ.get("SLURM_JOB_ID")
+        self.allocation = (
+            allocation or os.environ.get("RAYSTACK_ALLOCATION") or os.environ.get("SLURM_JOB_ID")
+        )
         self.fh: IO[str] | None = None
         self.beaten = 0.0
 

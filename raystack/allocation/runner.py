@@ -93,7 +93,12 @@ class Runner:
         self.name = name
         self.paths = paths.cluster(name)
         self.cluster = records.read(name)
-        self.allocation = allocation or os.environ.get("SLURM_JOB_ID") or self.cluster.slurm_job_id
+        self.allocation = (
+            allocation
+            or os.environ.get("RAYSTACK_ALLOCATION")
+            or os.environ.get("SLURM_JOB_ID")
+            or self.cluster.slurm_job_id
+        )
         if api is None:
             if not self.cluster.dashboard_url:
                 raise ClusterError(f"cluster {name} has no dashboard yet")

@@ -87,6 +87,10 @@ def classify(
     info = info or slurm.job_info(job_id)
     if info is None:
         return ending("failed", "ended; SLURM did not say why")
+    if info.reason == slurm.LOCAL_ENDED:
+        return ending("failed", f"{slurm.LOCAL_ENDED} (killed, or the machine restarted)")
+    if slurm.local.is_local(job_id):
+        return ending("scancel", "the local node program was sent a signal")
     reason = (info.reason or "").lower()
     if "timelimit" in reason or info.state is slurm.SlurmState.TIMEOUT:
         return ending("walltime", "walltime")

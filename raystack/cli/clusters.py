@@ -9,16 +9,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from raystack.adapters import local
 from raystack.allocation import sbatch as allocation
 from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster
+from raystack.errors import ConfigError
 
 
 @app.command()
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-N", help="Number of nodes.")] = 1,
     profile: Annotated[str, typer.Option("--profile", "-p", help="Cluster profile.")] = "generic",
-    name: Annotated[str, typer.Option("--name", help="Cluster name.")] = "default",
+    name: Annotated[
+        str | None, typer.Option("--name", help="Cluster name (default: default, local).")
+    ] = None,
     time: Annotated[str | None, typer.Option("--time", "-t", help="Walltime (SLURM format).")] = None,
     partition: Annotated[str | None, typer.Option("--partition")] = None,
     account: Annotated[str | None, typer.Option("--account")] = None,
@@ -47,9 +51,39 @@ def up(
     ] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Give up waiting after this many seconds.")] = None,
+    local_: Annotated[
+        bool, typer.Option("--local", help="A one-node cluster on this machine, without SLURM.")
+    ] = False,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="With --local: GPUs to use (default: all visible).")
+    ] = None,
+    cpus: Annotated[
+        int | None, typer.Option("--cpus", help="With --local: CPUs to use (default: all).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
+    if local_:
+        slurm_only = {
+            "--nodes": nodes != 1,
+            "--time": time,
+            "--partition": partition,
+            "--account": account,
+            "--gpus-per-node": gpus_per_node is not None,
+            "--cpus-per-task": cpus_per_task is not None,
+            "--sbatch": sbatch,
+            "--chain": chain,
+            "--signal-lead": signal_lead,
+        }
+        given = [flag for flag, value in slurm_only.items() if value]
+        if given:
+            fix = "use --gpus/--cpus" if given[0] in ("--gpus-per-node", "--cpus-per-task") else "drop it"
+            raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
+        _up_local(gpus, cpus, profile, name or "local", dry_run, no_wait, timeout, as_json)
+        return
+    if gpus is not None or cpus is not None:
+        raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
+    name = name or "default"
     plan = Cluster.plan(
         nodes,
         profile=profile,
@@ -82,6 +116,37 @@ def up(
     _show_ready(cluster, as_json)
 
 
+def _up_local(
+    gpus: int | None,
+    cpus: int | None,
+    profile: str,
+    name: str,
+    dry_run: bool,
+    no_wait: bool,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    plan, gpu_ids = Cluster.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
+    if dry_run:
+        script = allocation.render_local_script(plan, gpu_ids)
+        if as_json:
+            print_json({"script": script})
+        else:
+            print(f"# script ({plan.script_path}):\n" + script, end="")
+        return
+    cluster = Cluster.start_local(plan, gpu_ids)
+    record = cluster.record()
+    if not as_json:
+        err.print(
+            f"started cluster {name} on this machine ({record.slurm_job_id}): "
+            f"{plan.gpus_per_node} GPUs, {plan.cpus_per_task} CPUs"
+        )
+    if not no_wait:
+        say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
+        cluster.wait_ready(progress=say, timeout=timeout)
+    _show_ready(cluster, as_json)
+
+
 def _show_ready(cluster: Cluster, as_json: bool) -> None:
     record = cluster.record()
     if as_json:
@@ -92,8 +157,9 @@ def _show_ready(cluster: Cluster, as_json: bool) -> None:
         out.print(f"follow it with: raystack status {cluster.name}")
         return
     port = record.ports.get("dashboard")
+    where = "on this machine" if local.is_local(record.slurm_job_id) else "SLURM job"
     out.print(
-        f"cluster {cluster.name} READY: SLURM job {record.slurm_job_id}, "
+        f"cluster {cluster.name} READY: {where} {record.slurm_job_id}, "
         f"{record.nodes_expected} nodes ({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )

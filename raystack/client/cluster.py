@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack.adapters import slurm
+from raystack.adapters import local, slurm
 from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.allocation import sbatch as allocation
@@ -148,13 +148,7 @@ class Cluster:
                 "`sbatch` is not on PATH: run raystack on a SLURM login node "
                 "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
             )
-        if records.exists(plan.name):
-            old = reconcile(records.read(plan.name))
-            if not old.state.is_terminal():
-                raise ClusterError(
-                    f"name '{plan.name}' is in use by a live cluster (SLURM job {old.slurm_job_id}, "
-                    f"{old.state.value}): `raystack down {plan.name}` first, or choose another --name"
-                )
+        cls._check_name_free(plan.name)
         # A live allocation of this name that the record does not know (submitted by hand, or
         # its record lost) would run a second queue runner on the same queue.
         twins = [i for i in slurm.jobs_named(f"raystack-{plan.name}").values() if i.state.is_active()]
@@ -186,6 +180,89 @@ class Cluster:
             records.update(plan.name, state=ClusterState.FAILED, message=str(exc))
             raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
         records.update(plan.name, slurm_job_id=job_id, message=f"submitted as SLURM job {job_id}")
+        return cls(plan.name)
+
+    @staticmethod
+    def _check_name_free(name: str) -> None:
+        if records.exists(name):
+            old = reconcile(records.read(name))
+            if not old.state.is_terminal():
+                raise ClusterError(
+                    f"name '{name}' is in use by a live cluster (allocation {old.slurm_job_id}, "
+                    f"{old.state.value}): `raystack down {name}` first, or choose another --name"
+                )
+
+    @classmethod
+    def up_local(
+        cls,
+        *,
+        gpus: int | None = None,
+        cpus: int | None = None,
+        profile: str | Profile = "generic",
+        name: str = "local",
+        wait: bool = True,
+        progress: Progress | None = None,
+        timeout: float | None = None,
+    ) -> Cluster:
+        """A one-node cluster on this machine, without SLURM: the same node program, folder,
+        token, queue and ledger. `gpus`/`cpus`: this machine's share (default: all of it)."""
+        plan, gpu_ids = cls.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
+        cluster = cls.start_local(plan, gpu_ids)
+        if wait:
+            cluster.wait_ready(progress=progress, timeout=timeout)
+        return cluster
+
+    @classmethod
+    def plan_local(
+        cls,
+        *,
+        gpus: int | None = None,
+        cpus: int | None = None,
+        profile: str | Profile = "generic",
+        name: str = "local",
+    ) -> tuple[allocation.AllocationPlan, Argv]:
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        ids, cores = local.gpu_ids(), local.cpu_count()
+        if cpus is not None and not 1 <= cpus <= cores:
+            raise ConfigError(
+                f"--cpus: {cpus} but this machine gives this process {cores} CPUs; use 1 to {cores}"
+            )
+        if gpus is not None and gpus < 0:
+            raise ConfigError(f"--gpus: {gpus} is negative; use 0 for a CPU-only cluster")
+        if gpus is not None and ids and gpus > len(ids):
+            raise ConfigError(
+                f"--gpus: {gpus} but this machine has {len(ids)} GPUs ({local.GPU_SOURCE}); "
+                f"use at most {len(ids)}"
+            )
+        count = len(ids) if gpus is None else gpus
+        # Without a GPU to see (a login node, CI), --gpus G gives Ray G logical GPUs, as the testbed
+        # does: placement and masking can be tested; CUDA cannot.
+        ids = ids[:count] if ids else [str(i) for i in range(count)]
+        plan = allocation.plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores)
+        return plan, ids
+
+    @classmethod
+    def start_local(cls, plan: allocation.AllocationPlan, gpu_ids: Argv) -> Cluster:
+        assert plan.name and plan.script_path and plan.cluster_paths
+        cls._check_name_free(plan.name)
+        records.create(plan.name)
+        records.clear_node_entries(plan.name)
+        atomic_write(plan.script_path, allocation.render_local_script(plan, gpu_ids), mode=0o700)
+        job_id = local.new_id()
+        records.write(
+            ClusterRecord(
+                name=plan.name,
+                profile=plan.profile.name,
+                nodes_expected=1,
+                gpus_per_node=plan.gpus_per_node,
+                cpus_per_node=plan.cpus_per_task or 0,
+                slurm_job_id=job_id,
+                message=f"started on this machine as {job_id}",
+                history=[{"state": "SUBMITTED", "time": time.time(), "message": "local"}],
+            )
+        )
+        # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
+        local.start(job_id, plan.script_path, plan.cluster_paths.node_log(local.this_host()))
         return cls(plan.name)
 
     def wait_ready(
@@ -340,6 +417,7 @@ class Cluster:
         wait until SLURM has released them, mark the record."""
         record = self.record()
         if record.state.is_terminal():
+            self._sweep_local(record)
             return record
         record = records.update(
             self.name,
@@ -374,23 +452,11 @@ class Cluster:
                 self.name, state=ClusterState.STOPPED, next_job_id=None, message="stopped by raystack down"
             )
         settle_orphans(self.name, None, "raystack down")
+        self._sweep_local(record)
         return record
 
-        records.update(self.name, state=ClusterState.STOPPING, message="raystack down")
-        if record.slurm_job_id:
-            slurm.scancel(record.slurm_job_id)
-            deadline = time.monotonic() + timeout
-            while True:
-                info = slurm.job_info(record.slurm_job_id)
-                if info is None or info.state.is_terminal():
-                    break
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"SLURM job {record.slurm_job_id} still {info.state.value} "
-                        f"{timeout:.0f}s after scancel; check `squeue -j {record.slurm_job_id}`"
-                    )
-                sleep(0.25)
-        record = records.read(self.name)
-        if not record.state.is_terminal():
-            record = records.update(self.name, state=ClusterState.STOPPED, message="stopped by raystack down")
-        return record
+    @staticmethod
+    def _sweep_local(record: ClusterRecord) -> None:
+        """A local cluster's leftovers (its node program was killed): gone after `down`."""
+        if local.is_local(record.slurm_job_id):
+            local.sweep(str(record.slurm_job_id))

@@ -56,6 +56,5 @@ def reconcile(record: ClusterRecord, info: JobInfo | None = None) -> ClusterReco
     else:  # it never started: cancelled or refused while pending
         reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
         end = Ending("failed", f"{ended.state.value}{reason} before it started", False, False)
-    return end_allocation(
-        record.name, str(record.slurm_job_id), end, ClusterState.STOPPED if ran else ClusterState.FAILED
-    )
+    state = ClusterState.STOPPED if ran and end.kind != "failed" else ClusterState.FAILED
+    return end_allocation(record.name, str(record.slurm_job_id), end, state)

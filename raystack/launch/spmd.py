@@ -184,6 +184,10 @@ def main(args: list[str] | None = None) -> int:
             num_cpus=cpus_per_node,
             num_gpus=procs if gpus_per_node else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+            # NOTE: Ray starts a job's workers at niceness 15 (RAY_worker_niceness), and the
+            # launcher's ranks would inherit it: on a shared or busy node they lose the CPU to
+            # everything else. The job's own supervisor runs at 0; so do the launchers.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
         ).remote(r)
         for r in range(nodes)
     ]

@@ -69,7 +69,7 @@ def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
     wait_until(lambda: cluster.record().state.is_terminal(), 60, "the record to turn terminal")
     record = cluster.record()
     assert record.state is ClusterState.STOPPED, record.message
-    assert "SIGTERM" in record.message or "CANCELLED" in record.message
+    assert "cancelled by scancel" in record.message or "CANCELLED" in record.message
     wait_until(lambda: processes_of_job(job) == [], 30, f"every process of job {job} to end")
     assert raystack("status", "victim").returncode == 1
 
@@ -172,7 +172,7 @@ def test_node_that_never_joins_fails_the_start_naming_node_and_log(
     done = raystack("up", "--nodes", "2", "--profile", "stuck", "--name", "stuck")
     assert done.returncode == 1
     message = clusters.read("stuck").message
-    assert message.startswith("node node2 did not join within 10s")
+    assert "node node2 did not join within 10s" in message
     assert str(paths.cluster("stuck").logs / "node-node2.log") in message
     assert "node node2 did not join" in done.stderr
     job = clusters.read("stuck").slurm_job_id

@@ -54,6 +54,7 @@ def test_torchrun_across_four_nodes(sp: dict) -> None:
     ranks = lines(job, "SPMD_RANK")
     assert sorted(r["rank"] for r in ranks) == list(range(8)) and {r["world"] for r in ranks} == {8}
     assert all(r["allreduce_ok"] for r in ranks)
+    assert {r["nice"] for r in ranks} == {0}  # not Ray's worker niceness (15)
     by_node: dict[int, set] = {}
     for r in ranks:
         by_node.setdefault(r["node_rank"], set()).add(r["host"])

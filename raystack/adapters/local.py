@@ -1,0 +1,132 @@
+"""Local allocations: the node program run directly on this machine, without SLURM.
+
+`raystack up --local` starts the same node program SLURM would (a one-node cluster) from a
+small launch script, detached from the terminal. Such an allocation is named
+`local-<host>-<random>`; that id travels in the node program's environment as RAYSTACK_LOCAL_ID
+and is how it is found again: a process of this user on this host whose command is the node
+program and whose environment carries the id. Nothing is kept by pid, so a reused pid is never
+taken for it. The rest of raystack asks about it through `slurm.job_info` and `slurm.scancel`,
+which hand local ids to this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+PREFIX = "local-"
+ENV_ID = "RAYSTACK_LOCAL_ID"
+NODE_PROGRAM = b"raystack.allocation.node"
+LAUNCHER = "raystack-local-launch"  # the launch script's argv[0], until it execs the node program
+
+
+GPU_SOURCE = "CUDA_VISIBLE_DEVICES, else nvidia-smi -L"
+
+
+def gpu_ids() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every GPU nvidia-smi
+    lists; [] without either."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity: a cgroup or taskset may give fewer)."""
+    return len(os.sched_getaffinity(0))
+
+
+def is_local(job_id: str | None) -> bool:
+    return bool(job_id) and str(job_id).startswith(PREFIX)
+
+
+def this_host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def new_id() -> str:
+    return f"{PREFIX}{this_host()}-{secrets.token_hex(4)}"
+
+
+def host_of(job_id: str) -> str:
+    return job_id[len(PREFIX) :].rsplit("-", 1)[0]
+
+
+def pids(job_id: str, everything: bool = False) -> list[int] | None:
+    """The node program's processes of this local allocation ([] when it has ended; with
+    `everything`, every process that inherited its id: Ray's daemons, workers, jobs); None when
+    it runs on another host, where this one cannot look."""
+    if host_of(job_id) != this_host():
+        return None
+    needle = f"{ENV_ID}={job_id}\0".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            # NOTE: a zombie's cmdline and environ read empty: an ended program is never found.
+            cmdline = (proc / "cmdline").read_bytes()
+            ours = everything or NODE_PROGRAM in cmdline or cmdline.startswith(LAUNCHER.encode() + b"\0")
+            if ours and cmdline and needle in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
+
+
+def alive(job_id: str, confirm: int = 3) -> bool | None:
+    """Whether the node program runs. "No" is said only after `confirm` looks 0.2 s apart: while
+    the launch script execs the node program, its command line reads empty for a moment."""
+    for attempt in range(confirm):
+        found = pids(job_id)
+        if found is None or found:
+            return None if found is None else True
+        if attempt + 1 < confirm:
+            time.sleep(0.2)
+    return False
+
+
+def start(job_id: str, script: Path, log: Path) -> None:
+    """Run a launch script detached (its own session: the terminal may close), named `job_id`."""
+    with open(log, "ab") as out:
+        subprocess.Popen(
+            [LAUNCHER, str(script)],
+            executable=shutil.which("bash") or "/bin/bash",
+            env={**os.environ, ENV_ID: job_id},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def stop(job_id: str, sig: int = signal.SIGTERM) -> None:
+    """Signal the node program (it stops its Ray processes and jobs itself); no-op once ended."""
+    for pid in pids(job_id) or []:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def sweep(job_id: str) -> list[int]:
+    """Once the node program is gone: SIGKILL whatever it left (a SIGKILLed node program cannot
+    stop its Ray; SLURM would kill the step's cgroup, here nothing else will). The pids killed."""
+    if alive(job_id):
+        return []
+    left = pids(job_id, everything=True) or []
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return left

@@ -1,0 +1,312 @@
+"""The GPU suite: every job kind on one GPU machine's local cluster, with figures beside their
+baselines measured in the same run. Run by tests/gpu/run.sh (one command; see its header).
+
+In one `raystack up --local` cluster, queued back to back: hello, allreduce (NCCL, one actor per
+GPU), zero3 (CUDA, against its single-process reference), grpo_tiny (torch rollouts: vLLM cannot
+be installed there; NCCL weight sync), the SPMD torchrun debug job, and an open-instruct-shaped
+placement check. Then the figures:
+  allreduce   bus bandwidth through raystack (Ray actors; the SPMD torchrun job) vs plain torchrun
+              of the same all-reduce on the same GPUs (target >= 0.97)
+  start       submit -> the entrypoint's first line, raystack's queue vs Ray's SDK submit of the
+              same job on the same cluster (target <= 1.1x), and the queue's gap between jobs
+  zero3       step time and peak GPU memory of a bf16 ZeRO-3 MLP vs `raystack plan memory`
+  grpo_tiny   step time split (generation / training / weight sync) on GPUs vs this machine's CPUs
+Then `down`: no process of the cluster left, none holding a GPU. Writes bench/results/gpu_suite.*
+(and $OUT/ when set). Exit 0 only if every job SUCCEEDED and every check holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from raystack import Cluster  # noqa: E402
+from raystack.adapters import local  # noqa: E402
+from raystack.allocation.rayproc import gpu_processes  # noqa: E402
+from raystack.client import Job  # noqa: E402
+from raystack.plan.memory import Model, learner_memory  # noqa: E402
+from raystack.store.ledger import JobState  # noqa: E402
+
+DEBUG = REPO / "jobs" / "debug"
+GRPO = REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
+AR_MB, AR_ITERS = 1024, 20
+ZERO3_BENCH = {"hidden": 8192, "layers": 8, "steps": 8, "global_batch": 64}
+FIRST = "import time; print('FIRST_LINE', time.time(), flush=True)"
+checks: dict[str, bool] = {}
+figures: dict[str, Any] = {}
+
+
+def say(text: str) -> None:
+    print(f"[suite {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "raystack.cli", *args], capture_output=True, text=True)
+    if check and proc.returncode:
+        raise SystemExit(f"raystack {' '.join(args)}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def marker(text: str, tag: str) -> dict:
+    """The JSON after `tag ` on the last line that has it (a `[node r] ` prefix allowed)."""
+    lines = [ln.split(tag + " ", 1)[1] for ln in text.splitlines() if tag + " " in ln]
+    if not lines:
+        raise KeyError(f"no {tag} line")
+    return json.loads(lines[-1])
+
+
+def run(cluster: Cluster, spec: Any, sets: list[str] | None = None, timeout: float = 900) -> tuple[Job, str]:
+    job = cluster.submit(spec, sets=sets or [])
+    record = job.wait(timeout=timeout)
+    log = job.logs()
+    took = (record.ended or 0) - (record.started or 0)
+    say(f"{job.id}: {record.state.value} in {took:.1f}s {record.message[:200]}")
+    checks[f"{record.name} SUCCEEDED"] = record.state is JobState.SUCCEEDED
+    if record.state is not JobState.SUCCEEDED:
+        print(log[-5000:])
+    return job, log
+
+
+def guarded(name: str, fn: Any, *args: Any) -> Any:
+    """A figure's failure is a failed check, not the end of the suite."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # report and go on: device time is scarce
+        say(f"{name}: {type(exc).__name__}: {exc}")
+        checks[f"{name} ran"] = False
+        return None
+
+
+# ---------------------------------------------------------------------------- the jobs
+def jobs(cluster: Cluster, ngpu: int) -> None:
+    _, log = run(cluster, DEBUG / "hello.yaml")
+    checks["hello sees every GPU"] = marker(log, "HELLO")["gpus"] == ngpu
+    _, log = run(
+        cluster,
+        DEBUG / "allreduce.yaml",
+        [f"entrypoint=python allreduce.py --size-mb {AR_MB} --iters {AR_ITERS}"],
+    )
+    ar = marker(log, "ALLREDUCE")
+    checks["allreduce: NCCL over every GPU, right sum"] = (
+        ar["backend"] == "nccl" and ar["world"] == ngpu and ar["all_ok"]
+    )
+    figures["allreduce_ray_actors_busbw_gbps"] = ar.get("busbw_gb_s")
+    _, log = run(
+        cluster,
+        DEBUG / "zero3.yaml",
+        [f"entrypoint=python zero3.py --steps 5 --learners {ngpu} --strategy PACK"],
+    )
+    z3 = marker(log, "ZERO3")
+    checks["zero3 on CUDA matches its reference, sharded"] = (
+        z3["matches_reference"] and z3["sharded"] and all(d.startswith("cuda") for d in z3["devices"])
+    )
+    _, log = run(
+        cluster, DEBUG / "spmd.yaml", [f"command=spmd.py --steps 3 --allreduce-mb {AR_MB} --iters {AR_ITERS}"]
+    )
+    ranks = [json.loads(ln.split("SPMD_RANK ", 1)[1]) for ln in log.splitlines() if "SPMD_RANK " in ln]
+    checks["spmd torchrun: every rank, its own GPU"] = sorted(r["rank"] for r in ranks) == list(
+        range(ngpu)
+    ) and all(len(r["cuda_visible_devices"].split(",")) == ngpu for r in ranks)
+    figures["allreduce_spmd_torchrun_busbw_gbps"] = marker(log, "SPMD_ALLREDUCE")["busbw_gb_s"]
+    _, log = run(cluster, DEBUG / "placement.yaml")
+    checks["placement: every actor sees exactly its own GPU"] = marker(log, "PLACEMENT")["ok"]
+
+
+def plain_torchrun(ngpu: int) -> None:
+    """The same all-reduce under torchrun started by hand, on the same GPUs, outside Ray."""
+    proc = subprocess.run(
+        [shutil.which("torchrun") or "torchrun", "--standalone", f"--nproc_per_node={ngpu}", "spmd.py",
+         "--steps", "1", "--allreduce-mb", str(AR_MB), "--iters", str(AR_ITERS)],
+        cwd=DEBUG, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    figures["allreduce_plain_torchrun_busbw_gbps"] = marker(proc.stdout, "SPMD_ALLREDUCE")["busbw_gb_s"]
+    base = figures["allreduce_plain_torchrun_busbw_gbps"]
+    for key in ("allreduce_ray_actors_busbw_gbps", "allreduce_spmd_torchrun_busbw_gbps"):
+        if figures.get(key):
+            figures[key.replace("_busbw_gbps", "_vs_torchrun")] = round(figures[key] / base, 4)
+    checks["allreduce through raystack >= 0.97 of plain torchrun"] = (
+        figures.get("allreduce_ray_actors_vs_torchrun", 0) >= 0.97
+    )
+
+
+def start_overhead(cluster: Cluster, repeats: int = 5) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    os.environ.update(cluster.env())
+    sdk = JobSubmissionClient(cluster.record().dashboard_url)
+    ours, theirs = [], []
+    for _ in range(repeats):
+        t0 = time.time()
+        job = cluster.submit(["python", "-c", FIRST], sets=["name=first"])
+        job.wait(timeout=300)
+        ours.append(float(job.logs().split("FIRST_LINE ", 1)[1].split()[0]) - t0)
+        t0 = time.time()
+        sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"')
+        while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            time.sleep(0.05)
+        theirs.append(float(sdk.get_job_logs(sid).split("FIRST_LINE ", 1)[1].split()[0]) - t0)
+    batch = [cluster.submit(["python", "-c", "pass"], sets=[f"name=gap{i}"]) for i in range(5)]
+    records = [j.wait(timeout=300) for j in batch]
+    gaps = [b.started - a.ended for a, b in itertools.pairwise(records) if a.ended and b.started]
+    figures["start_raystack_s"] = [round(x, 3) for x in ours]
+    figures["start_ray_sdk_s"] = [round(x, 3) for x in theirs]
+    figures["start_ratio"] = round(statistics.median(ours) / statistics.median(theirs), 3)
+    figures["queue_gap_s"] = [round(g, 3) for g in gaps]
+    checks["start overhead <= 1.1x Ray's SDK"] = figures["start_ratio"] <= 1.1
+
+
+def zero3_memory(cluster: Cluster, ngpu: int) -> None:
+    b = ZERO3_BENCH
+    _, log = run(
+        cluster,
+        DEBUG / "zero3.yaml",
+        [
+            f"entrypoint=python zero3.py --bf16 --no-reference --learners {ngpu} --strategy PACK "
+            f"--hidden {b['hidden']} --layers {b['layers']} --steps {b['steps']} "
+            f"--global-batch {b['global_batch']}",
+            "name=zero3-bench",
+        ],
+    )
+    z3 = marker(log, "ZERO3")
+    params = z3["params_total"]
+    predicted = learner_memory(
+        Model("mlp", params, b["hidden"], b["layers"] + 2, vocab=1, heads=1, kv_heads=1),
+        learners=ngpu,
+        seq_len=1,
+        micro_batch=b["global_batch"] // ngpu,
+    )
+    peak = max(z3["peak_gb"])
+    figures["zero3"] = {
+        "params": params,
+        "learners": ngpu,
+        "step_s": z3["step_s"],
+        "peak_allocated_gb": z3["peak_gb"],
+        "peak_reserved_gb": z3.get("reserved_gb"),
+        "predicted_gb": round(predicted.total, 3),
+        "predicted_terms_gb": {
+            k: round(v, 3) for k, v in predicted.to_dict().items() if isinstance(v, float)
+        },
+        "measured_vs_predicted": round(peak / predicted.total, 3),
+    }
+    checks["zero3 bf16 bench: loss finite and sharded"] = z3["sharded"] and z3["loss_finite"]
+
+
+def grpo(cluster: Cluster, where: str, steps: int = 10) -> None:
+    _, log = run(
+        cluster,
+        GRPO,
+        [
+            f"entrypoint=python grpo_tiny.py {{plan.flags}} --steps {steps} --learner-cpus-per-gpu 1 "
+            "--rollouts torch",
+            "plan.per_bundle=2",
+            f"name=grpo-{where}",
+            f"outputs.checkpoints=/tmp/grpo-tiny-{where}-{os.getpid()}",
+        ],
+        timeout=1200,
+    )
+    summary = marker(log, "GRPO")
+    figures[f"grpo_tiny_{where}"] = {
+        k: summary.get(k)
+        for k in ("rollouts", "device", "sync_backend", "median_s", "rewards", "engine_start_s")
+    }
+    if where == "gpu":
+        checks["grpo_tiny on GPUs: NCCL weight sync every step"] = (
+            summary.get("sync_backend") == "nccl" and summary["weights_synced_every_step"]
+        )
+
+
+# ---------------------------------------------------------------------------- the run
+def up(name: str, *args: str) -> tuple[Cluster, float]:
+    t0 = time.monotonic()
+    cli("up", "--local", "--name", name, *args)
+    took = time.monotonic() - t0
+    say(f"cluster {name} READY in {took:.1f}s")
+    return Cluster(name), took
+
+
+def down(cluster: Cluster) -> None:
+    job_id = str(cluster.record().slurm_job_id)
+    cli("down", cluster.name)
+    deadline = time.monotonic() + 30
+    while local.pids(job_id, everything=True) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    checks[f"{cluster.name}: no process left after down"] = not local.pids(job_id, everything=True)
+
+
+def context(ngpu: int) -> dict[str, Any]:
+    import ray
+    import torch
+
+    names = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+    )
+    versions = {"python": platform.python_version(), "ray": ray.__version__, "torch": torch.__version__}
+    try:
+        import deepspeed
+
+        versions["deepspeed"] = deepspeed.__version__
+    except ImportError:
+        pass
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": {
+            "gpus": ngpu,
+            "names": sorted(set(names.stdout.split("\n")) - {""}),
+            "cpus": os.cpu_count(),
+        },
+        "versions": versions,
+    }
+
+
+def main() -> int:
+    ngpu = len(local.gpu_ids())
+    if not ngpu:
+        raise SystemExit("no GPU here (nvidia-smi -L lists none)")
+    gpu, figures["ready_s"] = up("gpu")
+    try:
+        jobs(gpu, ngpu)
+        guarded("plain torchrun", plain_torchrun, ngpu)
+        guarded("start overhead", start_overhead, gpu)
+        guarded("zero3 memory", zero3_memory, gpu, ngpu)
+        guarded("grpo_tiny gpu", grpo, gpu, "gpu")
+    finally:
+        down(gpu)
+    held = gpu_processes()
+    checks["no process holds a GPU after down"] = not held
+    if "--cpu-baseline" in sys.argv:
+        cpu, _ = up("cpu", "--gpus", "0")
+        try:
+            guarded("grpo_tiny cpu", grpo, cpu, "cpu")
+        finally:
+            down(cpu)
+    result = {"benchmark": "gpu_suite", **context(ngpu), "figures": figures, "checks": checks}
+    text = "\n".join(
+        [f"{'check':<60} ok"] + [f"{k:<60} {'yes' if v else 'NO'}" for k, v in checks.items()]
+        + [f"{k}: {json.dumps(v)[:300]}" for k, v in figures.items()]
+    )  # fmt: skip
+    print(text)
+    print(json.dumps(result))
+    for folder in (REPO / "bench" / "results", Path(os.environ["OUT"]) if os.environ.get("OUT") else None):
+        if folder:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "gpu_suite.json").write_text(json.dumps(result, indent=2) + "\n")
+            (folder / "gpu_suite.txt").write_text(text + "\n")
+    return 0 if checks and all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

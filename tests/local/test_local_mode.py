@@ -1,0 +1,156 @@
+"""Local mode (`raystack up --local`): the node program on this machine as a one-node cluster,
+without SLURM — the same folder, token, queue, ledger and CLI. Driven through the CLI as a user
+would; GPUs are logical here (as on the testbed), which is enough for placement and masking."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raystack.adapters import local
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+DEBUG = REPO / "jobs" / "debug"
+
+
+def rs(home: Path, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_"))}
+    env.update(
+        RAYSTACK_HOME=str(home), SLURM_JOB_ID="4242", SLURM_NODELIST="elsewhere"
+    )  # a stray SLURM shell
+    proc = subprocess.run(
+        [sys.executable, "-m", "raystack.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"raystack {' '.join(args)} exited {proc.returncode}: {proc.stderr[-3000:]}")
+    return proc
+
+
+def record(home: Path, name: str = "local") -> dict:
+    return json.loads((home / "clusters" / name / "cluster.json").read_text())
+
+
+def left_behind(job_id: str) -> list[int]:
+    return local.pids(job_id, everything=True) or []
+
+
+@pytest.fixture(scope="module")
+def lc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    home = tmp_path_factory.mktemp("home")
+    started = time.monotonic()
+    up = rs(home, "up", "--local", "--gpus", "2", "--cpus", "2", "--json")
+    info = {"home": home, "up": json.loads(up.stdout), "ready_s": time.monotonic() - started}
+    try:
+        yield info
+    finally:
+        rs(home, "down", "local", check=False)
+        local.sweep(info["up"]["slurm_job_id"])
+
+
+def test_up_local_is_ready_with_what_was_asked_and_nothing_public(lc: dict) -> None:
+    rec = lc["up"]
+    assert rec["state"] == "READY" and local.is_local(rec["slurm_job_id"])
+    assert rec["nodes_expected"] == 1 and rec["gpus_per_node"] == 2 and rec["cpus_per_node"] == 2
+    assert rec["dashboard_url"].startswith("http://127.0.0.1:")
+    token = lc["home"] / "clusters" / "local" / "token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    status = json.loads(rs(lc["home"], "status", "local", "--json").stdout)
+    assert status["ready"] and status["gpus"] == 2 and status["cpus"] == 2
+    assert "lost" not in status["message"]
+    # The dashboard (Jobs API) answers on loopback only.
+    port = rec["ports"]["dashboard"]
+    public = [ip for ip in {socket.gethostbyname(socket.gethostname())} if not ip.startswith("127.")]
+    for ip in public:
+        with socket.socket() as sock:
+            sock.settimeout(2)
+            assert sock.connect_ex((ip, port)) != 0, f"dashboard reachable on {ip}:{port}"
+
+
+def test_jobs_run_through_the_queue_with_their_own_gpus(lc: dict) -> None:
+    home = lc["home"]
+    ids = []
+    for spec, sets in (
+        ("hello.yaml", []),
+        ("placement.yaml", []),
+        ("spmd.yaml", ["--set", "procs_per_node=2"]),
+    ):
+        out = rs(home, "submit", str(DEBUG / spec), *sets, "--json")
+        ids.append(json.loads(out.stdout)["id"])
+    for job_id in ids:
+        follow = rs(home, "logs", job_id, "-f", check=False, timeout=600)
+        assert follow.returncode == 0, f"{job_id}: {follow.stdout[-3000:]}"
+    jobs = {r["id"]: r for r in json.loads(rs(home, "queue", "local", "--all", "--json").stdout)}
+    assert all(jobs[j]["state"] == "SUCCEEDED" for j in ids)
+    spmd_log = rs(home, "logs", ids[2]).stdout
+    ranks = [
+        json.loads(line.split("SPMD_RANK ", 1)[1]) for line in spmd_log.splitlines() if "SPMD_RANK " in line
+    ]
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and {r["world"] for r in ranks} == {2}
+    hello = rs(home, "logs", ids[0]).stdout
+    assert "SLURM_JOB_ID" not in hello  # jobs do not think they run inside SLURM
+    env = Path(f"/proc/{local.pids(lc['up']['slurm_job_id'])[0]}/environ").read_bytes()  # type: ignore[index]
+    assert b"SLURM_JOB_ID=" not in env
+
+
+def test_a_second_local_cluster_of_the_same_name_is_refused(lc: dict) -> None:
+    again = rs(lc["home"], "up", "--local", "--cpus", "1", check=False)
+    assert again.returncode == 1 and "in use by a live cluster" in again.stderr
+
+
+def test_bad_local_requests_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    for args, field in (
+        (["--nodes", "2"], "--nodes"),
+        (["--partition", "gpu"], "--partition"),
+        (["--cpus", "100000"], "--cpus"),
+        (["--gpus-per-node", "1"], "--gpus-per-node"),
+    ):
+        proc = rs(tmp_path, "up", "--local", *args, check=False)
+        assert proc.returncode == 1 and field in proc.stderr, proc.stderr
+    assert not (tmp_path / "clusters").exists() or not any((tmp_path / "clusters").iterdir())
+
+
+def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    home = tmp_path_factory.mktemp("kill")
+    rec = json.loads(rs(home, "up", "--local", "--cpus", "1", "--name", "k", "--json").stdout)
+    job_id = rec["slurm_job_id"]
+    assert left_behind(job_id)
+    # SIGKILL: the node program cannot stop its Ray. The next command finds it ended...
+    for pid in local.pids(job_id) or []:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while local.alive(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = json.loads(rs(home, "status", "k", "--json", check=False).stdout)
+    assert status["state"] == "FAILED" and "no longer running" in status["message"], status
+    assert left_behind(job_id)  # Ray's daemons outlived it
+    # ... and `down` leaves nothing of it.
+    rs(home, "down", "k")
+    deadline = time.monotonic() + 30
+    while left_behind(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left_behind(job_id)
+
+
+def test_local_ids_and_hosts() -> None:
+    job_id = local.new_id()
+    assert local.is_local(job_id) and local.host_of(job_id) == local.this_host()
+    assert not local.is_local("12345") and not local.is_local(None)
+    assert local.alive("local-some-other-host-00000000") is None  # another host: cannot tell
