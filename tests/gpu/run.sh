@@ -4,7 +4,7 @@
 # SPMD torchrun job and the placement check back to back, then measures each figure beside its
 # baseline in the same run (tests/gpu/suite.py says which), stops the cluster and checks that
 # nothing is left holding a GPU. Results: bench/results/gpu_suite.{json,txt} (and $OUT/ if set).
-#   bash tests/gpu/run.sh [--cpu-baseline]
+#   bash tests/gpu/run.sh
 # Ray and DeepSpeed must be importable (on a machine without network: shared/GPU.md's wheels,
 # installed under /tmp/site; this script puts /tmp/site on the paths when it exists).
 set -euo pipefail
