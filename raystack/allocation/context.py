@@ -11,7 +11,9 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ class NodeContext:
     object_store_bytes: int
     join_timeout: float
     head_grace: float = 60.0  # seconds a worker waits for an unreachable head before leaving
+    temp_root: Path | None = None  # the private folder (0700) that holds temp_dir
 
     @property
     def is_head(self) -> bool:
@@ -125,6 +128,22 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
     )
 
 
+def private_temp_dir(ctx: NodeContext) -> NodeContext:
+    """Ray's temp dir inside a fresh folder only this user can enter (mkdtemp: 0700, checked).
+
+    Ray makes its session, sockets and logs folders mode 0777 at a predictable path; inside a
+    private folder no other user on the node can list, read, swap or connect to any of it."""
+    prefix = ctx.temp_dir
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=prefix.name + "-", dir=prefix.parent))
+    st = root.lstat()
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700 or not stat.S_ISDIR(st.st_mode):
+        raise RaystackError(f"{root} is not a private folder of this user; check {prefix.parent}")
+    ctx.temp_root = root
+    ctx.temp_dir = root / "r"  # (short: Unix socket paths inside it are limited to 107 bytes)
+    return ctx
+
+
 def local_context(env: dict[str, str]) -> NodeContext:
     """A local cluster (`raystack up --local`): one node, this machine, no SLURM. It binds to
     127.0.0.1 unless RAYSTACK_NODE_IP says otherwise: nothing is reachable from elsewhere."""
@@ -159,6 +178,10 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAYSTACK_CLUSTER=ctx.cluster,
         RAYSTACK_ALLOCATION=ctx.job_id,  # SLURM's job id, or a local cluster's id
     )
+    if env.get("RAYSTACK_METRICS") != "1":
+        # Ray's Prometheus exporter listens on every interface without auth (task and actor
+        # names, node addresses, resource use): off unless the profile asks (`metrics: true`).
+        env["RAY_enable_metrics_collection"] = "0"
     env.pop("RAY_ADDRESS", None)
     # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.
     bindir = str(Path(sys.executable).parent)
@@ -287,7 +310,7 @@ def stop_ray(ctx: NodeContext, ray: RayProcess) -> None:
     """Stop this node's Ray processes (only ours: never a global `ray stop`) and its temp dir."""
     ignore_signals()
     ray.stop()
-    shutil.rmtree(ctx.temp_dir, ignore_errors=True)
+    shutil.rmtree(ctx.temp_root or ctx.temp_dir, ignore_errors=True)
     log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)
 
 

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from raystack.allocation.context import Stop, context_from_env, on_signal
+from raystack.allocation.context import Stop, context_from_env, on_signal, private_temp_dir
 from raystack.allocation.head import run_head
 from raystack.allocation.rayproc import become_subreaper
 from raystack.allocation.worker import run_worker
@@ -35,6 +35,7 @@ def main() -> None:
         stream=sys.stdout,
         format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
     )
+    os.umask(0o077)  # whatever the allocation script or the user's shell had
     become_subreaper()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -42,7 +43,7 @@ def main() -> None:
     # flag file for the head; a USR1 sent to the whole step by hand must not end the node.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
-        ctx = context_from_env(dict(os.environ))
+        ctx = private_temp_dir(context_from_env(dict(os.environ)))
         make_private_dirs(paths.cluster(ctx.cluster))
         records.ensure_token(ctx.cluster)
         entry = {

@@ -192,6 +192,7 @@ def _environment(plan: AllocationPlan) -> list[str]:
         "RAYSTACK_LOCAL_SCRATCH": p.local_scratch,
         "RAYSTACK_JOIN_TIMEOUT": str(p.join_timeout),
         **({"RAYSTACK_OBJECT_STORE_MEMORY": p.object_store_memory} if p.object_store_memory else {}),
+        **({"RAYSTACK_METRICS": "1"} if p.metrics else {}),
         **plan.env,
     }
     lines = [
@@ -238,6 +239,7 @@ def render_script(plan: AllocationPlan) -> str:
         *([f"# {line}" for line in _wrap_text(plan.note)] if plan.note else []),
         "#SBATCH --ntasks-per-node=1",
         "set -euo pipefail",
+        "umask 077  # everything of the cluster is this user's only (node files, logs, sockets)",
         *_environment(plan),
     ]
     lines += [
@@ -279,6 +281,7 @@ def render_local_script(plan: AllocationPlan, gpu_ids: list[str]) -> str:
         "# cluster on this machine, without SLURM (`raystack up --local`): the node program runs here",
         "# until `raystack down`. RAYSTACK_LOCAL_ID names this run; raystack finds the program by it.",
         "set -euo pipefail",
+        "umask 077  # everything of the cluster is this user's only (node files, logs, sockets)",
         *_environment(plan),
         "",
         "# This machine's share: no SLURM to say it.",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import socket
 from typing import Annotated
 
 import typer
@@ -156,16 +155,33 @@ def _show_ready(cluster: Cluster, as_json: bool) -> None:
         out.print(f"cluster {cluster.name}: {record.state.value} ({record.message})")
         out.print(f"follow it with: raystack status {cluster.name}")
         return
-    port = record.ports.get("dashboard")
     where = "on this machine" if local.is_local(record.slurm_job_id) else "SLURM job"
     out.print(
         f"cluster {cluster.name} READY: {where} {record.slurm_job_id}, "
         f"{record.nodes_expected} nodes ({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
-    out.print(f"dashboard: {record.dashboard_url}")
-    out.print(f"tunnel:    ssh -N -L {port}:{record.head_ip}:{port} {socket.gethostname()}")
+    out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {cluster.name})")
+    out.print(f"tunnel:    {cluster.tunnel()['tunnel']}", markup=False, soft_wrap=True)
     out.print(f'env:       eval "$(raystack env {cluster.name})"')
+
+
+@app.command()
+def dashboard(
+    name: NameArg = None,
+    login_host: Annotated[
+        str | None, typer.Option("--login-host", help="Host to ssh to (default: this one).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """How to open the Ray dashboard from your laptop: the ssh tunnel line and how to log in."""
+    info = Cluster.get(name).tunnel(login_host)
+    if as_json:
+        print_json(info)
+        return
+    out.print(f"1. on your laptop:  {info['tunnel']}", markup=False, soft_wrap=True)
+    out.print(f"2. open:            {info['url']}", markup=False, soft_wrap=True)
+    out.print(f"3. its token, here: {info['login']}", markup=False, soft_wrap=True)
 
 
 @app.command()

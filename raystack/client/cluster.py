@@ -7,7 +7,9 @@ c.status(); c.env(); c.down()
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -362,6 +364,22 @@ class Cluster:
             raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
         return Dashboard(record.dashboard_url, records.read_token(self.name))
 
+    def tunnel(self, login_host: str | None = None) -> dict[str, str]:
+        """How to open the dashboard from a laptop: an ssh tunnel on a loopback address of this
+        cluster's own (127.0.0.x from its name), so two clusters' login cookies (scoped to the
+        host) never mix, and how to get the token it asks for."""
+        record = self.record()
+        port = record.ports.get("dashboard")
+        if not record.head_ip or not port:
+            raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
+        local_ip = loopback_for(self.name)
+        host = login_host or socket.gethostname()
+        return {
+            "url": f"http://{local_ip}:{port}",
+            "tunnel": f"ssh -N -L {local_ip}:{port}:{record.head_ip}:{port} {host}",
+            "login": f'eval "$(raystack env {self.name})" && ray get-auth-token',
+        }
+
     def env(self) -> dict[str, str]:
         """Variables with which plain `ray job submit`, `ray job logs` and `ray status` work."""
         record = self.record()
@@ -460,3 +478,9 @@ class Cluster:
         """A local cluster's leftovers (its node program was killed): gone after `down`."""
         if local.is_local(record.slurm_job_id):
             local.sweep(str(record.slurm_job_id))
+
+
+def loopback_for(name: str) -> str:
+    """A loopback address of the cluster's own, 127.0.0.2-127.0.0.251, from a hash of its name."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return f"127.0.0.{2 + int.from_bytes(digest[:4], 'big') % 250}"

@@ -64,6 +64,12 @@ DEFAULT_EXCLUDES = [
     "*.safetensors",
     "*.pt",
     "*.bin",
+    # Secrets are never uploaded: a cluster's token, ssh keys, certificates and keys.
+    "token",
+    "auth_token",
+    ".ssh/",
+    "*.pem",
+    "*.key",
 ]
 
 

@@ -63,6 +63,9 @@ class Profile(BaseModel):
     local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
     object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
     join_timeout: int = Field(default=300, ge=5)  # seconds for every node to join the head
+    # Ray's metrics (Prometheus exporter on every node): off by default; when on, its port
+    # listens on every interface without auth
+    metrics: bool = False
     # walltime: allocations in a chain, and how long before each one's end SLURM warns
     chain: int = Field(default=1, ge=1, le=1000)
     signal_lead: float = 600.0

@@ -13,6 +13,7 @@ from raystack.errors import ConfigError
 from raystack.spec import workdir
 from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, new_job_id
 from raystack.spec.planning import substitute
+from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -76,6 +77,12 @@ def resolve(
             raise ConfigError(
                 f"{source}: working_dir '{spec.working_dir}' is not a folder ({folder}); "
                 "fix the path (relative paths start at the spec's folder)"
+            )
+        home = paths.home().resolve()
+        if folder == home or folder in home.parents:
+            raise ConfigError(
+                f"{source}: working_dir {folder} holds RAYSTACK_HOME ({home}), the clusters' tokens "
+                "among it: choose a folder that does not, or move RAYSTACK_HOME out of it"
             )
         workdir.check(folder, excludes, source)
         working_dir = str(folder)

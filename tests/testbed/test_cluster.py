@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from raystack import Cluster
+from raystack.client.cluster import loopback_for
 from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
@@ -80,7 +81,10 @@ def test_up_reports_ready_with_dashboard_tunnel_and_env(four: dict) -> None:
     assert f"{NODES * 4} GPUs" in out
     port = record.ports["dashboard"]
     assert f"dashboard: http://{record.head_ip}:{port}" in out
-    assert f"ssh -N -L {port}:{record.head_ip}:{port} " in out
+    loopback = loopback_for("four")  # the cluster's own: two clusters' dashboard cookies never mix
+    assert f"ssh -N -L {loopback}:{port}:{record.head_ip}:{port} " in out
+    info = json.loads(raystack("dashboard", "four", "--json").stdout)
+    assert info["url"] == f"http://{loopback}:{port}" and "ray get-auth-token" in info["login"]
     assert 'eval "$(raystack env four)"' in out
     assert "STARTING" in four["up"].stderr  # progress was shown while waiting
     assert "whole nodes: 16 CPUs and 4 GPUs per node, all memory, as partition testbed's" in four["up"].stderr
@@ -175,6 +179,42 @@ def test_name_in_use_is_refused_and_the_live_cluster_survives(four: dict) -> Non
     assert "name 'four' is in use by a live cluster" in done.stderr
     assert "raystack down four" in done.stderr
     assert Cluster.get("four").status().ready
+
+
+def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+    """A command run by another Unix user on the same machine (the testbed's nodes share it)."""
+    return subprocess.run(
+        ["runuser", "-u", "nobody", "--", *argv], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_another_user_on_the_node_cannot_enter_anything_of_the_cluster(four: dict) -> None:
+    roots = sorted(Path("/tmp").glob(f"rs-{four['job']}-node*-*"))
+    assert len(roots) == NODES, roots  # one private folder per node, named unpredictably
+    for root in roots:
+        st = root.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid(), root
+        session = root / "r" / "session_latest"
+        logs = sorted((session / "logs").glob("*.out"))
+        sockets = sorted((session / "sockets").iterdir())
+        assert logs and sockets  # Ray's own, inside: it chmods them 0777, the folder keeps them
+        assert as_nobody("ls", str(root)).returncode != 0
+        assert as_nobody("cat", str(logs[0])).returncode != 0
+        probe = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(sockets[0])!r})"
+        assert as_nobody(sys.executable, "-c", probe).returncode != 0
+    folder = paths.cluster("four")
+    assert stat.S_IMODE(folder.root.stat().st_mode) == 0o700
+    assert as_nobody("cat", str(folder.token)).returncode != 0
+    assert as_nobody("ls", str(folder.logs)).returncode != 0
+
+
+def test_metrics_exporter_is_closed_by_default(four: dict) -> None:
+    import socket
+
+    record = clusters.read("four")
+    with socket.socket() as sock:
+        sock.settimeout(3)
+        assert sock.connect_ex((record.head_ip, record.ports["metrics"])) != 0
 
 
 def test_down_releases_the_nodes_and_leaves_no_process(four: dict) -> None:

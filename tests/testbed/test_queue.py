@@ -159,7 +159,7 @@ def test_stop_running_job_within_grace_and_resume_from_checkpoint(qc: dict) -> N
         sets=[*sets, f"entrypoint=python resume.py --steps {saved + 3} --step-seconds 0.1"],
     )
     assert finished(again).state is JobState.SUCCEEDED
-    assert f"starting at step {saved} (run 2)" in again.logs()
+    assert f"starting at step {saved} (run 2," in again.logs()
     assert f"RESUME done at step {saved + 3} after 2 run(s)" in again.logs()
 
 
