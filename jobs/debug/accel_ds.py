@@ -6,20 +6,13 @@ Launched with `accelerate launch --use_deepspeed --deepspeed_config_file ds_conf
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import sys
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
-
-
-def report(tag: str, data: dict) -> None:
-    """One whole line in one write: the ranks of a node share a pipe, and a print() split into
-    text and newline interleaves with the other ranks' lines."""
-    os.write(1, f"{tag} {json.dumps(data)}\n".encode())
+from ranks import report
 
 
 def main() -> int:

@@ -13,9 +13,9 @@ import json
 import os
 import socket
 import sys
-import time
 
 import ray
+from ranks import bus_bandwidth, timed_allreduce
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rendezvous import free_endpoint
@@ -38,21 +38,7 @@ class Rank:
             backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank, world_size=self.world
         )
         device = torch.device("cuda:0" if self.device == "cuda" else "cpu")
-        numel = int(size_mb * 2**20 / 4)
-        tensor = torch.empty(numel, dtype=torch.float32, device=device)
-        tensor.fill_(self.rank + 1.0)
-        dist.all_reduce(tensor)  # warm-up, and the correctness check
-        expected = self.world * (self.world + 1) / 2
-        ok = bool(torch.all(tensor == expected).item())
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(tensor)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / iters
+        ok, seconds = timed_allreduce(size_mb, iters, self.rank, self.world, device)
         dist.destroy_process_group()
         return {
             "rank": self.rank,
@@ -91,8 +77,7 @@ def main() -> int:
     master = ray.get(ranks[0].endpoint.remote())
     results = ray.get([r.run.remote(master, args.size_mb, args.iters) for r in ranks], timeout=600)
     seconds = max(r["seconds"] for r in results)
-    size = args.size_mb * 2**20
-    busbw = 2 * (world - 1) / world * size / seconds / 1e9 if world > 1 else 0.0
+    busbw = bus_bandwidth(world, args.size_mb, seconds)
     summary = {
         "world": world,
         "backend": results[0]["backend"],

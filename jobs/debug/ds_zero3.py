@@ -9,13 +9,13 @@ GPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import deepspeed
 import torch
 import torch.distributed as dist
+from ranks import report
 
 IN, HIDDEN, LR = 32, 64, 1e-3
 
@@ -29,12 +29,6 @@ def data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(n, IN, generator=gen)
     return x, torch.sin(x[:, :4].sum(1, keepdim=True))
-
-
-def report(tag: str, data: dict) -> None:
-    """One whole line in one write: the ranks of a node share a pipe, and a print() split into
-    text and newline interleaves with the other ranks' lines."""
-    os.write(1, f"{tag} {json.dumps(data)}\n".encode())
 
 
 def main() -> int:

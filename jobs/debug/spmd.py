@@ -10,7 +10,6 @@ steps of a small model under DistributedDataParallel. NCCL with GPUs, gloo witho
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -18,31 +17,16 @@ import time
 
 import torch
 import torch.distributed as dist
-
-
-def report(tag: str, data: dict) -> None:
-    """One whole line in one write: the ranks of a node share a pipe, and a print() split into
-    text and newline interleaves with the other ranks' lines."""
-    os.write(1, f"{tag} {json.dumps(data)}\n".encode())
+from ranks import bus_bandwidth, report, timed_allreduce
 
 
 def bandwidth(size_mb: float, iters: int, rank: int, world: int, device: torch.device) -> None:
-    """Bus bandwidth of an all-reduce of `size_mb`, as jobs/debug/allreduce.py measures it (the
-    same tensor, warm-up and timing), so that the two can be compared."""
-    tensor = torch.full((int(size_mb * 2**20 / 4),), rank + 1.0, dtype=torch.float32, device=device)
-    dist.all_reduce(tensor)
-    ok = bool(torch.all(tensor == world * (world + 1) / 2).item())
-    dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(tensor)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = torch.tensor([(time.perf_counter() - start) / iters], device=device)
+    """Bus bandwidth of an all-reduce of `size_mb`, timed as allreduce.py times it (ranks.py), so
+    that the two can be compared; the slowest rank's time counts."""
+    ok, per_iter = timed_allreduce(size_mb, iters, rank, world, device)
+    seconds = torch.tensor([per_iter], device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    busbw = 2 * (world - 1) / world * size_mb * 2**20 / seconds.item() / 1e9 if world > 1 else 0.0
+    busbw = bus_bandwidth(world, size_mb, seconds.item())
     if rank == 0:
         report(
             "SPMD_ALLREDUCE", {"world": world, "size_mb": size_mb, "ok": ok, "busbw_gb_s": round(busbw, 3)}

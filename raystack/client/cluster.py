@@ -159,22 +159,13 @@ class Cluster:
                 f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "
                 f"'{plan.name}': `scancel {twins[0].job_id}` first, or choose another --name"
             )
-        records.create(plan.name)
-        records.clear_node_entries(plan.name)
-        atomic_write(plan.script_path, allocation.render_script(plan), mode=0o700)
-        records.write(
-            ClusterRecord(
-                name=plan.name,
-                profile=plan.profile.name,
-                nodes_expected=plan.nodes or 0,
-                gpus_per_node=plan.gpus_per_node,
-                cpus_per_node=plan.cpus_per_task or 0,
-                chain_count=plan.chain,
-                signal_lead=plan.signal_lead,
-                sbatch_options=plan.sbatch_options(),
-                message="submitting",
-                history=[{"state": "SUBMITTED", "time": time.time(), "message": ""}],
-            )
+        cls._prepare(
+            plan,
+            allocation.render_script(plan),
+            chain_count=plan.chain,
+            signal_lead=plan.signal_lead,
+            sbatch_options=plan.sbatch_options(),
+            message="submitting",
         )
         try:
             job_id = slurm.sbatch(plan.sbatch_options(), str(plan.script_path))
@@ -183,6 +174,25 @@ class Cluster:
             raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
         records.update(plan.name, slurm_job_id=job_id, message=f"submitted as SLURM job {job_id}")
         return cls(plan.name)
+
+    @staticmethod
+    def _prepare(plan: allocation.AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
+        """A fresh cluster folder for `plan`: its launch script and its first record."""
+        assert plan.name and plan.script_path
+        records.create(plan.name)
+        records.clear_node_entries(plan.name)
+        atomic_write(plan.script_path, script, mode=0o700)
+        records.write(
+            ClusterRecord(
+                name=plan.name,
+                profile=plan.profile.name,
+                nodes_expected=plan.nodes or 0,
+                gpus_per_node=plan.gpus_per_node,
+                cpus_per_node=plan.cpus_per_task or 0,
+                history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
+                **fields,
+            )
+        )
 
     @staticmethod
     def _check_name_free(name: str) -> None:
@@ -247,21 +257,13 @@ class Cluster:
     def start_local(cls, plan: allocation.AllocationPlan, gpu_ids: Argv) -> Cluster:
         assert plan.name and plan.script_path and plan.cluster_paths
         cls._check_name_free(plan.name)
-        records.create(plan.name)
-        records.clear_node_entries(plan.name)
-        atomic_write(plan.script_path, allocation.render_local_script(plan, gpu_ids), mode=0o700)
         job_id = local.new_id()
-        records.write(
-            ClusterRecord(
-                name=plan.name,
-                profile=plan.profile.name,
-                nodes_expected=1,
-                gpus_per_node=plan.gpus_per_node,
-                cpus_per_node=plan.cpus_per_task or 0,
-                slurm_job_id=job_id,
-                message=f"started on this machine as {job_id}",
-                history=[{"state": "SUBMITTED", "time": time.time(), "message": "local"}],
-            )
+        cls._prepare(
+            plan,
+            allocation.render_local_script(plan, gpu_ids),
+            note="local",
+            slurm_job_id=job_id,
+            message=f"started on this machine as {job_id}",
         )
         # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
         local.start(job_id, plan.script_path, plan.cluster_paths.node_log(local.this_host()))
