@@ -45,6 +45,7 @@ from raystack.allocation.walltime import (
     submit_follow_on,
 )
 from raystack.errors import RaystackError
+from raystack.launch.process import die_with_parent
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
@@ -230,7 +231,10 @@ class Head:
         self.nodes = NodeWatch(ctx)
 
     def start_runner(self) -> subprocess.Popen:
-        """The queue runner, a child of this node program (so teardown ends it too)."""
+        """The queue runner, a child of this node program (so teardown ends it too). It dies with
+        the node program even when that is SIGKILLed: a runner left behind would go on taking
+        jobs off the queue for a cluster that has ended (SLURM kills the step's cgroup; a local
+        cluster has none)."""
         p = paths.cluster(self.ctx.cluster)
         with open(p.runner_log, "a") as logfile:
             proc = subprocess.Popen(
@@ -238,6 +242,7 @@ class Head:
                 env=ray_env(self.ctx),
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
             )
         self.reap.owned.add(proc.pid)
         records.update(self.ctx.cluster, runner_pid=proc.pid)

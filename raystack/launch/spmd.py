@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -32,15 +31,10 @@ import time
 from typing import Any
 
 from raystack.launch.launchers import LAUNCHERS, Rendezvous, argv, failure, hostfile
+from raystack.launch.process import die_with_parent
 
 POLL = 0.2  # seconds between reads of the launchers' output
 TAIL = 20  # lines of a failed node shown in the job's failure
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover (runs in the child, before exec)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class NodeLauncherImpl:
@@ -76,7 +70,7 @@ class NodeLauncherImpl:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: stopped as one
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             text=True,
             errors="replace",
             bufsize=1,

@@ -46,6 +46,13 @@ def record(home: Path, name: str = "local") -> dict:
     return json.loads((home / "clusters" / name / "cluster.json").read_text())
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def left_behind(job_id: str) -> list[int]:
     return local.pids(job_id, everything=True) or []
 
@@ -141,6 +148,8 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     status = json.loads(rs(home, "status", "k", "--json", check=False).stdout)
     assert status["state"] == "FAILED" and "no longer running" in status["message"], status
     assert left_behind(job_id)  # Ray's daemons outlived it
+    # ... but not its queue runner, which would go on taking jobs off the queue.
+    assert not [pid for pid in left_behind(job_id) if b"raystack.allocation.runner" in cmdline(pid)]
     # ... and `down` leaves nothing of it.
     rs(home, "down", "k")
     deadline = time.monotonic() + 30
