@@ -31,6 +31,16 @@ def running_nodes() -> int:
         return 0
 
 
+def testbed_healthy() -> bool:
+    """NODES nodes up and answering, not just recorded: a machine restarted from a snapshot keeps
+    the state folder but none of the daemons."""
+    if running_nodes() != NODES or shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True)
+    states = out.stdout.split()
+    return out.returncode == 0 and len(states) == NODES and all(s in ("idle", "mix", "alloc") for s in states)
+
+
 def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
     """Poll a real condition with a deadline (tests never sleep a fixed time)."""
     deadline = time.monotonic() + timeout
@@ -48,7 +58,7 @@ def testbed() -> Iterator[Path]:
     """A running testbed with NODES nodes; yields its shared home folder."""
     if os.geteuid() != 0:
         pytest.skip("the SLURM testbed needs root (network namespaces, slurmd)")
-    started = running_nodes() != NODES
+    started = not testbed_healthy()
     if started:
         subprocess.run([str(TESTBED / "up"), "--nodes", str(NODES)], check=True)
     yield TESTBED_DIR / "home"
@@ -67,7 +77,13 @@ def module_home(testbed: Path, name: str) -> Iterator[Path]:
 
 
 def slurm_jobs_alive(with_names: bool = False) -> list:
-    out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, check=True)
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True)
+    if out.returncode != 0:  # say why: the controller's last words, and whether it still runs
+        log = TESTBED_DIR / "log" / "slurmctld.log"
+        tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else ["(no log)"]
+        ctld = subprocess.run(["pgrep", "-a", "slurmctld"], capture_output=True, text=True).stdout
+        state = f"slurmctld: {ctld.strip() or 'not running'}"
+        raise AssertionError("\n".join([f"squeue failed: {out.stderr.strip()}", state, *tail]))
     rows = [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]
     return rows if with_names else [job for job, _ in rows]
 
