@@ -44,3 +44,18 @@ def publish(name: str, table: str, result: dict[str, Any]) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     header = f"{result['date']} {result['machine']} {result['versions']}"
     (RESULTS / f"{name}.txt").write_text(f"{header}\n{table}\n")
+
+
+TESTBED_HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
+
+
+def on_testbed(prefix: str, nodes: int = 4) -> Path:
+    """The testbed up with `nodes` nodes, and a fresh RAYSTACK_HOME on it for this run."""
+    import tempfile
+
+    up = Path(__file__).resolve().parents[1] / "slurm" / "testbed" / "up"
+    subprocess.run([str(up), "--nodes", str(nodes)], check=True, stdout=subprocess.DEVNULL)
+    TESTBED_HOME.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir=TESTBED_HOME))
+    os.environ["RAYSTACK_HOME"] = str(home)
+    return home

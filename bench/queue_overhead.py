@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _report import publish  # noqa: E402
+from _report import on_testbed, publish  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 
-HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 TRIVIAL = ["python", "-c", "pass"]
 GAP_TARGET, RATIO_TARGET = 1.0, 1.5
 
@@ -99,9 +95,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--fresh", type=int, default=3)
     args = parser.parse_args()
-    subprocess.run([str(REPO / "slurm/testbed/up"), "--nodes", "4"], check=True, stdout=subprocess.DEVNULL)
-    HOME.mkdir(parents=True, exist_ok=True)
-    os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp(prefix="bench-queue-", dir=HOME)
+    on_testbed("bench-queue-")
     cluster = Cluster.up(4, profile="testbed", name="bench", timeout=300)
     try:
         cluster.submit(TRIVIAL, sets=["name=warmup"]).wait(timeout=300)  # first job pays worker start-up

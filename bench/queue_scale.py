@@ -21,14 +21,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _report import publish  # noqa: E402
+from _report import on_testbed, publish  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.client import Job  # noqa: E402
@@ -38,7 +37,6 @@ from raystack.spec.resolve import resolve  # noqa: E402
 from raystack.store import queue  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 
-HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 TARGET = 2.0
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -117,9 +115,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--window", type=float, default=10.0, help="seconds of runner CPU measured")
     args = parser.parse_args()
-    subprocess.run([str(REPO / "slurm/testbed/up"), "--nodes", "4"], check=True, stdout=subprocess.DEVNULL)
-    HOME.mkdir(parents=True, exist_ok=True)
-    os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp(prefix="bench-scale-", dir=HOME)
+    on_testbed("bench-scale-")
     cluster = Cluster.up(1, profile="testbed", name="scale", timeout=300)
     try:
         cluster.submit(["python", "-c", "pass"], sets=["name=warmup"]).wait(timeout=300)

@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _report import publish  # noqa: E402
+from _report import on_testbed, publish  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.spec.job import JobSpec  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 
-HOME = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed")) / "home"
 NODES, PROCS = 4, 2
 TARGET = 1.5
 COMMAND = "spmd.py --steps 1"
@@ -93,11 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    subprocess.run(
-        [str(REPO / "slurm/testbed/up"), "--nodes", str(NODES)], check=True, stdout=subprocess.DEVNULL
-    )
-    HOME.mkdir(parents=True, exist_ok=True)
-    os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp(prefix="bench-spmd-", dir=HOME)
+    on_testbed("bench-spmd-", NODES)
     cluster = Cluster.up(NODES, profile="testbed", name="spmdbench", timeout=300)
     ray_s, srun_s = [], []
     try:

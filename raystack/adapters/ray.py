@@ -60,9 +60,19 @@ class NodeSummary:
 class Dashboard:
     """A cluster's dashboard, authenticated with its token."""
 
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, verify: str | bool = True):
         self.url = url
         self.token = token
+        self.verify = verify  # a CA file for an https:// dashboard (a TLS cluster's own CA)
+
+    @classmethod
+    def of(cls, cluster: str, url: str) -> Dashboard:
+        """The dashboard of a cluster at `url`, with its token (and its CA when https://)."""
+        from raystack.store import cluster as records
+        from raystack.store import tls
+
+        verify = str(tls.ca_cert(cluster)) if url.startswith("https://") else True
+        return cls(url, records.read_token(cluster), verify)
 
     @functools.cached_property
     def jobs(self) -> Any:
@@ -70,7 +80,7 @@ class Dashboard:
         from ray.job_submission import JobSubmissionClient
 
         try:
-            return JobSubmissionClient(self.url, headers=auth_headers(self.token))
+            return JobSubmissionClient(self.url, headers=auth_headers(self.token), verify=self.verify)
         except Exception as exc:
             raise RayApiError(f"Jobs API at {self.url} did not answer: {self._why(exc)}") from exc
 
@@ -114,6 +124,8 @@ class Dashboard:
 
         try:
             client = StateApiClient(address=self.url, headers=auth_headers(self.token))
+            # NOTE: StateApiClient takes no `verify` (its base class, SubmissionClient, does).
+            client._verify = self.verify
             return client.list(
                 StateResource(resource),
                 options=ListApiOptions(filters=filters, detail=detail, timeout=timeout),  # type: ignore[arg-type]

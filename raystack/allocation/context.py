@@ -26,7 +26,7 @@ from raystack.allocation.rayproc import RayProcess, gpu_processes, has_nvidia_sm
 from raystack.errors import RaystackError
 from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import paths, tls
 
 log = logging.getLogger("raystack.node")
 T = TypeVar("T")
@@ -52,6 +52,7 @@ class NodeContext:
     join_timeout: float
     head_grace: float = 60.0  # seconds a worker waits for an unreachable head before leaving
     temp_root: Path | None = None  # the private folder (0700) that holds temp_dir
+    tls: tls.Identity | None = None  # this node's certificate, on a `tls: true` cluster
 
     @property
     def is_head(self) -> bool:
@@ -144,6 +145,15 @@ def private_temp_dir(ctx: NodeContext) -> NodeContext:
     return ctx
 
 
+def node_certificate(ctx: NodeContext, env: dict[str, str]) -> NodeContext:
+    """On a TLS cluster (RAYSTACK_TLS=1): this node's certificate, signed by the cluster's CA."""
+    if env.get("RAYSTACK_TLS") == "1":
+        tls.ensure_ca(ctx.cluster)
+        ctx.tls = tls.issue_node_cert(ctx.cluster, ctx.ip, ctx.host, tls.node_dir(ctx.job_id))
+        log.info("node certificate for %s (%s) in %s", ctx.host, ctx.ip, ctx.tls.cert.parent)
+    return ctx
+
+
 def local_context(env: dict[str, str]) -> NodeContext:
     """A local cluster (`raystack up --local`): one node, this machine, no SLURM. It binds to
     127.0.0.1 unless RAYSTACK_NODE_IP says otherwise: nothing is reachable from elsewhere."""
@@ -182,6 +192,11 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         # Ray's Prometheus exporter listens on every interface without auth (task and actor
         # names, node addresses, resource use): off unless the profile asks (`metrics: true`).
         env["RAY_enable_metrics_collection"] = "0"
+    if ctx.tls is not None:
+        env.update(tls.ray_env(ctx.tls, tls.ca_cert(ctx.cluster)))
+    else:
+        for name in tls.ray_env(tls.Identity(Path(), Path()), Path()):
+            env.pop(name, None)  # (a shell that had a TLS cluster's `raystack env`)
     env.pop("RAY_ADDRESS", None)
     # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.
     bindir = str(Path(sys.executable).parent)
@@ -212,11 +227,14 @@ def ray_start_argv(ctx: NodeContext, ports: dict[str, int], head_address: str | 
         f"--max-worker-port={ports['max_worker']}",
     ]
     if head_address is None:
+        # With TLS the dashboard (plain HTTP) listens on 127.0.0.1 only, behind the HTTPS front
+        # (allocation/tlsfront.py) on the node's address.
+        inner = ctx.tls is not None
         argv += [
             "--head",
             f"--port={ports['gcs']}",
-            f"--dashboard-host={ctx.ip}",
-            f"--dashboard-port={ports['dashboard']}",
+            f"--dashboard-host={'127.0.0.1' if inner else ctx.ip}",
+            f"--dashboard-port={ports['dashboard_http' if inner else 'dashboard']}",
             f"--ray-client-server-port={ports['client_server']}",
             "--include-dashboard=true",
         ]
@@ -311,6 +329,8 @@ def stop_ray(ctx: NodeContext, ray: RayProcess) -> None:
     ignore_signals()
     ray.stop()
     shutil.rmtree(ctx.temp_root or ctx.temp_dir, ignore_errors=True)
+    if ctx.tls is not None:
+        shutil.rmtree(ctx.tls.cert.parent, ignore_errors=True)
     log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)
 
 

@@ -13,6 +13,7 @@ import importlib.metadata
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,8 +34,9 @@ from raystack.allocation.context import (
     stop_ray,
     wait_for,
 )
-from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.rayproc import RayProcess, hold_port, node_ports, tcp_open
 from raystack.allocation.runner import LEASE_HELD
+from raystack.allocation.tlsfront import TlsFront
 from raystack.allocation.walltime import (
     NODE_LOST,
     WARNING,
@@ -53,6 +55,7 @@ from raystack.store.files import locked
 from raystack.store.queue import active, settle_orphans
 
 log = logging.getLogger("raystack.node")
+METRIC_PORTS = ("autoscaler_metrics", "dashboard_metrics")  # Ray's own counters, no auth
 
 
 class Displaced(RaystackError):
@@ -102,7 +105,7 @@ def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
 
 def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
     """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
-    dashboard = Dashboard(url, records.read_token(ctx.cluster))
+    dashboard = Dashboard.of(ctx.cluster, url)
     cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
     want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
     want_gpus = ctx.gpus * ctx.num_nodes
@@ -160,7 +163,8 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
         head_ip=ctx.ip,
         ports=ports,
         gcs_address=f"{ctx.ip}:{ports['gcs']}",
-        dashboard_url=f"http://{ctx.ip}:{ports['dashboard']}",
+        dashboard_url=f"{'https' if ctx.tls else 'http'}://{ctx.ip}:{ports['dashboard']}",
+        tls=ctx.tls is not None,
         nodes=[ctx.host] if local.is_local(ctx.job_id) else slurm.hostnames(nodelist),
         nodes_expected=ctx.num_nodes,
         nodes_joined=0,
@@ -187,15 +191,23 @@ def run_head(ctx: NodeContext) -> int:
             job_id,
             "resumes" if follow_on else "FAILED",
         )
-    ports = node_ports(head=True)
-    ray = RayProcess(ray_start_argv(ctx, ports, None), ray_env(ctx))
+    ports = node_ports(head=True, tls=ctx.tls is not None)
+    env = ray_env(ctx)
+    env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metrics"])
+    env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metrics"])
+    held = [] if env.get("RAYSTACK_METRICS") == "1" else [hold_port(ports[p]) for p in METRIC_PORTS]
+    ray = RayProcess(ray_start_argv(ctx, ports, None), env)
     head = Head(ctx, ray)
+    head.held = held
     try:
+        if ctx.tls is not None:
+            head.front = TlsFront(ctx.ip, ports["dashboard"], ports["dashboard_http"], ctx.tls).start()
         # The ports are fixed before Ray starts, so the address is published at once and the
         # workers start alongside the head (their `ray start --address` waits for the GCS).
-        records.update(ctx.cluster, **head_record_fields(ctx, ports))
+        fields = head_record_fields(ctx, ports)
+        records.update(ctx.cluster, **fields)
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
-        wait_ready(ctx, f"http://{ctx.ip}:{ports['dashboard']}", ray)
+        wait_ready(ctx, str(fields["dashboard_url"]), ray)  # (through the HTTPS front with TLS)
         records.update(
             ctx.cluster,
             state=ClusterState.READY,
@@ -229,6 +241,8 @@ class Head:
         self.warned = False  # the walltime warning was passed on
         self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
         self.nodes = NodeWatch(ctx)
+        self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
+        self.held: list[socket.socket] = []  # ports kept closed to Ray (rayproc.hold_port)
 
     def start_runner(self) -> subprocess.Popen:
         """The queue runner, a child of this node program (so teardown ends it too). It dies with
@@ -318,6 +332,8 @@ class Head:
             log.info("allocation %s ended: %s (%s)", self.ctx.job_id, end.text, signal_text)
             record = end_allocation(self.ctx.cluster, self.ctx.job_id, end, state)
             log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
+        if self.front is not None:
+            self.front.stop()
         stop_ray(self.ctx, self.ray)
 
 
@@ -336,11 +352,10 @@ class NodeWatch:
             return []
         self.checked = time.monotonic()
         record = records.read(self.ctx.cluster)
-        if not record.dashboard_url:
+        url = record.on_head_dashboard_url
+        if not url:
             return []
-        self.dashboard = self.dashboard or Dashboard(
-            record.dashboard_url, records.read_token(self.ctx.cluster)
-        )
+        self.dashboard = self.dashboard or Dashboard.of(self.ctx.cluster, url)
         try:
             missing = missing_nodes(self.ctx, self.dashboard.alive_nodes())
         except RaystackError:

@@ -17,7 +17,13 @@ import signal
 import sys
 import time
 
-from raystack.allocation.context import Stop, context_from_env, on_signal, private_temp_dir
+from raystack.allocation.context import (
+    Stop,
+    context_from_env,
+    node_certificate,
+    on_signal,
+    private_temp_dir,
+)
 from raystack.allocation.head import run_head
 from raystack.allocation.rayproc import become_subreaper
 from raystack.allocation.worker import run_worker
@@ -46,6 +52,7 @@ def main() -> None:
         ctx = private_temp_dir(context_from_env(dict(os.environ)))
         make_private_dirs(paths.cluster(ctx.cluster))
         records.ensure_token(ctx.cluster)
+        ctx = node_certificate(ctx, dict(os.environ))
         entry = {
             "ip": ctx.ip,
             "node_id": ctx.node_id,

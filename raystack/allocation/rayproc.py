@@ -55,7 +55,7 @@ def free_port_range(size: int = WORKER_PORTS) -> tuple[int, int]:
     raise RaystackError(f"no free block of {size} ports on this node")
 
 
-def node_ports(head: bool) -> dict[str, int]:
+def node_ports(head: bool, tls: bool = False) -> dict[str, int]:
     names = [
         "object_manager",
         "node_manager",
@@ -65,10 +65,24 @@ def node_ports(head: bool) -> dict[str, int]:
         "runtime_env",
     ]
     if head:
-        names += ["gcs", "dashboard", "client_server"]
+        # Ray's autoscaler and dashboard serve Prometheus counters on fixed ports (44217, 44227),
+        # all interfaces, no auth: per-cluster ports instead, held closed unless metrics are on.
+        names += ["gcs", "dashboard", "client_server", "autoscaler_metrics", "dashboard_metrics"]
+        if tls:
+            names.append("dashboard_http")  # Ray's own, on 127.0.0.1 behind the HTTPS front
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     ports["min_worker"], ports["max_worker"] = free_port_range()
     return ports
+
+
+def hold_port(port: int) -> socket.socket:
+    """Listen on 127.0.0.1:port and never accept: nothing else can listen on that port on any
+    interface while this socket lives (how the unauthenticated endpoints Ray has no switch for
+    are kept closed: their bind fails and Ray logs it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1)
+    return sock
 
 
 class RayProcess:

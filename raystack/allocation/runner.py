@@ -100,9 +100,10 @@ class Runner:
             or self.cluster.slurm_job_id
         )
         if api is None:
-            if not self.cluster.dashboard_url:
+            url = self.cluster.on_head_dashboard_url  # (the runner runs on the head node)
+            if not url:
                 raise ClusterError(f"cluster {name} has no dashboard yet")
-            api = Dashboard(self.cluster.dashboard_url, records.read_token(name))
+            api = Dashboard.of(name, url)
         self.api = api
         self.clock = clock
         self.resources_free = resources_free or self._resources_free

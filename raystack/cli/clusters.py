@@ -13,6 +13,7 @@ from raystack.allocation import sbatch as allocation
 from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster
 from raystack.errors import ConfigError
+from raystack.spec.profile import Profile, load_profile
 
 
 @app.command()
@@ -59,9 +60,16 @@ def up(
     cpus: Annotated[
         int | None, typer.Option("--cpus", help="With --local: CPUs to use (default: all).")
     ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
+    prof = load_profile(profile)
+    if tls:
+        prof = prof.model_copy(update={"tls": True})
     if local_:
         slurm_only = {
             "--nodes": nodes != 1,
@@ -78,14 +86,14 @@ def up(
         if given:
             fix = "use --gpus/--cpus" if given[0] in ("--gpus-per-node", "--cpus-per-task") else "drop it"
             raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
-        _up_local(gpus, cpus, profile, name or "local", dry_run, no_wait, timeout, as_json)
+        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, timeout, as_json)
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
     name = name or "default"
     plan = Cluster.plan(
         nodes,
-        profile=profile,
+        profile=prof,
         name=name,
         time=time,
         partition=partition,
@@ -118,7 +126,7 @@ def up(
 def _up_local(
     gpus: int | None,
     cpus: int | None,
-    profile: str,
+    profile: Profile,
     name: str,
     dry_run: bool,
     no_wait: bool,
@@ -182,6 +190,8 @@ def dashboard(
     out.print(f"1. on your laptop:  {info['tunnel']}", markup=False, soft_wrap=True)
     out.print(f"2. open:            {info['url']}", markup=False, soft_wrap=True)
     out.print(f"3. its token, here: {info['login']}", markup=False, soft_wrap=True)
+    if "certificate" in info:
+        out.print(f"   the certificate: {info['certificate']}", markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -29,7 +29,7 @@ from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.resolve import resolve
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.ledger import JobRecord, all_jobs
@@ -180,6 +180,10 @@ class Cluster:
         """A fresh cluster folder for `plan`: its launch script and its first record."""
         assert plan.name and plan.script_path
         records.create(plan.name)
+        if plan.profile.tls:
+            tls.create_ca(plan.name)  # fresh, like the token: an earlier cluster's certificates fail
+        else:
+            shutil.rmtree(tls.folder(plan.name), ignore_errors=True)
         records.clear_node_entries(plan.name)
         atomic_write(plan.script_path, script, mode=0o700)
         records.write(
@@ -187,6 +191,7 @@ class Cluster:
                 name=plan.name,
                 profile=plan.profile.name,
                 nodes_expected=plan.nodes or 0,
+                tls=plan.profile.tls,
                 gpus_per_node=plan.gpus_per_node,
                 cpus_per_node=plan.cpus_per_task or 0,
                 history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
@@ -327,7 +332,7 @@ class Cluster:
         ray_error = None
         if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
             try:
-                alive = Dashboard(record.dashboard_url, records.read_token(self.name)).alive_nodes(timeout=5)
+                alive = Dashboard.of(self.name, record.dashboard_url).alive_nodes(timeout=5)
                 nodes = len(alive)
                 gpus = sum(n.resources.get("GPU", 0) for n in alive)
                 cpus = sum(n.resources.get("CPU", 0) for n in alive)
@@ -364,7 +369,7 @@ class Cluster:
         record = self.record()
         if not record.dashboard_url:
             raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
-        return Dashboard(record.dashboard_url, records.read_token(self.name))
+        return Dashboard.of(self.name, record.dashboard_url)
 
     def tunnel(self, login_host: str | None = None) -> dict[str, str]:
         """How to open the dashboard from a laptop: an ssh tunnel on a loopback address of this
@@ -376,11 +381,17 @@ class Cluster:
             raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
         local_ip = loopback_for(self.name)
         host = login_host or socket.gethostname()
-        return {
-            "url": f"http://{local_ip}:{port}",
+        info = {
+            "url": f"{'https' if record.tls else 'http'}://{local_ip}:{port}",
             "tunnel": f"ssh -N -L {local_ip}:{port}:{record.head_ip}:{port} {host}",
             "login": f'eval "$(raystack env {self.name})" && ray get-auth-token',
         }
+        if record.tls:  # the certificate names the head's address, not the tunnel's
+            info["certificate"] = (
+                f"signed by the cluster's own CA {tls.ca_cert(self.name)}: import it, or accept "
+                "the browser's warning for this address"
+            )
+        return info
 
     def env(self) -> dict[str, str]:
         """Variables with which plain `ray job submit`, `ray job logs` and `ray status` work."""
@@ -390,13 +401,16 @@ class Cluster:
                 f"cluster {self.name} has no Ray address yet ({record.state.value}): "
                 f"wait with `raystack up` or check `raystack status {self.name}`"
             )
-        return {
+        env = {
             "RAY_ADDRESS": record.gcs_address,  # ray status, ray.init()
             "RAY_API_SERVER_ADDRESS": record.dashboard_url,  # ray job submit/logs/list
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(paths.cluster(self.name).token),
             "RAYSTACK_CLUSTER": self.name,
         }
+        if record.tls:  # the client certificate; `ray job ... --verify "$RAY_TLS_CA_CERT"`
+            env.update(tls.ray_env(tls.client(self.name), tls.ca_cert(self.name)))
+        return env
 
     # ------------------------------------------------------------------ jobs
     def submit(

@@ -152,9 +152,7 @@ class Job:
             with contextlib.suppress(RaystackError, RuntimeError, OSError):
                 cluster = records.read(self.cluster)
                 if cluster.dashboard_url:
-                    Dashboard(cluster.dashboard_url, records.read_token(self.cluster)).stop(
-                        record.attempts[-1].id
-                    )
+                    Dashboard.of(self.cluster, cluster.dashboard_url).stop(record.attempts[-1].id)
         if not wait:
             return self.record()
         return self.wait(timeout=record.request.stop_grace + 60)

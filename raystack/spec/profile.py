@@ -66,6 +66,9 @@ class Profile(BaseModel):
     # Ray's metrics (Prometheus exporter on every node): off by default; when on, its port
     # listens on every interface without auth
     metrics: bool = False
+    # Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in
+    # front of the dashboard: for a cluster network other users' hosts share
+    tls: bool = False
     # walltime: allocations in a chain, and how long before each one's end SLURM warns
     chain: int = Field(default=1, ge=1, le=1000)
     signal_lead: float = 600.0

@@ -51,7 +51,8 @@ class ClusterRecord(BaseModel):
     head_ip: str | None = None
     ports: dict[str, int] = Field(default_factory=dict)
     gcs_address: str | None = None
-    dashboard_url: str | None = None
+    dashboard_url: str | None = None  # https:// on a TLS cluster
+    tls: bool = False  # mutual TLS between Ray's processes (profile `tls: true`, `up --tls`)
     walltime_end: int | None = None  # epoch seconds
     ray_version: str | None = None
     runner_pid: int | None = None  # the queue runner on the head
@@ -68,6 +69,13 @@ class ClusterRecord(BaseModel):
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times
+
+    @property
+    def on_head_dashboard_url(self) -> str | None:
+        """The dashboard as the head node's own programs reach it: on a TLS cluster Ray's plain
+        HTTP on 127.0.0.1 (the token never leaves the host), else the public address."""
+        inner = self.ports.get("dashboard_http")
+        return f"http://127.0.0.1:{inner}" if self.tls and inner else self.dashboard_url
 
 
 def exists(name: str) -> bool:

@@ -197,3 +197,12 @@ def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: P
     assert "walltime warning" in out
     assert (tmp_path / "clusters" / "c" / "walltime-warning-42").exists()
     assert proc.returncode == 3  # srun's own status, after the warning
+
+
+@pytest.mark.parametrize(("field", "variable"), [("tls", "RAYSTACK_TLS"), ("metrics", "RAYSTACK_METRICS")])
+def test_security_options_reach_the_node_program_only_when_on(field: str, variable: str) -> None:
+    plan = tricky_plan()
+    assert variable not in allocation.render_script(plan)
+    profile = plan.profile.model_copy(update={field: True})
+    script = allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    assert f"export {variable}=1" in script

@@ -85,3 +85,19 @@ def test_name_resolution(home: Path) -> None:
         clusters.resolve(None)
     with pytest.raises(ClusterError, match="no cluster named 'zz'"):
         Cluster.get("zz")
+
+
+def test_env_of_a_tls_cluster_names_its_client_certificate_and_ca(home: Path) -> None:
+    from raystack.store import tls
+
+    clusters.create("t")
+    tls.create_ca("t")
+    clusters.write(
+        ClusterRecord(name="t", gcs_address="10.0.0.1:1", dashboard_url="https://10.0.0.1:2", tls=True)
+    )
+    env = Cluster.get("t").env()
+    assert env["RAY_USE_TLS"] == "1" and env["RAY_API_SERVER_ADDRESS"].startswith("https://")
+    for key in ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT"):
+        assert Path(env[key]).is_file() and Path(env[key]).parent == tls.folder("t")
+    clusters.write(ClusterRecord(name="t", gcs_address="10.0.0.1:1", dashboard_url="http://10.0.0.1:2"))
+    assert "RAY_USE_TLS" not in Cluster.get("t").env()

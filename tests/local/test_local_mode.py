@@ -163,3 +163,26 @@ def test_local_ids_and_hosts() -> None:
     assert local.is_local(job_id) and local.host_of(job_id) == local.this_host()
     assert not local.is_local("12345") and not local.is_local(None)
     assert local.alive("local-some-other-host-00000000") is None  # another host: cannot tell
+
+
+def test_a_tls_local_cluster_runs_jobs_and_serves_ray_status(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Ray swaps the 127.0.0.1 it is given for the host's address: the node certificate names
+    every address of the machine, or nothing connects."""
+    home = tmp_path_factory.mktemp("tls")
+    rec = json.loads(rs(home, "up", "--local", "--tls", "--cpus", "1", "--name", "t", "--json").stdout)
+    try:
+        assert rec["tls"] and rec["dashboard_url"].startswith("https://127.0.0.1:")
+        code = "import ray; ray.init(); print('SUM', ray.get(ray.remote(lambda: 40 + 2).remote()))"
+        done = rs(home, "submit", "--cluster", "t", "--follow", "--", "python", "-c", code)
+        assert "SUM 42" in done.stdout
+        exports = json.loads(rs(home, "env", "t", "--json").stdout)
+        ray_cli = str(Path(sys.executable).with_name("ray"))
+        status = subprocess.run(
+            [ray_cli, "status"], capture_output=True, text=True, timeout=60, env={**os.environ, **exports}
+        )
+        assert status.returncode == 0 and "0.0/1.0 CPU" in status.stdout, status.stderr
+    finally:
+        rs(home, "down", "t")
+    assert not Path(f"/dev/shm/rs-tls-{os.getuid()}-{rec['slurm_job_id']}").exists()

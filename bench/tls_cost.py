@@ -1,0 +1,102 @@
+"""Benchmark: what mutual TLS (`tls: true`) costs, against the same cluster without it.
+
+On the testbed, in the same run, alternating plain and TLS clusters of 2 nodes (--rounds each):
+  start     `up` -> READY (the CA, a certificate per node, Ray with TLS, the HTTPS front)
+  queue     --jobs trivial jobs (`python -c pass`) submitted at once: per-job total time
+  transfer  1 GiB moved between the two nodes' object stores (jobs/debug/transfer.py: 4 objects
+            of 256 MiB made on node A and read by a task on node B, minus the same reads on A)
+Reported: medians and TLS / plain ratios. No target: the figures say what the option costs.
+
+    python bench/tls_cost.py [--rounds 2] [--jobs 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from _report import on_testbed, publish  # noqa: E402
+
+from raystack import Cluster  # noqa: E402
+from raystack.spec.profile import load_profile  # noqa: E402
+from raystack.store.ledger import JobState  # noqa: E402
+
+NODES = 2
+TRANSFER = ["python", "transfer.py", "--mib", "1024", "--chunk-mib", "256", "--repeats", "3"]
+
+
+def one_cluster(tls: bool, jobs: int, i: int) -> dict:
+    # 4 objects of 256 MiB in flight at most: an object store of 768 MB on each node.
+    profile = load_profile("testbed").model_copy(update={"tls": tls, "object_store_memory": "768MB"})
+    t0 = time.time()
+    cluster = Cluster.up(NODES, profile=profile, name=f"tls{int(tls)}-{i}", timeout=300)
+    start = time.time() - t0
+    try:
+        assert cluster.record().tls is tls
+        t0 = time.time()
+        submitted = [cluster.submit(["python", "-c", "pass"], sets=[f"name=q{k}"]) for k in range(jobs)]
+        records = [job.wait(timeout=600) for job in submitted]
+        assert all(r.state is JobState.SUCCEEDED for r in records), [r.message for r in records]
+        per_job = (max(r.ended or 0 for r in records) - t0) / jobs
+        job = cluster.submit(TRANSFER, sets=[f"working_dir={REPO / 'jobs' / 'debug'}", "name=transfer"])
+        record = job.wait(timeout=900)
+        assert record.state is JobState.SUCCEEDED, record.message
+        line = next(ln for ln in job.logs().splitlines() if ln.startswith("TRANSFER "))
+        moved = json.loads(line.removeprefix("TRANSFER "))
+    finally:
+        cluster.down()
+    return {"start_s": start, "queue_per_job_s": per_job, "transfer": moved}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=6)
+    args = parser.parse_args()
+    on_testbed("bench-tls-")
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    for i in range(args.rounds):
+        for tls in (False, True):
+            runs[tls].append(one_cluster(tls, args.jobs, i))
+
+    def med(tls: bool, key: str) -> float:
+        return statistics.median(r[key] for r in runs[tls])
+
+    def rate(tls: bool) -> float:
+        # the best transfer of each cluster (its median already), then the median over clusters
+        return statistics.median(
+            1024 / 1024 / max(1e-9, statistics.median(r["transfer"]["remote_s"]) - statistics.median(r["transfer"]["local_s"]))
+            for r in runs[tls]
+        )  # fmt: skip
+
+    rows = [
+        ("start (up -> READY), s", med(False, "start_s"), med(True, "start_s")),
+        ("queue, s per trivial job", med(False, "queue_per_job_s"), med(True, "queue_per_job_s")),
+        ("1 GiB node -> node, GiB/s", rate(False), rate(True)),
+    ]
+    lines = [f"{'':>28} {'plain':>8} {'tls':>8} {'tls/plain':>10}"]
+    lines += [f"{name:>28} {p:>8.3f} {t:>8.3f} {t / p:>10.2f}" for name, p, t in rows]
+    lines.append(f"{NODES}-node testbed clusters, {args.rounds} of each, alternating; medians")
+    publish(
+        "tls_cost",
+        "\n".join(lines),
+        {
+            "nodes": NODES,
+            "rounds": args.rounds,
+            "jobs": args.jobs,
+            "plain": runs[False],
+            "tls": runs[True],
+            "ratios": {name: round(t / p, 3) for name, p, t in rows},
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
