@@ -9,7 +9,6 @@ on disk are skipped. If streaming fails, the whole log is fetched once when the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -17,6 +16,10 @@ from typing import Any
 
 log = logging.getLogger("raystack.runner")
 JOIN_TIMEOUT = 10.0  # seconds to wait for the stream's last lines once the job has ended
+# Ray closes a finished job's log stream only seconds after the end (its tail polls once a
+# second, then relays through the dashboard): below this size one fetch of the whole log is
+# quicker, and the next job of the queue need not wait for the stream.
+FETCH_WHOLE_BELOW = 8 << 20
 
 
 class LogTail:
@@ -55,6 +58,13 @@ class LogTail:
 
     def complete(self) -> None:
         """Called once the attempt has ended: the file then holds its whole log."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if self.thread.is_alive() and size < FETCH_WHOLE_BELOW:
+            with self.lock:
+                self.closed = True  # the stream writes nothing more; the fetch appends the rest
+                if self._fetch_rest():
+                    return
+                self.closed = False  # no answer: the stream's own end, then
         if self.thread.is_alive():
             self.thread.join(JOIN_TIMEOUT)
         with self.lock:
@@ -64,11 +74,15 @@ class LogTail:
                 log.warning("log stream of %s failed (%s); fetching it whole", self.sid, self.failed)
             self._fetch_rest()
 
-    def _fetch_rest(self) -> None:
-        with contextlib.suppress(Exception):
+    def _fetch_rest(self) -> bool:
+        """Append what the file lacks of the whole log (one request); False if it failed."""
+        try:
             data = self.api.logs(self.sid).encode(errors="replace")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             have = self.path.stat().st_size if self.path.exists() else 0
             if len(data) > have:
                 with open(self.path, "ab") as out:
                     out.write(data[have:])
+        except Exception:  # (any failure of Ray's client or the disk: the caller decides)
+            return False
+        return True

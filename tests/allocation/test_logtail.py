@@ -1,0 +1,76 @@
+"""LogTail's end: a short log is fetched whole at once (Ray closes a finished job's stream only
+seconds later, which the next job of the queue would wait for); a long one waits for its stream."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from raystack.allocation import logtail
+from raystack.allocation.logtail import LogTail
+
+
+class SlowStream:
+    """A Jobs API whose log stream sends `first`, then hangs until `release` (Ray's late close)."""
+
+    def __init__(self, first: str, whole: str, fetch_fails: bool = False):
+        self.first, self.whole, self.fetch_fails = first, whole, fetch_fails
+        self.release = threading.Event()
+        self.fetches = 0
+
+    @property
+    def jobs(self) -> SlowStream:
+        return self
+
+    async def tail_job_logs(self, sid: str):  # type: ignore[no-untyped-def]
+        yield self.first
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        yield self.whole[len(self.first) :]
+
+    def logs(self, sid: str) -> str:
+        self.fetches += 1
+        if self.fetch_fails:
+            raise RuntimeError("dashboard busy")
+        return self.whole
+
+
+def started(api: SlowStream, path: Path) -> LogTail:
+    tail = LogTail(api, "s1", path)
+    deadline = time.monotonic() + 5
+    while (not path.exists() or path.stat().st_size < len(api.first)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return tail
+
+
+def test_a_short_log_is_completed_by_one_fetch_without_waiting_for_the_stream(tmp_path: Path) -> None:
+    api = SlowStream("line 1\n", "line 1\nline 2 ü\nlast line\n")
+    path = tmp_path / "job.log"
+    tail = started(api, path)
+    t0 = time.monotonic()
+    tail.complete()
+    assert time.monotonic() - t0 < 2 and api.fetches == 1
+    api.release.set()  # the stream's late rest must not be written twice
+    tail.thread.join(5)
+    assert path.read_text() == api.whole
+
+
+def test_a_failed_fetch_falls_back_to_the_stream(tmp_path: Path) -> None:
+    api = SlowStream("line 1\n", "line 1\nlast line\n", fetch_fails=True)
+    path = tmp_path / "job.log"
+    tail = started(api, path)
+    threading.Timer(0.3, api.release.set).start()
+    tail.complete()
+    assert path.read_text() == api.whole
+
+
+def test_a_long_log_waits_for_its_stream(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(logtail, "FETCH_WHOLE_BELOW", 4)
+    api = SlowStream("line 1\n", "line 1\nlast line\n")
+    path = tmp_path / "job.log"
+    tail = started(api, path)
+    threading.Timer(0.3, api.release.set).start()
+    tail.complete()
+    assert api.fetches == 0 and path.read_text() == api.whole
