@@ -180,6 +180,30 @@ def test_dashboard_line_names_the_https_address_and_the_ca(tc: dict) -> None:
     assert str(tls.ca_cert("tc")) in info["certificate"]
 
 
+def test_a_working_dir_holding_the_cluster_folder_is_refused_and_nothing_is_lost(tc: dict) -> None:
+    """A job of the same user must not carry the token off: the home's parent as working_dir."""
+    before = Cluster.get("tc").jobs()
+    done = raystack("submit", "--cluster", "tc", "--set", f"working_dir={tc['home'].parent}", "--", "ls")
+    assert done.returncode == 1 and "working_dir" in done.stderr and "RAYSTACK_HOME" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one line
+    assert [j.id for j in Cluster.get("tc").jobs()] == [j.id for j in before]
+
+
+def test_secret_files_never_reach_the_cluster(tc: dict) -> None:
+    """What the job sees of its working_dir: the code, not the keys lying beside it."""
+    workdir = tc["home"] / "secrets-job"
+    (workdir / ".ssh").mkdir(parents=True, exist_ok=True)
+    for name in ("train.py", "token", "auth_token", ".ssh/id_ed25519", "server.pem", "client.key"):
+        (workdir / name).write_text("x\n")
+    listing = "import os; print('FILES', sorted(os.path.join(d, f) for d, _, fs in os.walk('.') for f in fs))"
+    job = Cluster.get("tc").submit(["python", "-c", listing], sets=[f"working_dir={workdir}"])
+    record = job.wait(timeout=300)
+    assert record.state is JobState.SUCCEEDED, record.message
+    line = next(ln for ln in job.logs().splitlines() if ln.startswith("FILES "))
+    assert line == "FILES ['./train.py']", line
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def test_down_removes_every_node_certificate(tc: dict) -> None:
     hosts = list(clusters.read_node_entries("tc"))
     done = raystack("down", "tc")
