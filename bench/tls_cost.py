@@ -70,11 +70,8 @@ def main() -> None:
         return statistics.median(r[key] for r in runs[tls])
 
     def rate(tls: bool) -> float:
-        # the best transfer of each cluster (its median already), then the median over clusters
-        return statistics.median(
-            1024 / 1024 / max(1e-9, statistics.median(r["transfer"]["remote_s"]) - statistics.median(r["transfer"]["local_s"]))
-            for r in runs[tls]
-        )  # fmt: skip
+        # each cluster's rate as transfer.py computed it (from its medians), then their median
+        return statistics.median(r["transfer"]["gib_per_s"] for r in runs[tls])
 
     rows = [
         ("start (up -> READY), s", med(False, "start_s"), med(True, "start_s")),

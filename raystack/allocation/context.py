@@ -177,6 +177,11 @@ def local_context(env: dict[str, str]) -> NodeContext:
 
 
 # ---------------------------------------------------------------------------- ray processes
+def metrics_on() -> bool:
+    """The profile's `metrics: true` (RAYSTACK_METRICS=1 from the allocation script)."""
+    return os.environ.get("RAYSTACK_METRICS") == "1"
+
+
 def ray_env(ctx: NodeContext) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -188,14 +193,14 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAYSTACK_CLUSTER=ctx.cluster,
         RAYSTACK_ALLOCATION=ctx.job_id,  # SLURM's job id, or a local cluster's id
     )
-    if env.get("RAYSTACK_METRICS") != "1":
+    if not metrics_on():
         # Ray's Prometheus exporter listens on every interface without auth (task and actor
         # names, node addresses, resource use): off unless the profile asks (`metrics: true`).
         env["RAY_enable_metrics_collection"] = "0"
     if ctx.tls is not None:
         env.update(tls.ray_env(ctx.tls, tls.ca_cert(ctx.cluster)))
     else:
-        for name in tls.ray_env(tls.Identity(Path(), Path()), Path()):
+        for name in tls.RAY_VARIABLES:
             env.pop(name, None)  # (a shell that had a TLS cluster's `raystack env`)
     env.pop("RAY_ADDRESS", None)
     # NOTE: a job's `python` is the first on the PATH of `ray start`: make it this venv's.

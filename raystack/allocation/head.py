@@ -27,6 +27,7 @@ from raystack.allocation.context import (
     Reaper,
     Stop,
     ignore_signals,
+    metrics_on,
     node_log,
     parse_cpus_per_node,
     ray_env,
@@ -195,10 +196,9 @@ def run_head(ctx: NodeContext) -> int:
     env = ray_env(ctx)
     env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metrics"])
     env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metrics"])
-    held = [] if env.get("RAYSTACK_METRICS") == "1" else [hold_port(ports[p]) for p in METRIC_PORTS]
+    held = [] if metrics_on() else [hold_port(ports[p]) for p in METRIC_PORTS]
     ray = RayProcess(ray_start_argv(ctx, ports, None), env)
-    head = Head(ctx, ray)
-    head.held = held
+    head = Head(ctx, ray, held)
     try:
         if ctx.tls is not None:
             head.front = TlsFront(ctx.ip, ports["dashboard"], ports["dashboard_http"], ctx.tls).start()
@@ -232,7 +232,7 @@ def run_head(ctx: NodeContext) -> int:
 class Head:
     """The head's duties while Ray lives: the queue runner, reaping, GPU reports; and its end."""
 
-    def __init__(self, ctx: NodeContext, ray: RayProcess):
+    def __init__(self, ctx: NodeContext, ray: RayProcess, held: list[socket.socket] | None = None):
         self.ctx, self.ray = ctx, ray
         self.runner: subprocess.Popen | None = None
         self.reap = Reaper()
@@ -242,7 +242,7 @@ class Head:
         self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
         self.nodes = NodeWatch(ctx)
         self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
-        self.held: list[socket.socket] = []  # ports kept closed to Ray (rayproc.hold_port)
+        self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
 
     def start_runner(self) -> subprocess.Popen:
         """The queue runner, a child of this node program (so teardown ends it too). It dies with

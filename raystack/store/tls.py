@@ -38,12 +38,20 @@ class Identity:
     key: Path
 
 
+# What Ray reads (every gRPC server and client of a process; see ray_env).
+RAY_VARIABLES = ("RAY_USE_TLS", "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
+
+
 def folder(name: str) -> Path:
     return paths.cluster(name).root / "tls"
 
 
 def ca_cert(name: str) -> Path:
     return folder(name) / "ca.crt"
+
+
+def ca_key(name: str) -> Path:
+    return folder(name) / "ca.key"
 
 
 def client(name: str) -> Identity:
@@ -138,7 +146,7 @@ def create_ca(name: str) -> Path:
         .sign(key, hashes.SHA256())
     )
     # The key first: a CA certificate on disk always has its key beside it.
-    atomic_write(tls / "ca.key", _key_pem(key), mode=0o600)
+    atomic_write(ca_key(name), _key_pem(key), mode=0o600)
     atomic_write(ca_cert(name), _cert_pem(ca), mode=0o600)
     ckey, cert = _leaf(key, ca, f"raystack client of cluster {name}", [], [])
     ident = client(name)
@@ -190,13 +198,13 @@ def issue_node_cert(name: str, ip: str, host: str, into: Path) -> Identity:
     tls = folder(name)
     try:
         ca = x509.load_pem_x509_certificate(ca_cert(name).read_bytes())
-        ca_key = serialization.load_pem_private_key((tls / "ca.key").read_bytes(), password=None)
+        signer = serialization.load_pem_private_key(ca_key(name).read_bytes(), password=None)
     except (OSError, ValueError) as exc:
         raise RaystackError(f"cannot read the cluster's CA in {tls}: {exc}") from exc
     # Every address of the node: Ray binds some servers to all of them, and on a local cluster
     # it replaces the 127.0.0.1 it was given with the host's address (and Ray's clients check it).
     ips = list(dict.fromkeys([ip, "127.0.0.1", *local_addresses()]))
-    key, cert = _leaf(ca_key, ca, f"raystack node {host}", ips, list(dict.fromkeys([host, "localhost"])))
+    key, cert = _leaf(signer, ca, f"raystack node {host}", ips, list(dict.fromkeys([host, "localhost"])))
     ident = Identity(into / "node.crt", into / "node.key")
     atomic_write(ident.key, _key_pem(key), mode=0o600)
     atomic_write(ident.cert, _cert_pem(cert), mode=0o600)
@@ -206,9 +214,4 @@ def issue_node_cert(name: str, ip: str, host: str, into: Path) -> Identity:
 def ray_env(identity: Identity, ca: Path) -> dict[str, str]:
     """Ray's TLS variables: every gRPC server and client of the process uses this identity and
     trusts only certificates signed by the cluster's CA (and asks its peers for one)."""
-    return {
-        "RAY_USE_TLS": "1",
-        "RAY_TLS_SERVER_CERT": str(identity.cert),
-        "RAY_TLS_SERVER_KEY": str(identity.key),
-        "RAY_TLS_CA_CERT": str(ca),
-    }
+    return dict(zip(RAY_VARIABLES, ("1", str(identity.cert), str(identity.key), str(ca)), strict=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import ssl
 import subprocess
 import time
@@ -125,12 +124,6 @@ def http_status(url: str, token: str | None = None, verify: str | bool = True) -
         return httpx.request(method, url, headers=headers, verify=context, timeout=10).status_code
     except httpx.HTTPError as exc:
         return type(exc).__name__
-
-
-def tcp_open(ip: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(3)
-        return sock.connect_ex((ip, port)) == 0
 
 
 @contextlib.contextmanager

@@ -168,7 +168,7 @@ def test_ray_status_and_plain_ray_job_submit_with_raystack_env(tc: dict) -> None
     )
     assert done.returncode == 0 and "via https" in done.stdout, done.stdout + done.stderr
     # A client without the cluster's certificate gets nothing from the GCS.
-    bare = {k: v for k, v in env.items() if not k.startswith("RAY_TLS_") and k != "RAY_USE_TLS"}
+    bare = {k: v for k, v in env.items() if k not in tls.RAY_VARIABLES}
     done = subprocess.run([ray_cli, "status"], capture_output=True, text=True, timeout=120, env=bare)
     assert done.returncode != 0
 
