@@ -142,6 +142,38 @@ class Dashboard:
             f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
         ]
 
+    # ------------------------------------------------------------------ node stats
+    def _get(self, path: str, **params: str) -> Any:
+        """The `data` of one of the dashboard's own REST endpoints (no SDK client covers them)."""
+        import ssl
+
+        import httpx
+
+        verify = (
+            ssl.create_default_context(cafile=self.verify) if isinstance(self.verify, str) else self.verify
+        )
+        try:
+            resp = httpx.get(
+                f"{self.url}{path}",
+                params=params,
+                headers=auth_headers(self.token),
+                verify=verify,
+                timeout=TIMEOUT,
+            )
+            resp.raise_for_status()
+            return resp.json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise RayApiError(f"dashboard {self.url}{path} did not answer: {self._why(exc)}") from exc
+
+    def node_stats(self) -> list[dict[str, Any]]:
+        """Ray's own per-node figures (what the dashboard's Cluster tab shows; no Prometheus):
+        CPU %, memory, GPUs (utilisation, MiB), and the raylet's node id and state."""
+        return list(self._get("/nodes", view="summary").get("summary") or [])
+
+    def node_processes(self, node_id: str) -> list[dict[str, Any]]:
+        """The Ray worker and agent processes of one node with their CPU % (psutil's)."""
+        return list(self._get(f"/nodes/{node_id}").get("detail", {}).get("workers") or [])
+
     # ------------------------------------------------------------------ jobs
     def submit(
         self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], **options: Any

@@ -53,6 +53,7 @@ class NodeContext:
     head_grace: float = 60.0  # seconds a worker waits for an unreachable head before leaving
     temp_root: Path | None = None  # the private folder (0700) that holds temp_dir
     tls: tls.Identity | None = None  # this node's certificate, on a `tls: true` cluster
+    idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
 
     @property
     def is_head(self) -> bool:
@@ -126,6 +127,7 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         head_grace=float(env.get("RAYSTACK_HEAD_GRACE") or 60),
+        idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
     )
 
 
@@ -173,6 +175,7 @@ def local_context(env: dict[str, str]) -> NodeContext:
         temp_dir=scratch / f"rs-local-{job_id.rsplit('-', 1)[-1]}",
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
+        idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
     )
 
 

@@ -20,6 +20,7 @@ import time
 
 from raystack.adapters import local, slurm
 from raystack.adapters.ray import Dashboard, NodeSummary
+from raystack.allocation import prometheus
 from raystack.allocation.context import (
     POLL,
     GpuReport,
@@ -35,9 +36,11 @@ from raystack.allocation.context import (
     stop_ray,
     wait_for,
 )
-from raystack.allocation.rayproc import RayProcess, hold_port, node_ports, tcp_open
+from raystack.allocation.idle import IdleWatch
+from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
 from raystack.allocation.runner import LEASE_HELD
 from raystack.allocation.tlsfront import TlsFront
+from raystack.allocation.usage import UsageSampler
 from raystack.allocation.walltime import (
     NODE_LOST,
     WARNING,
@@ -173,6 +176,9 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
         cpus_per_node=ctx.cpus,
         ray_version=importlib.metadata.version("ray"),
         walltime_end=info.end_time if info and info.end_time else None,
+        idle_timeout=ctx.idle_timeout,
+        idle_since=None,
+        prometheus=f"http://127.0.0.1:{ports['prometheus']}" if "prometheus" in ports else None,
     )
 
 
@@ -197,6 +203,12 @@ def run_head(ctx: NodeContext) -> int:
     env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metrics"])
     env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metrics"])
     held = [] if metrics_on() else [hold_port(ports[p]) for p in METRIC_PORTS]
+    exe = prometheus.binary() if metrics_on() else None
+    if exe:
+        ports["prometheus"] = free_ports(1)[0]
+        env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{ports['prometheus']}"
+    elif metrics_on():
+        log.info("metrics on; no prometheus binary found (PATH, profile `prometheus:`): none started")
     ray = RayProcess(ray_start_argv(ctx, ports, None), env)
     head = Head(ctx, ray, held)
     try:
@@ -214,19 +226,23 @@ def run_head(ctx: NodeContext) -> int:
             message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
         )
         log.info("cluster %s READY", ctx.cluster)
+        records.note(ctx.cluster, ctx.job_id, ready=time.time())
+        if exe:
+            head.start_prometheus(exe, ports["prometheus"])
         submit_follow_on(ctx.cluster, ctx.job_id)
-        failure = head.supervise()
+        end = head.supervise()
     except Stop as stop:
         head.end(None, f"SIGTERM ({stop})")
         return 0
     except (RaystackError, OSError) as exc:
-        failure = str(exc)
-    head.end(ending("failed", failure), failure)
-    # A failed cluster must not hold its nodes until the walltime: the other nodes' tasks
-    # would otherwise keep the allocation alive.
-    with contextlib.suppress(RaystackError):
-        slurm.scancel(ctx.job_id)
-    return 1
+        end = ending("failed", str(exc))
+    head.end(end, end.text)
+    # An ended cluster must not hold its nodes until the walltime: the other nodes' tasks
+    # would otherwise keep the allocation alive. (A local cluster ends with this program.)
+    if not local.is_local(ctx.job_id):
+        with contextlib.suppress(RaystackError):
+            slurm.scancel(ctx.job_id)
+    return 1 if end.kind == "failed" else 0
 
 
 class Head:
@@ -243,6 +259,24 @@ class Head:
         self.nodes = NodeWatch(ctx)
         self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
         self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
+        self.prometheus: prometheus.Prometheus | None = None
+        self.sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host)
+        self.idle: IdleWatch | None = None  # from READY on
+
+    def dashboard(self) -> Dashboard | None:
+        """The dashboard as the head reaches it (loopback on a TLS cluster), once published."""
+        if self.nodes.dashboard is None:
+            url = records.read(self.ctx.cluster).on_head_dashboard_url
+            self.nodes.dashboard = Dashboard.of(self.ctx.cluster, url) if url else None
+        return self.nodes.dashboard
+
+    def start_prometheus(self, exe: str, port: int) -> None:
+        """Prometheus on 127.0.0.1, scraping the nodes Ray's service-discovery file lists."""
+        p = paths.cluster(self.ctx.cluster)
+        folder = (self.ctx.temp_root or self.ctx.temp_dir) / "prometheus"
+        self.prometheus = prometheus.Prometheus(exe, port, folder, p.prometheus_log(self.ctx.job_id))
+        session = (self.ctx.temp_dir / "session_latest").resolve()
+        self.reap.owned.add(self.prometheus.start(session).pid)
 
     def start_runner(self) -> subprocess.Popen:
         """The queue runner, a child of this node program (so teardown ends it too). It dies with
@@ -263,11 +297,12 @@ class Head:
         log.info("queue runner started (pid %d)", proc.pid)
         return proc
 
-    def supervise(self) -> str:
+    def supervise(self) -> Ending:
         """While Ray lives: keep the queue runner alive (restarting it with back-off), reap
-        orphans, report GPU use. Returns why the head ended (only when Ray itself died;
-        signals arrive as Stop)."""
+        orphans, report GPU use, sample usage, watch for idleness. Returns why the cluster
+        ends (Ray died, or idle autostop; signals arrive as Stop)."""
         self.runner = self.start_runner()
+        self.idle = IdleWatch(self.ctx.cluster, self.ctx.idle_timeout, self.dashboard)
         started, backoff, restarts = time.monotonic(), 0.5, 0
         while self.ray.alive():
             if self.runner.poll() is not None and time.monotonic() - started >= backoff:
@@ -288,9 +323,15 @@ class Head:
                 self.lose_nodes(lost)
             self.report()
             self.reap()
+            idle = self.idle()
+            if idle:
+                return ending("idle", f"{idle}: autostop")
+            self.sample.extra["other_jobs"] = self.idle.other_jobs
+            self.sample()
             time.sleep(POLL)
         code = self.ray.proc.returncode
-        return f"the Ray head exited with code {code}; see {node_log(self.ctx, self.ctx.host)}"
+        where = node_log(self.ctx, self.ctx.host)
+        return ending("failed", f"the Ray head exited with code {code}; see {where}")
 
     def interrupt(self, why: str, message: str) -> None:
         """Tell the runner (and its successors, through the record) to stop the jobs in flight
@@ -334,6 +375,8 @@ class Head:
             log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
         if self.front is not None:
             self.front.stop()
+        if self.prometheus is not None:
+            self.prometheus.stop()
         stop_ray(self.ctx, self.ray)
 
 

@@ -156,3 +156,32 @@ def gpu_processes() -> list[tuple[int, int]]:
     ours = {p.pid for p in psutil.Process().children(recursive=True)}
     rows = [line.split(",") for line in out.splitlines() if line.strip()]
     return [(int(pid), int(mib)) for pid, mib in rows if pid.strip().isdigit() and int(pid) in ours]
+
+
+def gpu_usage(visible: str | None = None) -> list[tuple[float, float, float]]:
+    """(utilisation %, memory used MiB, memory total MiB) of each GPU of this node's allocation.
+
+    `visible`: CUDA_VISIBLE_DEVICES as SLURM set it (indices or UUIDs): where nvidia-smi sees
+    more GPUs than that (no device cgroup), only those count. Empty without nvidia-smi."""
+    if not has_nvidia_smi():
+        return []
+    query = "index,uuid,utilization.gpu,memory.used,memory.total"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    wanted = {v.strip() for v in (visible or "").split(",") if v.strip()}
+    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.count(",") == 4]
+    if wanted and len(rows) > len(wanted):
+        rows = [r for r in rows if r[0] in wanted or r[1] in wanted]
+    usage = []
+    for _index, _uuid, util, used, total in rows:
+        with contextlib.suppress(ValueError):  # "[N/A]" on some boards
+            usage.append((float(util), float(used), float(total)))
+    return usage

@@ -194,6 +194,10 @@ def _environment(plan: AllocationPlan) -> list[str]:
         **({"RAYSTACK_OBJECT_STORE_MEMORY": p.object_store_memory} if p.object_store_memory else {}),
         **({"RAYSTACK_METRICS": "1"} if p.metrics else {}),
         **({"RAYSTACK_TLS": "1"} if p.tls else {}),
+        **({"RAYSTACK_IDLE_TIMEOUT": f"{p.idle_timeout:g}"} if p.idle_timeout else {}),
+        **({"RAYSTACK_PROMETHEUS": p.prometheus} if p.prometheus else {}),
+        **({"RAY_GRAFANA_HOST": p.grafana_host} if p.grafana_host else {}),
+        **({"RAY_GRAFANA_IFRAME_HOST": p.grafana_iframe_host} if p.grafana_iframe_host else {}),
         **plan.env,
     }
     lines = [

@@ -17,6 +17,7 @@ How an allocation's end is told apart (`classify`), and what follows:
 |             | itself), or SLURM's reason names a node                    |         |                  |
 | preempted   | SLURM's reason says Preempt                                | goes on | resume (requeued)|
 | down        | `raystack down` wrote it into the record first             | ends    | FAILED           |
+| idle        | the head's idle autostop wrote it into the record first    | ends    | (none: idle)     |
 | scancel     | SIGTERM before the time limit, SLURM's reason None         | ends    | FAILED           |
 | failed      | Ray or a node failed to start                              | goes on | FAILED           |
 
@@ -42,12 +43,12 @@ from raystack.store.queue import settle_orphans
 
 log = logging.getLogger("raystack.node")
 AT_LIMIT = 90.0  # seconds before the walltime end within which a SIGTERM counts as the walltime
-WARNING, NODE_LOST, DOWN = "walltime warning", "node lost", "raystack down"
+WARNING, NODE_LOST, DOWN, IDLE = "walltime warning", "node lost", "raystack down", "idle"
 
 
 @dataclass(frozen=True)
 class Ending:
-    kind: str  # walltime, node lost, preempted, down, scancel, failed
+    kind: str  # walltime, node lost, preempted, down, idle, scancel, failed
     text: str
     chain_goes_on: bool
     requeue: bool
@@ -58,6 +59,7 @@ ENDINGS = {
     "node lost": (True, True),
     "preempted": (True, True),
     "down": (False, False),
+    "idle": (False, False),
     "scancel": (False, False),
     "failed": (True, False),
 }
@@ -76,6 +78,8 @@ def classify(
 ) -> Ending:
     """Why allocation `job_id` is ending (see the table above). `info`: SLURM's view, asked for
     when needed and not given."""
+    if record.ending == IDLE:
+        return ending("idle", record.chain_ended or "idle autostop")
     if record.ending == DOWN or record.state is ClusterState.STOPPING:
         return ending("down", "raystack down")
     if record.ending == WARNING:

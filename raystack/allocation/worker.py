@@ -21,6 +21,7 @@ from raystack.allocation.context import (
     wait_for,
 )
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.usage import UsageSampler
 from raystack.store import cluster as records
 from raystack.store.cluster import ClusterRecord
 
@@ -64,6 +65,7 @@ def run_worker(ctx: NodeContext) -> int:
         return 0
     ray = RayProcess(ray_start_argv(ctx, node_ports(head=False), record.gcs_address), ray_env(ctx))
     reap, report = Reaper(), GpuReport(ctx)
+    sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host)
     reap.owned.add(ray.proc.pid)
     try:
         last_seen, last_read = time.monotonic(), time.monotonic()
@@ -80,6 +82,7 @@ def run_worker(ctx: NodeContext) -> int:
                     return 0
             report()
             reap()
+            sample()
             time.sleep(PROBE)
         if head_ended(ctx) or not tcp_open(head_ip, int(gcs_port)):
             log.info("head %s is gone; leaving", record.gcs_address)

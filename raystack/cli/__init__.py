@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from raystack.cli import clusters, jobs, plan  # noqa: F401 (their verbs register on the app)
+from raystack.cli import clusters, jobs, monitor, plan  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.errors import RaystackError
 

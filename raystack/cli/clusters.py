@@ -10,10 +10,12 @@ from rich.table import Table
 
 from raystack.adapters import local
 from raystack.allocation import sbatch as allocation
+from raystack.allocation.idle import duration_text
 from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
+from raystack.spec.profile import idle_timeout as parse_idle_timeout
 
 
 @app.command()
@@ -64,12 +66,31 @@ def up(
         bool,
         typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard."),
     ] = False,
+    metrics: Annotated[
+        bool,
+        typer.Option("--metrics", help="Ray's metrics, and Prometheus for the dashboard when found."),
+    ] = False,
+    idle_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--idle-timeout",
+            help="Go down after this long with no job queued, running or attached (e.g. 30m; off).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
     prof = load_profile(profile)
-    if tls:
-        prof = prof.model_copy(update={"tls": True})
+    changes: dict[str, object] = {"tls": True} if tls else {}
+    if metrics:
+        changes["metrics"] = True
+    if idle_timeout is not None:
+        try:
+            changes["idle_timeout"] = parse_idle_timeout(idle_timeout)
+        except ValueError as exc:
+            raise ConfigError(f"--idle-timeout: {exc}") from None
+    if changes:
+        prof = prof.model_copy(update=changes)
     if local_:
         slurm_only = {
             "--nodes": nodes != 1,
@@ -255,6 +276,12 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
                 else ""
             )
             rows.insert(4, ("chain", f"allocation {st.chain_index} of {st.chain_count}{nxt}"))
+        if st.state == "READY" and (st.idle_s is not None or st.idle_timeout_s):
+            idle = "busy" if st.idle_s is None else f"idle {duration_text(st.idle_s)}"
+            auto = f"autostop after {duration_text(st.idle_timeout_s)} idle" if st.idle_timeout_s else ""
+            rows.append(("idle", f"{idle}{'; ' + auto if auto else ''}"))
+        if st.prometheus:
+            rows.append(("metrics", f"Prometheus on the head at {st.prometheus}"))
         if st.resuming_jobs:
             rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:

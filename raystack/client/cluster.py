@@ -33,7 +33,7 @@ from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.ledger import JobRecord, all_jobs
-from raystack.store.queue import active, enqueue, interrupted, settle_orphans, waiting
+from raystack.store.queue import active, check_open, enqueue, interrupted, settle_orphans, waiting
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
@@ -66,6 +66,9 @@ class ClusterStatus:
     next_state: str | None = None
     next_reason: str | None = None
     resuming_jobs: list[str] | None = None  # INTERRUPTED: they resume in the next allocation
+    idle_s: float | None = None  # idle (nothing queued, running or attached) for this long
+    idle_timeout_s: float | None = None  # autostop after this long idle
+    prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
 
     @property
     def ready(self) -> bool:
@@ -362,6 +365,11 @@ class Cluster:
             next_state=nxt.state.value if nxt else None,
             next_reason=nxt.reason if nxt else None,
             resuming_jobs=interrupted(self.name),
+            idle_s=round(time.time() - record.idle_since, 1)
+            if record.idle_since and record.state is ClusterState.READY
+            else None,
+            idle_timeout_s=record.idle_timeout,
+            prometheus=record.prometheus,
         )
 
     def dashboard(self) -> Dashboard:
@@ -422,11 +430,7 @@ class Cluster:
         Bad input raises ConfigError before anything is written.
         """
         record = self.record()
-        if record.state.is_terminal():
-            raise ClusterError(
-                f"cluster {self.name} is {record.state.value}: start it again with "
-                f"`raystack up --name {self.name} ...`, then submit"
-            )
+        check_open(self.name)
         if isinstance(spec, list):
             job_spec, base, source, file = specs.command_spec(spec, sets), Path.cwd(), "command", None
         elif isinstance(spec, str | Path):

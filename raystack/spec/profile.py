@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
 from raystack.spec.values import (
@@ -66,6 +66,14 @@ class Profile(BaseModel):
     # Ray's metrics (Prometheus exporter on every node): off by default; when on, its port
     # listens on every interface without auth
     metrics: bool = False
+    # With metrics on: a Prometheus the head runs on 127.0.0.1 for the dashboard (its path; by
+    # default `prometheus` on PATH when found) and a site's Grafana for the Metrics tab's charts
+    prometheus: str | None = None
+    grafana_host: str | None = None  # RAY_GRAFANA_HOST, as the head reaches it
+    grafana_iframe_host: str | None = None  # RAY_GRAFANA_IFRAME_HOST, as the browser reaches it
+    # Idle autostop: the cluster goes down after this long with an empty queue, no job running
+    # and no driver attached (e.g. 30m; None: never)
+    idle_timeout: float | None = None
     # Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in
     # front of the dashboard: for a cluster network other users' hosts share
     tls: bool = False
@@ -80,6 +88,18 @@ class Profile(BaseModel):
         if seconds < 1:
             raise ValueError("must be at least 1s (SLURM warns with whole seconds)")
         return seconds
+
+    @field_validator("idle_timeout", mode="before")
+    @classmethod
+    def _idle(cls, value: Any) -> float | None:
+        return idle_timeout(value)
+
+    @model_validator(mode="after")
+    def _metrics_needed(self) -> Profile:
+        for key in ("prometheus", "grafana_host"):
+            if getattr(self, key) and not self.metrics:
+                raise ValueError(f"{key} needs `metrics: true` (Ray exports no metrics otherwise)")
+        return self
 
     @field_validator("time")
     @classmethod
@@ -117,6 +137,15 @@ class Profile(BaseModel):
         if value is not None:
             size_to_mb(value)
         return value
+
+
+def idle_timeout(value: Any) -> float | None:
+    """An idle timeout from a profile or `--idle-timeout`: a duration, or off/none/0 for never."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none", "never")):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # (seconds, as `--idle-timeout 0` gives them)
+    return parse_duration(value) or None
 
 
 def profile_dirs() -> list[Path]:

@@ -80,6 +80,7 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,
         "entrypoint_resources": request.entrypoint_resources or None,
         "metadata": {
+            "job_name": request.name,  # the dashboard's Name column
             "raystack_job": request.id,
             "raystack_name": request.name,
             "raystack_cluster": cluster.name,

@@ -63,9 +63,12 @@ class ClusterRecord(BaseModel):
     signal_lead: int = 600  # seconds before the walltime at which SLURM warns (USR1)
     sbatch_options: list[str] = Field(default_factory=list)  # what sbatch was given: the follow-on too
     next_job_id: str | None = None  # the follow-on allocation, pending on this one (afterany)
-    ending: str | None = None  # why the current allocation is ending (walltime warning, down, ...)
+    ending: str | None = None  # why the current allocation is ending (walltime warning, down, idle, ...)
     chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
     allocations: list[dict[str, Any]] = Field(default_factory=list)  # one entry per allocation run
+    idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
+    idle_since: float | None = None  # epoch seconds: idle since then (None: busy, or not READY)
+    prometheus: str | None = None  # the head's Prometheus as the head reaches it (metrics on)
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times
@@ -160,6 +163,15 @@ def note_allocation(record: ClusterRecord, job_id: str, **fields: Any) -> None:
         entry = {"job_id": job_id, "index": record.chain_index}
         record.allocations.append(entry)
     entry.update(fields)
+
+
+def note(name: str, job_id: str, **fields: Any) -> ClusterRecord:
+    """`note_allocation` as one locked read-modify-write of the record."""
+    with locked(paths.cluster(name)):
+        record = read(name)
+        note_allocation(record, job_id, **fields)
+        write(record)
+        return record
 
 
 def resolve(name: str | None) -> str:

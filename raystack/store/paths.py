@@ -13,7 +13,10 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   jobs/finished        one line per job that reached a final state (appended), newest last
   runner.lease         held (locked) by the one queue runner, with its heartbeat
   walltime-warning-<j> left by allocation j's batch shell at SLURM's walltime warning
-  logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log
+  usage/<j>-<host>.jsonl one line per usage sample of allocation j's node (CPU, memory, GPUs)
+  reports/             the PNGs `raystack report` draws
+  logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log,
+                       prometheus-<jobid>.log
   corrupt/             files moved aside because they could not be read
 """
 
@@ -111,6 +114,18 @@ class ClusterPaths:
         return self.logs / "jobs"
 
     @property
+    def usage(self) -> Path:
+        return self.root / "usage"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def usage_file(self, job: str, host: str) -> Path:
+        """Allocation `job`'s usage samples of node `host` (appended by its node program)."""
+        return self.usage / f"{job}-{host}.jsonl"
+
+    @property
     def corrupt(self) -> Path:
         return self.root / "corrupt"
 
@@ -128,6 +143,9 @@ class ClusterPaths:
     def node_log(self, host: str) -> Path:
         return self.logs / NODE_LOG.format(host=host)
 
+    def prometheus_log(self, job: str) -> Path:
+        return self.logs / f"prometheus-{job}.log"
+
     def allocation_log(self, job: str) -> Path:
         return self.logs / ALLOCATION_LOG.format(job=job)
 
@@ -144,7 +162,10 @@ class ClusterPaths:
 
     def folders(self) -> list[Path]:
         """Every folder the cluster needs (created 0700)."""
-        return [self.root, self.nodes, self.queue, self.active, self.jobs, self.logs, self.job_logs]
+        return [
+            *(self.root, self.nodes, self.queue, self.active, self.jobs),
+            *(self.logs, self.job_logs, self.usage),
+        ]
 
 
 def cluster(name: str) -> ClusterPaths:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raystack.errors import ClusterError
+from raystack.store import cluster as records
 from raystack.store import paths
+from raystack.store.cluster import ClusterState
 from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
 from raystack.store.ledger import (
     Attempt,
@@ -106,6 +108,20 @@ def position(name: str, job_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------- transactions
+def check_open(name: str) -> None:
+    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended.
+    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it."""
+    if not records.exists(name):
+        return
+    record = records.read(name)
+    if record.state is ClusterState.STOPPING or record.state.is_terminal():
+        why = f" ({record.message})" if record.message else ""
+        raise ClusterError(
+            f"cluster {name} is {record.state.value}{why}: start it again with "
+            f"`raystack up --name {name} ...`, then submit"
+        )
+
+
 def enqueue(
     request: JobRequest,
     now: bool = False,
@@ -120,6 +136,7 @@ def enqueue(
     p = paths.cluster(request.cluster)
     make_private_dirs(p)
     with locked(p):
+        check_open(request.cluster)
         seq = f"{0 if now else 1}{time.time_ns():020d}"
         for _ in range(ID_RETRIES):
             entry = Entry(seq, request.id)

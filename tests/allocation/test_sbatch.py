@@ -206,3 +206,21 @@ def test_security_options_reach_the_node_program_only_when_on(field: str, variab
     profile = plan.profile.model_copy(update={field: True})
     script = allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
     assert f"export {variable}=1" in script
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"idle_timeout": 1800.0}, "export RAYSTACK_IDLE_TIMEOUT=1800"),
+        (
+            {"metrics": True, "prometheus": "/opt/prom/prometheus"},
+            "export RAYSTACK_PROMETHEUS=/opt/prom/prometheus",
+        ),
+        ({"metrics": True, "grafana_host": "http://g:3000"}, "export RAY_GRAFANA_HOST=http://g:3000"),
+    ],
+)
+def test_monitoring_options_reach_the_node_program(changes: dict, line: str) -> None:
+    plan = tricky_plan()
+    assert line.split("=")[0] not in allocation.render_script(plan)
+    profile = plan.profile.model_copy(update=changes)
+    assert line in allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))

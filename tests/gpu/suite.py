@@ -12,6 +12,9 @@ placement check. Then the figures:
   zero3       step time and peak GPU memory of a bf16 ZeRO-3 MLP vs `raystack plan memory`
   grpo_tiny   step time split (generation / training / weight sync) on GPUs (the CPU figures come
               from the testbed: a GPU machine cannot hide its GPUs from Ray's workers)
+  monitor     `raystack top` and `raystack report` under a job keeping every GPU busy (burn
+              --gpus): each GPU's utilisation and memory, as nvidia-smi's own reading beside them
+`--only monitor` runs just the last (device time is scarce).
 Then `down`: no process of the cluster left, none holding a GPU. Writes bench/results/gpu_suite.*
 (and $OUT/ when set). Exit 0 only if every job SUCCEEDED and every check holds.
 """
@@ -236,6 +239,47 @@ def grpo(cluster: Cluster, where: str, ngpu: int, steps: int = 10) -> None:
 
 
 # ---------------------------------------------------------------------------- the run
+def monitor(cluster: Cluster, ngpu: int) -> None:
+    """top and report on real GPUs: a job with every GPU busy shows in both."""
+    from raystack.client import report
+    from raystack.client.top import snapshot
+
+    job = cluster.submit(DEBUG / "burn.yaml", sets=[f"entrypoint=python burn.py --seconds 40 --gpus {ngpu}"])
+    deadline, seen = time.monotonic() + 90, None
+    while time.monotonic() < deadline and not job.record().state.is_terminal():
+        view = snapshot(cluster.name)
+        utils = [g["util"] or 0 for n in view["nodes"] for g in n["gpus"]]
+        if len(utils) == ngpu and min(utils) >= 50:
+            seen = view
+            break
+        time.sleep(1)
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    record = job.wait(timeout=180)
+    checks["burn --gpus SUCCEEDED"] = record.state is JobState.SUCCEEDED
+    gpus = [g for n in (seen or {}).get("nodes", []) for g in n["gpus"]]
+    figures["top_gpus_under_burn"] = [{"util": g["util"], "mem_mib": g["mem_used_mib"]} for g in gpus]
+    figures["nvidia_smi_then"] = [line for line in smi if line.strip()]
+    checks["top: every GPU >= 50% busy under the burn job"] = seen is not None
+    checks["top: GPU memory in use on every GPU"] = len(gpus) == ngpu and all(
+        (g["mem_used_mib"] or 0) > 100 for g in gpus
+    )
+    figures_ = report.summarize(cluster.record(), cluster.jobs(), job.id)
+    figures["report_burn"] = {k: figures_[k] for k in ("job_s", "gpu_util_busy", "gpu_util_idle", "per_node")}
+    checks["report: the burn job's mean GPU utilisation >= 50%"] = (figures_["gpu_util_busy"] or 0) >= 50
+    checks["report: usage samples hold every GPU"] = all(
+        n["gpu_mem_peak_mib"] and n["gpu_mem_peak_mib"] > 100 for n in figures_["per_node"]
+    )
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "bench" / "results"
+    try:
+        report.plot(figures_, cluster.record(), out / "gpu_report_burn.png")
+    except ImportError:
+        say("no matplotlib here: no PNG")
+
+
 def up(name: str, *args: str) -> tuple[Cluster, float]:
     t0 = time.monotonic()
     cli("up", "--local", "--name", name, *args)
@@ -282,13 +326,17 @@ def main() -> int:
     ngpu = len(local.gpu_ids())
     if not ngpu:
         raise SystemExit("no GPU here (nvidia-smi -L lists none)")
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    os.environ.setdefault("RAYSTACK_SAMPLE_EVERY", "2")  # usage samples for the monitor figures
     gpu, figures["ready_s"] = up("gpu")
     try:
-        jobs(gpu, ngpu)
-        guarded("plain torchrun", plain_torchrun, ngpu)
-        guarded("start overhead", start_overhead, gpu)
-        guarded("zero3 memory", zero3_memory, gpu, ngpu)
-        guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
+        if only is None:
+            jobs(gpu, ngpu)
+            guarded("plain torchrun", plain_torchrun, ngpu)
+            guarded("start overhead", start_overhead, gpu)
+            guarded("zero3 memory", zero3_memory, gpu, ngpu)
+            guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
+        guarded("monitor", monitor, gpu, ngpu)
     finally:
         down(gpu)
     held = gpu_processes()
@@ -300,11 +348,12 @@ def main() -> int:
     )  # fmt: skip
     print(text)
     print(json.dumps(result))
+    stem = "gpu_suite" if only is None else f"gpu_suite_{only}"
     for folder in (REPO / "bench" / "results", Path(os.environ["OUT"]) if os.environ.get("OUT") else None):
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / "gpu_suite.json").write_text(json.dumps(result, indent=2) + "\n")
-            (folder / "gpu_suite.txt").write_text(text + "\n")
+            (folder / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+            (folder / f"{stem}.txt").write_text(text + "\n")
     return 0 if checks and all(checks.values()) else 1
 
 

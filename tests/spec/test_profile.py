@@ -71,6 +71,9 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
         ("object_store_memory: lots\n", r"field 'object_store_memory'"),
         ("- a\n- b\n", r"must be a mapping"),
         ("time: [unclosed\n", r"not valid YAML"),
+        ("idle_timeout: soon\n", r"field 'idle_timeout': 'soon' is not a duration"),
+        ("prometheus: /usr/bin/prometheus\n", r"prometheus needs `metrics: true`"),
+        ("grafana_host: http://g:3000\n", r"grafana_host needs `metrics: true`"),
     ],
 )
 def test_bad_profile_is_one_line_naming_file_and_field(
@@ -95,3 +98,11 @@ def test_profile_is_frozen() -> None:
 
 def test_builtin_dir_is_in_the_repo() -> None:
     assert (config.BUILTIN_PROFILES / "generic.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30m", 1800.0), ("1h", 3600.0), (90, 90.0), ("off", None), ("0", None), (None, None)],
+)
+def test_idle_timeout_forms(value: object, seconds: float | None) -> None:
+    assert Profile(idle_timeout=value).idle_timeout == seconds  # type: ignore[arg-type]

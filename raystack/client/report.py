@@ -1,0 +1,341 @@
+"""`raystack report`: how well an allocation was used, from the cluster folder alone (so it works
+after `down`): the node programs' usage samples (usage/), the allocations in the record and the
+jobs' ledgers.
+
+Times: an allocation is *held* from its start to its end; *startup* until READY; *busy* while a
+job runs (from its submission to Ray to its end: the union of every raystack job's runs, plus
+the times the head saw other Ray jobs or drivers); *idle* is the rest of the READY time. So
+held = startup + busy + idle, and node-hours are those times the allocation's nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from raystack.allocation.usage import read_samples
+from raystack.errors import ClusterError
+from raystack.store import paths
+from raystack.store.cluster import ClusterRecord
+from raystack.store.ledger import JobRecord, JobState
+
+Span = tuple[float, float]
+OPENS = {JobState.SUBMITTED.value, JobState.RUNNING.value}
+CLOSES = {
+    JobState.QUEUED.value,
+    JobState.INTERRUPTED.value,
+    *(s.value for s in JobState if s.is_terminal()),
+}
+
+
+# ---------------------------------------------------------------------------- intervals
+def merge(spans: Iterable[Span]) -> list[Span]:
+    """The union of intervals, as sorted disjoint intervals."""
+    merged: list[list[float]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def clip(spans: Iterable[Span], window: Span) -> list[Span]:
+    lo, hi = window
+    return [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+def length(spans: Iterable[Span]) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def inside(t: float, spans: list[Span]) -> bool:
+    return any(a <= t <= b for a, b in spans)
+
+
+def job_runs(job: JobRecord, now: float) -> list[Span]:
+    """When a job held the cluster: from each submission to Ray to the end of that run."""
+    runs: list[Span] = []
+    opened: float | None = None
+    for entry in sorted(job.history, key=lambda h: h["time"]):
+        state, at = entry.get("state"), float(entry["time"])
+        if state in OPENS and opened is None:
+            opened = at
+        elif state in CLOSES and opened is not None:
+            runs.append((opened, at))
+            opened = None
+    if opened is not None:
+        runs.append((opened, job.ended or now))
+    return runs
+
+
+# ---------------------------------------------------------------------------- inputs
+def allocations(record: ClusterRecord, now: float) -> list[dict[str, Any]]:
+    """The record's allocations with a start, an end (now while live) and their samples."""
+    found = []
+    p = paths.cluster(record.name)
+    for entry in record.allocations:
+        if not entry.get("started"):
+            continue
+        job_id = str(entry["job_id"])
+        samples = {
+            f.name.removeprefix(f"{job_id}-").removesuffix(".jsonl"): read_samples(f)
+            for f in sorted(p.usage.glob(f"{job_id}-*.jsonl"))
+        }
+        last = max((s[-1]["t"] for s in samples.values() if s), default=None)
+        live = record.slurm_job_id == job_id and not record.state.is_terminal() and not entry.get("ended")
+        end = now if live else entry.get("ended") or last or entry["started"]
+        if not live and last is not None and end > last + 60:
+            end = last  # recorded late (found ended by a later command): the samples know better
+        found.append(
+            {
+                "job_id": job_id,
+                "nodes": int(entry.get("nodes") or record.nodes_expected or 1),
+                "started": float(entry["started"]),
+                "ready": float(entry["ready"]) if entry.get("ready") else None,
+                "ended": float(end),
+                "live": live,
+                "reason": entry.get("reason"),
+                "samples": samples,
+            }
+        )
+    return found
+
+
+def other_ray_jobs(samples: list[dict[str, Any]]) -> list[Span]:
+    """Spans in which the head saw Ray jobs that are not raystack's (plain `ray job submit`,
+    attached drivers): each such sample covers the time since the previous one."""
+    spans = []
+    for before, sample in itertools.pairwise(samples):
+        if sample.get("other_jobs"):
+            spans.append((float(before["t"]), float(sample["t"])))
+    return spans
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 1) if values else None
+
+
+def _gpu_utils(sample: dict[str, Any]) -> list[float]:
+    return [float(g[0]) for g in sample.get("gpus") or []]
+
+
+# ---------------------------------------------------------------------------- the report
+def summarize(
+    record: ClusterRecord, jobs: list[JobRecord], job_id: str | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """The report's figures (see the module's docstring), for the whole allocation or one job."""
+    now = now or time.time()
+    allocs = allocations(record, now)
+    if not allocs:
+        raise ClusterError(f"cluster {record.name} has no allocation that started: nothing to report")
+    runs = {j.id: job_runs(j, now) for j in jobs}
+    if job_id is not None:
+        if job_id not in runs:
+            known = ", ".join(sorted(runs)[:10]) or "none"
+            raise ClusterError(f"--job: no job '{job_id}' in cluster {record.name} (known: {known})")
+        if not runs[job_id]:
+            raise ClusterError(f"--job: job {job_id} never ran (state {_job(jobs, job_id).state.value})")
+    held = startup = busy_total = idle_total = node_hours = busy_node_h = idle_node_h = 0.0
+    busy_spans: list[Span] = []
+    others: list[Span] = []
+    per_alloc = []
+    for a in allocs:
+        ready = a["ready"] or a["ended"]  # never READY: all of it was startup
+        head: list[dict[str, Any]] = next(
+            (ss for ss in a["samples"].values() if ss and "other_jobs" in ss[-1]), []
+        )
+        other = merge(clip(other_ray_jobs(head), (ready, a["ended"])))
+        others += other
+        busy = merge(clip([s for r in runs.values() for s in r], (ready, a["ended"])) + other)
+        a_held, a_busy = a["ended"] - a["started"], length(busy)
+        a_startup = max(0.0, min(ready, a["ended"]) - a["started"])
+        held, startup, busy_total = held + a_held, startup + a_startup, busy_total + a_busy
+        idle_total += a_held - a_startup - a_busy
+        idle_node_h += (a_held - a_startup - a_busy) * a["nodes"] / 3600
+        node_hours += a_held * a["nodes"] / 3600
+        busy_node_h += a_busy * a["nodes"] / 3600
+        busy_spans += busy
+        per_alloc.append(
+            {
+                "job_id": a["job_id"],
+                "nodes": a["nodes"],
+                "started": a["started"],
+                "ready": a["ready"],
+                "ended": a["ended"],
+                "live": a["live"],
+                "reason": a["reason"],
+                "held_s": round(a_held, 1),
+            }
+        )
+    focus = merge(runs[job_id]) if job_id else busy_spans
+    samples = [(host, s) for a in allocs for host, series in a["samples"].items() for s in series]
+    in_focus = [s for _h, s in samples if inside(s["t"], focus)]
+    idle_samples = [s for _h, s in samples if not inside(s["t"], busy_spans)]
+    hosts = sorted({h for h, _s in samples})
+    report: dict[str, Any] = {
+        "cluster": record.name,
+        "job": job_id,
+        "allocations": per_alloc,
+        "nodes": max(a["nodes"] for a in allocs),
+        "held_s": round(held, 1),
+        "startup_s": round(startup, 1),
+        "busy_s": round(busy_total, 1),
+        "idle_s": round(idle_total, 1),
+        "busy_fraction": round(busy_total / held, 3) if held else None,
+        "node_hours": round(node_hours, 3),
+        "busy_node_hours": round(busy_node_h, 3),
+        "idle_node_hours": round(idle_node_h, 3),
+        "gpu_util_busy": _mean([u for s in in_focus for u in _gpu_utils(s)]),
+        "gpu_util_idle": _mean([u for s in idle_samples for u in _gpu_utils(s)]),
+        "cpu_busy": _mean([float(s["cpu"]) for s in in_focus if "cpu" in s]),
+        "cores_busy": _cores(samples, focus),
+        "samples": len(samples),
+        "per_node": [_node_figures(h, [s for hh, s in samples if hh == h], focus) for h in hosts],
+        "jobs": [_job_figures(j, runs[j.id], samples) for j in jobs if runs[j.id]],
+        "other_ray_jobs": [[round(a, 2), round(b, 2)] for a, b in others],  # plain Ray jobs, drivers
+    }
+    if job_id:
+        report["job_s"] = round(length(focus), 1)
+    return report
+
+
+def _cores(samples: list[tuple[str, dict[str, Any]]], focus: list[Span]) -> float | None:
+    """Cores the cluster's processes used while `focus`: each node's mean, summed over nodes."""
+    per_host: dict[str, list[float]] = {}
+    for host, s in samples:
+        if "ours" in s and inside(s["t"], focus):
+            per_host.setdefault(host, []).append(float(s["ours"]))
+    return round(sum(statistics.fmean(v) for v in per_host.values()), 2) if per_host else None
+
+
+def _job(jobs: list[JobRecord], job_id: str) -> JobRecord:
+    return next(j for j in jobs if j.id == job_id)
+
+
+def _node_figures(host: str, series: list[dict[str, Any]], focus: list[Span]) -> dict[str, Any]:
+    busy = [s for s in series if inside(s["t"], focus)]
+    return {
+        "host": host,
+        "samples": len(series),
+        "gpu_util_busy": _mean([u for s in busy for u in _gpu_utils(s)]),
+        "gpu_mem_peak_mib": max((sum(g[1] for g in s.get("gpus") or []) for s in series), default=None)
+        if any(s.get("gpus") for s in series)
+        else None,
+        "cpu_busy": _mean([float(s["cpu"]) for s in busy if "cpu" in s]),
+        "cores_busy": _mean([float(s["ours"]) for s in busy if "ours" in s]),
+        "mem_peak": max((int(s.get("mem", 0)) for s in series), default=None),
+    }
+
+
+def _job_figures(
+    job: JobRecord, runs: list[Span], samples: list[tuple[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    during = [s for _h, s in samples if inside(s["t"], runs)]
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "start": runs[0][0],
+        "end": runs[-1][1],
+        "run_s": round(length(runs), 1),
+        "gpu_util": _mean([u for s in during for u in _gpu_utils(s)]),
+        "cores": _cores(samples, runs),
+    }
+
+
+# ---------------------------------------------------------------------------- the picture
+def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | None = None) -> Path:
+    """A PNG: GPU utilisation and memory per node over time (CPU and host memory where there
+    are no GPUs), jobs shaded and named, allocation boundaries dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    allocs = allocations(record, now or time.time())
+    series: dict[str, list[dict[str, Any]]] = {}
+    for a in allocs:
+        for host, samples in a["samples"].items():
+            series.setdefault(host, []).extend(samples)
+    gpus = any(s.get("gpus") for ss in series.values() for s in ss)
+    t0 = min(a["started"] for a in allocs)
+    window = (t0, max(a["ended"] for a in allocs))
+    if report["job"]:
+        job = next(j for j in report["jobs"] if j["id"] == report["job"])
+        margin = max(30.0, 0.1 * (job["end"] - job["start"]))
+        window = (max(t0, job["start"] - margin), job["end"] + margin)
+    unit, scale = ("h", 3600.0) if window[1] - window[0] > 3 * 3600 else ("min", 60.0)
+
+    def x(t: float) -> float:
+        return (t - t0) / scale
+
+    panels: list[tuple[str, Any]] = []
+    if gpus:
+        panels += [
+            ("GPU utilisation %", lambda s: statistics.fmean(_gpu_utils(s)) if s.get("gpus") else None),
+            ("GPU memory GiB", lambda s: sum(g[1] for g in s.get("gpus") or []) / 1024),
+        ]
+    panels += [
+        ("CPU % (node)", lambda s: s.get("cpu")),
+        ("cores used by the cluster", lambda s: s.get("ours")),
+        ("memory GiB (node)", lambda s: (s.get("mem") or 0) / 2**30),
+    ]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.2 * len(panels) + 1), sharex=True, squeeze=False)
+    many = len(series) > 8
+    for ax, (title, value) in zip(axes[:, 0], panels, strict=True):
+        for host, samples in sorted(series.items()):
+            pts = [(x(s["t"]), value(s)) for s in samples if window[0] <= s["t"] <= window[1]]
+            pts = [(a, b) for a, b in pts if b is not None]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, lw=0.8 if many else 1.2, label=None if many else host)
+        ax.set_ylabel(title, fontsize=8)
+        ax.set_ylim(bottom=0, top=105 if "%" in title else None)
+        ax.grid(alpha=0.3)
+        for i, j in enumerate(report["jobs"]):
+            if j["end"] < window[0] or j["start"] > window[1]:
+                continue
+            ax.axvspan(x(j["start"]), x(j["end"]), color=f"C{i % 10}", alpha=0.12, lw=0)
+        for k, (a, b) in enumerate(report["other_ray_jobs"]):
+            label = "other Ray jobs" if k == 0 and ax is axes[0, 0] and not many else None
+            ax.axvspan(x(a), x(b), color="grey", alpha=0.12, lw=0, hatch="//", label=label)
+        for a in allocs:
+            for t in (a["started"], a["ended"]):
+                if window[0] <= t <= window[1]:
+                    ax.axvline(x(t), color="grey", ls="--", lw=0.8)
+    top = axes[0, 0]
+    for j in report["jobs"]:
+        if window[0] <= j["start"] <= window[1]:
+            top.annotate(
+                j["id"],
+                (x(j["start"]), 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=20,
+                va="bottom",
+            )
+    if not many and series:
+        top.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel(f"{unit} since the allocation started")
+    if report["job"]:
+        util = report["gpu_util_busy"] if gpus else report["cpu_busy"]
+        title = (
+            f"job {report['job']} on cluster {report['cluster']}: ran {report['job_s'] / 60:.1f} min, "
+            f"mean {'GPU' if gpus else 'CPU'} utilisation {util or 0:.0f}%"
+        )
+    else:
+        title = (
+            f"cluster {report['cluster']}: {report['node_hours']:.2f} node-hours held, busy "
+            f"{100 * (report['busy_fraction'] or 0):.0f}%, idle {report['idle_s'] / 60:.1f} min"
+        )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
