@@ -10,7 +10,9 @@ held = startup + busy + idle, and node-hours are those times the allocation's no
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Iterable
@@ -54,7 +56,9 @@ def length(spans: Iterable[Span]) -> float:
 
 
 def inside(t: float, spans: list[Span]) -> bool:
-    return any(a <= t <= b for a, b in spans)
+    """t lies in one of `spans` (sorted and disjoint, as `merge` returns them): O(log n)."""
+    i = bisect.bisect_right(spans, (t, math.inf)) - 1
+    return i >= 0 and spans[i][0] <= t <= spans[i][1]
 
 
 def job_runs(job: JobRecord, now: float) -> list[Span]:
@@ -172,11 +176,15 @@ def summarize(
                 "held_s": round(a_held, 1),
             }
         )
+    busy_spans = merge(busy_spans)
     focus = merge(runs[job_id]) if job_id else busy_spans
     samples = [(host, s) for a in allocs for host, series in a["samples"].items() for s in series]
     in_focus = [s for _h, s in samples if inside(s["t"], focus)]
     idle_samples = [s for _h, s in samples if not inside(s["t"], busy_spans)]
-    hosts = sorted({h for h, _s in samples})
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for h, sample in samples:
+        by_host.setdefault(h, []).append(sample)
+    series = {h: (ss := sorted(v, key=lambda x: x["t"]), [x["t"] for x in ss]) for h, v in by_host.items()}
     report: dict[str, Any] = {
         "cluster": record.name,
         "job": job_id,
@@ -193,10 +201,10 @@ def summarize(
         "gpu_util_busy": _mean([u for s in in_focus for u in _gpu_utils(s)]),
         "gpu_util_idle": _mean([u for s in idle_samples for u in _gpu_utils(s)]),
         "cpu_busy": _mean([float(s["cpu"]) for s in in_focus if "cpu" in s]),
-        "cores_busy": _cores(samples, focus),
+        "cores_busy": _cores(series, focus),
         "samples": len(samples),
-        "per_node": [_node_figures(h, [s for hh, s in samples if hh == h], focus) for h in hosts],
-        "jobs": [_job_figures(j, runs[j.id], samples) for j in jobs if runs[j.id]],
+        "per_node": [_node_figures(h, by_host[h], focus) for h in sorted(by_host)],
+        "jobs": [_job_figures(j, runs[j.id], series) for j in jobs if runs[j.id]],
         "other_ray_jobs": [[round(a, 2), round(b, 2)] for a, b in others],  # plain Ray jobs, drivers
     }
     if job_id:
@@ -204,11 +212,24 @@ def summarize(
     return report
 
 
-def _cores(samples: list[tuple[str, dict[str, Any]]], focus: list[Span]) -> float | None:
+Series = dict[str, tuple[list[dict[str, Any]], list[float]]]  # host -> (samples by time, times)
+
+
+def pick(series: Series, spans: list[Span]) -> list[tuple[str, dict[str, Any]]]:
+    """The samples of every host within `spans` (sorted, disjoint): bisect, not a scan."""
+    found = []
+    for host, (samples, times) in series.items():
+        for a, b in spans:
+            lo, hi = bisect.bisect_left(times, a), bisect.bisect_right(times, b)
+            found += [(host, s) for s in samples[lo:hi]]
+    return found
+
+
+def _cores(series: Series, focus: list[Span]) -> float | None:
     """Cores the cluster's processes used while `focus`: each node's mean, summed over nodes."""
     per_host: dict[str, list[float]] = {}
-    for host, s in samples:
-        if "ours" in s and inside(s["t"], focus):
+    for host, s in pick(series, focus):
+        if "ours" in s:
             per_host.setdefault(host, []).append(float(s["ours"]))
     return round(sum(statistics.fmean(v) for v in per_host.values()), 2) if per_host else None
 
@@ -232,10 +253,9 @@ def _node_figures(host: str, series: list[dict[str, Any]], focus: list[Span]) ->
     }
 
 
-def _job_figures(
-    job: JobRecord, runs: list[Span], samples: list[tuple[str, dict[str, Any]]]
-) -> dict[str, Any]:
-    during = [s for _h, s in samples if inside(s["t"], runs)]
+def _job_figures(job: JobRecord, runs: list[Span], series: Series) -> dict[str, Any]:
+    runs = merge(runs)
+    during = [s for _h, s in pick(series, runs)]
     return {
         "id": job.id,
         "name": job.name,
@@ -244,11 +264,25 @@ def _job_figures(
         "end": runs[-1][1],
         "run_s": round(length(runs), 1),
         "gpu_util": _mean([u for s in during for u in _gpu_utils(s)]),
-        "cores": _cores(samples, runs),
+        "cores": _cores(series, runs),
     }
 
 
 # ---------------------------------------------------------------------------- the picture
+POINTS = 1500  # per line: a day of 10 s samples is averaged into bins of about a minute
+
+
+def _thin(pts: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """At most about POINTS points, each the mean of a bin of consecutive samples."""
+    k = max(1, math.ceil(len(pts) / POINTS))
+    xs, ys = [], []
+    for i in range(0, len(pts), k):
+        chunk = pts[i : i + k]
+        xs.append(statistics.fmean(p[0] for p in chunk))
+        ys.append(statistics.fmean(p[1] for p in chunk))
+    return xs, ys
+
+
 def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | None = None) -> Path:
     """A PNG: GPU utilisation and memory per node over time (CPU and host memory where there
     are no GPUs), jobs shaded and named, allocation boundaries dashed."""
@@ -292,7 +326,7 @@ def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | 
             pts = [(x(s["t"]), value(s)) for s in samples if window[0] <= s["t"] <= window[1]]
             pts = [(a, b) for a, b in pts if b is not None]
             if pts:
-                xs, ys = zip(*pts, strict=True)
+                xs, ys = _thin(pts)
                 ax.plot(xs, ys, lw=0.8 if many else 1.2, label=None if many else host)
         ax.set_ylabel(title, fontsize=8)
         ax.set_ylim(bottom=0, top=105 if "%" in title else None)

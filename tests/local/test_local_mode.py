@@ -184,6 +184,12 @@ def test_a_tls_local_cluster_runs_jobs_and_serves_ray_status(
         )
         # (x/1.0: the last task's worker may hold its CPU a moment longer)
         assert status.returncode == 0 and "/1.0 CPU" in status.stdout, status.stderr
+        # top reads Ray's node stats through the HTTPS front, checked against the cluster's CA
+        top = rs(home, "top", "t", "--once", "--json")
+        view = json.loads(top.stdout)
+        assert top.returncode == 0 and len(view["nodes"]) == 1 and view["nodes"][0]["mem_total"] > 0, (
+            top.stderr
+        )
     finally:
         rs(home, "down", "t")
     assert not Path(f"/dev/shm/rs-tls-{os.getuid()}-{rec['slurm_job_id']}").exists()
