@@ -101,20 +101,22 @@ class Dashboard:
             return f"Jobs API at {self.url}: {self._why(exc)}"
 
     def alive_nodes(self, timeout: int = TIMEOUT) -> list[NodeSummary]:
-        """Alive nodes with their total resources (one cluster-wide query)."""
+        """Alive nodes with their total resources (one cluster-wide query), one per address: a
+        worker whose `ray start` is retried may leave its last try's raylet listed as alive for
+        the seconds until the GCS's health check finds it gone, and it must not count twice."""
         from ray.util.state.common import NodeState
 
         nodes = self._state_list("nodes", [("state", "=", "ALIVE")], detail=True, timeout=timeout)
-        return [
-            NodeSummary(
-                node_id=n.node_id,
-                ip=n.node_ip,
-                is_head=bool(n.is_head_node),
-                resources=dict(n.resources_total or {}),
-            )
-            for n in nodes
-            if isinstance(n, NodeState)
-        ]
+        by_ip: dict[str, NodeSummary] = {}
+        for n in nodes:
+            if isinstance(n, NodeState) and (n.node_ip not in by_ip or n.is_head_node):
+                by_ip[n.node_ip] = NodeSummary(
+                    node_id=n.node_id,
+                    ip=n.node_ip,
+                    is_head=bool(n.is_head_node),
+                    resources=dict(n.resources_total or {}),
+                )
+        return list(by_ip.values())
 
     def _state_list(
         self, resource: str, filters: list[tuple[str, str, str]], detail: bool = False, timeout: int = TIMEOUT

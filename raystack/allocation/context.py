@@ -54,6 +54,7 @@ class NodeContext:
     temp_root: Path | None = None  # the private folder (0700) that holds temp_dir
     tls: tls.Identity | None = None  # this node's certificate, on a `tls: true` cluster
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
+    join_window: int = 0  # workers registering with the head at once (0: all at once)
 
     @property
     def is_head(self) -> bool:
@@ -128,6 +129,7 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         head_grace=float(env.get("RAYSTACK_HEAD_GRACE") or 60),
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
+        join_window=int(env.get("RAYSTACK_JOIN_WINDOW") or 0),
     )
 
 
@@ -185,8 +187,38 @@ def metrics_on() -> bool:
     return os.environ.get("RAYSTACK_METRICS") == "1"
 
 
+def burst_settings(cores: int | None = None) -> dict[str, str]:
+    """Ray settings that let the head's GCS ride out the registration burst of a large start
+    (every raylet, then hundreds of actor workers, at once). Each only widens a timeout or a
+    thread pool or thins steady background traffic, so nothing changes on a small cluster. Ray
+    2.60's defaults in brackets; a profile's `env` overrides any of them."""
+    cores = cores or os.cpu_count() or 1
+    threads = str(max(8, cores // 4))
+    return {
+        # The GCS handles RegisterNode/RegisterWorker/GetNodeInfo on cores/4 threads [1 on a small
+        # head]: more threads drain a burst of blocking handlers instead of queueing behind one.
+        "RAY_gcs_server_rpc_server_thread_num": threads,
+        "RAY_gcs_server_rpc_client_thread_num": threads,  # its replies to raylets, likewise
+        # A raylet's or core worker's first connection to a busy GCS may take longer than 5 s [5].
+        "RAY_gcs_rpc_server_connect_timeout_s": "30",
+        # Synchronous GCS calls (`ray start`'s "Failed to get node info: Deadline Exceeded") [60].
+        "RAY_gcs_server_request_timeout_seconds": "120",
+        # Raylets and workers that lose the GCS during a burst exit after this [60].
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "120",
+        # An actor's worker process not registered with its raylet by then is killed [60]: a burst
+        # of several hundred actors starting on few cores takes longer.
+        "RAY_worker_register_timeout_seconds": "120",
+        # gRPC keepalive pings from every worker to the GCS [10 s / 20 s]: fewer during a burst;
+        # dead nodes are still found by the GCS health checks, which are left as they are.
+        "RAY_grpc_keepalive_time_ms": "60000",
+        "RAY_grpc_keepalive_timeout_ms": "60000",
+    }
+
+
 def ray_env(ctx: NodeContext) -> dict[str, str]:
     env = dict(os.environ)
+    for key, value in burst_settings().items():
+        env.setdefault(key, value)  # (the profile's env, exported by the allocation script, wins)
     env.update(
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN_PATH=str(paths.cluster(ctx.cluster).token),

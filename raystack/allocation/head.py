@@ -113,6 +113,8 @@ def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
     cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
     want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
     want_gpus = ctx.gpus * ctx.num_nodes
+    # NOTE: the deadline moves with progress: a large start on a slow GCS may take longer than
+    # join_timeout in all, but it fails only after join_timeout without a node joining.
     deadline = time.monotonic() + ctx.join_timeout
     nodes: list[NodeSummary] = []
     joined, why = -1, "the State API has not answered yet"
@@ -126,6 +128,8 @@ def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
             gpus = sum(n.resources.get("GPU", 0) for n in nodes)
             cpus = sum(n.resources.get("CPU", 0) for n in nodes)
             if len(nodes) != joined:
+                if len(nodes) > joined >= 0:
+                    deadline = time.monotonic() + ctx.join_timeout
                 joined = len(nodes)
                 log.info("%d/%d nodes joined (%g GPUs, %g CPUs)", joined, ctx.num_nodes, gpus, cpus)
                 records.update(
@@ -149,7 +153,7 @@ def _not_ready_message(ctx: NodeContext, nodes: list[NodeSummary], why: str) -> 
     missing = missing_nodes(ctx, nodes)
     if missing:
         return (
-            f"node {missing[0]} did not join within {ctx.join_timeout:.0f}s"
+            f"node {missing[0]} did not join within {ctx.join_timeout:.0f}s (while no other node joined)"
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
             f"its log: {node_log(ctx, missing[0])}"
         )

@@ -8,6 +8,7 @@ a GCS restart or a short network blip must not end the whole cluster.
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 from raystack.allocation.context import (
@@ -23,11 +24,13 @@ from raystack.allocation.context import (
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
 from raystack.allocation.usage import UsageSampler
 from raystack.store import cluster as records
-from raystack.store.cluster import ClusterRecord
+from raystack.store.cluster import ClusterRecord, ClusterState
 
 log = logging.getLogger("raystack.node")
 PROBE = 1.0  # seconds between probes of the head's GCS port
 RECORD_EVERY = 5.0  # seconds between reads of the cluster record
+TURN_POLL = 0.5  # seconds between reads of the record while waiting for a turn to join
+STALL = 30.0  # seconds without a node joining after which a waiting worker joins anyway
 
 
 def head_record(ctx: NodeContext) -> ClusterRecord | None:
@@ -46,6 +49,39 @@ def head_ended(ctx: NodeContext) -> bool:
     return record.slurm_job_id != ctx.job_id or record.state.is_terminal()
 
 
+def joining(ctx: NodeContext) -> bool:
+    """The head of this allocation is still waiting for its nodes (not READY, not ended)."""
+    record = records.read(ctx.cluster)
+    return record.slurm_job_id == ctx.job_id and record.state is ClusterState.STARTING
+
+
+def backoff(attempt: int) -> float:
+    """Seconds before try `attempt` + 1: doubling from 1 s up to 16 s, jittered by up to -50% so
+    that workers that failed together do not all return together."""
+    return min(16.0, 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+def wait_turn(ctx: NodeContext) -> None:
+    """Join in waves (profile `join_window` W > 0): worker i starts its `ray start` once at most W
+    workers before it are still registering, i.e. once the head counts i - W + 1 nodes (itself
+    included). A wave that stalls for STALL seconds (a node that cannot join) no longer holds
+    the ones behind it back."""
+    if not ctx.join_window or ctx.node_id <= ctx.join_window:
+        return
+    need = ctx.node_id - ctx.join_window + 1
+    last, since = -1, time.monotonic()
+    while True:
+        record = records.read(ctx.cluster)
+        if record.nodes_joined >= need or head_ended(ctx):
+            return
+        if record.nodes_joined != last:
+            last, since = record.nodes_joined, time.monotonic()
+        elif time.monotonic() - since > STALL:
+            log.warning("no node joined for %.0fs while waiting for a turn to join; joining now", STALL)
+            return
+        time.sleep(TURN_POLL)
+
+
 def run_worker(ctx: NodeContext) -> int:
     record = wait_for(lambda: head_record(ctx), ctx.join_timeout, "the head to publish its address")
     if record.state.is_terminal() or not record.gcs_address:
@@ -60,16 +96,46 @@ def run_worker(ctx: NodeContext) -> int:
         ctx.join_timeout,
         "the head's GCS to listen",
     )
+    wait_turn(ctx)
     if head_ended(ctx):
         log.info("cluster %s ended before this node joined; exiting", ctx.cluster)
         return 0
-    ray = RayProcess(ray_start_argv(ctx, node_ports(head=False), record.gcs_address), ray_env(ctx))
     reap, report = Reaper(), GpuReport(ctx)
     sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host)
-    reap.owned.add(ray.proc.pid)
+
+    def start() -> RayProcess:
+        # Fresh ports on every try: the last try's processes may not have released theirs yet.
+        ray = RayProcess(ray_start_argv(ctx, node_ports(head=False), record.gcs_address), ray_env(ctx))
+        reap.owned.add(ray.proc.pid)
+        return ray
+
+    ray, attempt = start(), 1
     try:
         last_seen, last_read = time.monotonic(), time.monotonic()
-        while ray.alive():
+        while True:
+            if not ray.alive():
+                if head_ended(ctx) or not tcp_open(head_ip, int(gcs_port)):
+                    log.info("head %s is gone; leaving", record.gcs_address)
+                    return 0
+                # NOTE: a GCS swamped by many nodes registering at once makes `ray start` give
+                # up after ~30 s ("The current node timed out during startup"): while the head
+                # still waits for its nodes, try again rather than fail the whole cluster.
+                delay = backoff(attempt)
+                if not joining(ctx):  # (the head decides when the start has failed)
+                    log.error("ray start exited with code %s while the head lives", ray.proc.returncode)
+                    return 1
+                log.warning(
+                    "ray start exited with code %s (try %d) while the head waits for its nodes; "
+                    "trying again in %.1fs",
+                    ray.proc.returncode,
+                    attempt,
+                    delay,
+                )
+                ray.stop()  # (whatever that try left behind: its raylet may still be registering)
+                reap.owned.discard(ray.proc.pid)
+                time.sleep(delay)
+                ray, attempt = start(), attempt + 1
+                continue
             if tcp_open(head_ip, int(gcs_port)):
                 last_seen = time.monotonic()
             elif time.monotonic() - last_seen > ctx.head_grace:
@@ -84,11 +150,6 @@ def run_worker(ctx: NodeContext) -> int:
             reap()
             sample()
             time.sleep(PROBE)
-        if head_ended(ctx) or not tcp_open(head_ip, int(gcs_port)):
-            log.info("head %s is gone; leaving", record.gcs_address)
-            return 0
-        log.error("ray start exited with code %s while the head lives", ray.proc.returncode)
-        return 1
     except Stop as stop:
         log.info("node %s stopping (%s)", ctx.host, stop)
         return 0

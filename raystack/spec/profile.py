@@ -63,6 +63,10 @@ class Profile(BaseModel):
     local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
     object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
     join_timeout: int = Field(default=300, ge=5)  # seconds for every node to join the head
+    # Workers starting Ray and registering with the head at once (0: all at once); the others
+    # wait for a turn. A large start then never swamps the head's GCS (or a shared filesystem
+    # with N nodes importing Ray at once)
+    join_window: int = Field(default=16, ge=0, le=4096)
     # Ray's metrics (Prometheus exporter on every node): off by default; when on, its port
     # listens on every interface without auth
     metrics: bool = False

@@ -90,3 +90,17 @@ def test_ray_env_turns_token_auth_on_and_puts_this_python_first(
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
     assert "RAY_ADDRESS" not in env
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+
+
+def test_burst_settings_widen_the_gcs_and_the_profile_env_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_worker_register_timeout_seconds", "300")  # (as the profile's env exports it)
+    env = node.ray_env(context(tmp_path))
+    assert env["RAY_worker_register_timeout_seconds"] == "300"
+    assert env["RAY_gcs_server_request_timeout_seconds"] == "120"
+    # the GCS gets more threads than Ray's cores/4 on a small head, never fewer on a big one
+    assert node.burst_settings(cores=2)["RAY_gcs_server_rpc_server_thread_num"] == "8"
+    assert node.burst_settings(cores=288)["RAY_gcs_server_rpc_server_thread_num"] == "72"
+    assert all(k.startswith("RAY_") and v.isdigit() for k, v in node.burst_settings().items())

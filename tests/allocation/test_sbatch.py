@@ -219,8 +219,17 @@ def test_security_options_reach_the_node_program_only_when_on(field: str, variab
         ({"metrics": True, "grafana_host": "http://g:3000"}, "export RAY_GRAFANA_HOST=http://g:3000"),
     ],
 )
-def test_monitoring_options_reach_the_node_program(changes: dict, line: str) -> None:
+def test_profile_options_reach_the_node_program(changes: dict, line: str) -> None:
     plan = tricky_plan()
     assert line.split("=")[0] not in allocation.render_script(plan)
     profile = plan.profile.model_copy(update=changes)
+    assert line in allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+
+
+@pytest.mark.parametrize(
+    ("window", "line"), [(None, "export RAYSTACK_JOIN_WINDOW=16"), (0, "export RAYSTACK_JOIN_WINDOW=0")]
+)
+def test_workers_join_in_waves_unless_the_profile_says_all_at_once(window: int | None, line: str) -> None:
+    plan = tricky_plan()
+    profile = plan.profile if window is None else plan.profile.model_copy(update={"join_window": window})
     assert line in allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
