@@ -17,6 +17,10 @@ from raystack.errors import RayApiError
 TIMEOUT = 10  # seconds for one State API call
 
 
+# Why an actor died that counts as a failure (not its job's end, ray.kill or going out of scope)
+DEATHS = ("WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED")
+
+
 def auth_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -143,6 +147,51 @@ class Dashboard:
         return [f"actor {a.actor_id} ({a.class_name})" for a in actors] + [
             f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
         ]
+
+    def job_errors(self, ray_job_id: str) -> list[dict[str, Any]]:
+        """What Ray recorded of a job's failures, each with its node's address, pid and time: the
+        failed tasks, with the error Ray hands the caller (an exception raised in an actor method
+        is written to no log file), and the actors that died of a crash, an OOM kill or their
+        node's loss."""
+        from ray.util.state.common import ActorState, NodeState, TaskState
+
+        nodes = {
+            n.node_id: n.node_ip
+            for n in self._state_list("nodes", [], detail=True)
+            if isinstance(n, NodeState)
+        }
+        found: list[dict[str, Any]] = []
+        for t in self._state_list(
+            "tasks", [("job_id", "=", ray_job_id), ("state", "=", "FAILED")], detail=True
+        ):
+            if isinstance(t, TaskState) and t.error_message:
+                name = t.func_or_class_name or t.name or "task"
+                found.append(
+                    {
+                        "ip": nodes.get(t.node_id or ""),
+                        "pid": t.worker_pid,
+                        "actor": name.split(".")[0] if t.actor_id else f"task {name}",
+                        "error": str(t.error_message),
+                        "at": (t.end_time_ms or 0) / 1000 or None,
+                    }
+                )
+        for a in self._state_list(
+            "actors", [("job_id", "=", ray_job_id), ("state", "=", "DEAD")], detail=True
+        ):
+            context = ((a.death_cause or {}) if isinstance(a, ActorState) else {}).get(
+                "actor_died_error_context", {}
+            )
+            if context.get("reason") in DEATHS and isinstance(a, ActorState):
+                found.append(
+                    {
+                        "ip": context.get("node_ip_address") or nodes.get(a.node_id or ""),
+                        "pid": a.pid or context.get("pid"),
+                        "actor": a.class_name,
+                        "error": str(context.get("error_message") or context.get("reason")),
+                        "at": None,
+                    }
+                )
+        return found
 
     # ------------------------------------------------------------------ node stats
     def _get(self, path: str, **params: str) -> Any:

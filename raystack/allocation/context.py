@@ -16,17 +16,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
 from raystack.adapters import local
+from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import RayProcess, gpu_processes, has_nvidia_smi
 from raystack.errors import RaystackError
 from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import paths, tls
+from raystack.store.raylogs import Caps
 
 log = logging.getLogger("raystack.node")
 T = TypeVar("T")
@@ -55,6 +57,8 @@ class NodeContext:
     tls: tls.Identity | None = None  # this node's certificate, on a `tls: true` cluster
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     join_window: int = 0  # workers registering with the head at once (0: all at once)
+    ray_logs: Caps = field(default_factory=Caps)  # how Ray's logs are copied to the cluster folder
+    log_sync: LogSync | None = None  # the copy's thread, once started (its last pass at teardown)
 
     @property
     def is_head(self) -> bool:
@@ -130,6 +134,7 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         head_grace=float(env.get("RAYSTACK_HEAD_GRACE") or 60),
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
         join_window=int(env.get("RAYSTACK_JOIN_WINDOW") or 0),
+        ray_logs=Caps.from_env(env),
     )
 
 
@@ -178,6 +183,7 @@ def local_context(env: dict[str, str]) -> NodeContext:
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
+        ray_logs=Caps.from_env(env),
     )
 
 
@@ -368,6 +374,8 @@ def stop_ray(ctx: NodeContext, ray: RayProcess) -> None:
     """Stop this node's Ray processes (only ours: never a global `ray stop`) and its temp dir."""
     ignore_signals()
     ray.stop()
+    if ctx.log_sync is not None:
+        ctx.log_sync.final()  # (Ray has stopped: its logs are complete; the temp dir goes next)
     shutil.rmtree(ctx.temp_root or ctx.temp_dir, ignore_errors=True)
     if ctx.tls is not None:
         shutil.rmtree(ctx.tls.cert.parent, ignore_errors=True)

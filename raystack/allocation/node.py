@@ -6,7 +6,7 @@ which would kill other clusters sharing the node).
 
 Configuration comes from the environment the allocation script exports:
 RAYSTACK_HOME, RAYSTACK_CLUSTER, RAYSTACK_LOCAL_SCRATCH, RAYSTACK_OBJECT_STORE_MEMORY,
-RAYSTACK_JOIN_TIMEOUT, RAYSTACK_HEAD_GRACE, plus SLURM's own variables.
+RAYSTACK_JOIN_TIMEOUT, RAYSTACK_HEAD_GRACE, RAYSTACK_RAY_LOGS, plus SLURM's own variables.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from raystack.allocation.context import (
     private_temp_dir,
 )
 from raystack.allocation.head import run_head
+from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import become_subreaper
 from raystack.allocation.worker import run_worker
 from raystack.errors import RaystackError
@@ -74,6 +75,7 @@ def main() -> None:
             ctx.cpus,
             ctx.cluster,
         )
+        ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.job_id, ctx.temp_dir, ctx.ray_logs).start()
         sys.exit(run_head(ctx) if ctx.is_head else run_worker(ctx))
     except Stop as stop:
         log.info("stopped (%s) before Ray started", stop)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,16 +32,19 @@ from raystack.allocation.logtail import LogTail
 from raystack.errors import ClusterError, ConfigError, RayApiError
 from raystack.spec.submission import submit_options
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import paths, raylogs
 from raystack.store import queue as store
 from raystack.store.files import make_private_dirs
-from raystack.store.ledger import JobRecord, JobState, read_job, update_job
+from raystack.store.ledger import Attempt, JobRecord, JobState, read_job, update_job
 from raystack.store.queue import Entry
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
 FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray relays to the driver
+SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
@@ -290,6 +295,7 @@ class Runner:
                 record.id,
                 state=JobState.RUNNING,
                 ray_job_id=info.job_id,
+                attempts=with_ray_id(record, info.job_id),
                 started=(info.start_time or 0) / 1000 or time.time(),
                 message=f"running as {attempt.id}",
             )
@@ -358,10 +364,21 @@ class Runner:
         else:
             message = str(info.message or "")[:1000]
         end = (info.end_time or 0) / 1000 or time.time()
+        record = update_job(self.name, record.id, attempts=with_ray_id(record, info.job_id))
+        error = None
+        if state is JobState.FAILED:  # its message names the first error: gathered now
+            error = self.gather(record, events=True)
+        else:  # nothing waits for it: the next job starts meanwhile
+            later = threading.Thread(target=self.gather, args=(record,), name=f"gather-{record.id}")
+            later.daemon = True
+            later.start()
+        if error:
+            message = f"{error} ({message})"[:1000]
         self.finish(
             record,
             state,
             message,
+            actor_error=error,
             exit_code=info.driver_exit_code,
             ray_job_id=info.job_id,
             started=record.started or (info.start_time or 0) / 1000 or None,
@@ -369,6 +386,27 @@ class Runner:
             at=end,
         )
         return True
+
+    def gather(self, record: JobRecord, events: bool = False) -> str | None:
+        """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,
+        asked for now), with the failures Ray recorded (`events`); the first error line."""
+        found: list[dict[str, Any]] = []
+        for attempt in record.attempts if events else []:
+            if attempt.ray_job_id and attempt.allocation == self.allocation:
+                try:
+                    found += self.api.job_errors(attempt.ray_job_id)
+                except RayApiError as exc:
+                    log.warning("%s: Ray's record of its failures not read: %s", record.id, exc)
+        hosts = {str(e.get("ip")): host for host, e in records.read_node_entries(self.name).items()}
+        try:
+            asked = raylogs.request_sync(self.name)
+            late = raylogs.wait_synced(self.name, self.allocation or "", asked, SYNC_WAIT)
+            if late:
+                log.warning("%s: no copy of Ray's logs from %s yet; gathering what is there", record.id, late)
+            return raylogs.summary(raylogs.gather(self.name, record, found, hosts))
+        except OSError as exc:  # (the shared filesystem): the job's outcome is recorded anyway
+            log.warning("%s: worker logs not gathered: %s", record.id, exc)
+            return None
 
     def finish(self, record: JobRecord, state: JobState, message: str, **changes: Any) -> None:
         changes.setdefault("ended", time.time())
@@ -406,16 +444,25 @@ class Runner:
             return False
 
 
+def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:
+    """The job's attempts, the last one knowing its Ray job id."""
+    last = record.attempts[-1].model_copy(update={"ray_job_id": ray_job_id or record.attempts[-1].ray_job_id})
+    return [*record.attempts[:-1], last]
+
+
 def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
-    """The last non-empty line of a log (read from its end: logs can be large)."""
+    """The last non-empty line of a log (read from its end: logs can be large), without colour
+    codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second."""
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(0, size - 8192))
-            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+            text = ANSI.sub("", fh.read().decode(errors="replace"))
     except OSError:
         return ""
-    return lines[-1][:limit] if lines else ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    own = [ln for ln in lines if not RELAYED.match(ln)]
+    return (own or lines or [""])[-1][:limit]
 
 
 def _hm(seconds: float) -> str:

@@ -192,6 +192,7 @@ def _environment(plan: AllocationPlan) -> list[str]:
         "RAYSTACK_LOCAL_SCRATCH": p.local_scratch,
         "RAYSTACK_JOIN_TIMEOUT": str(p.join_timeout),
         "RAYSTACK_JOIN_WINDOW": str(p.join_window),
+        **p.ray_logs.env(),
         **({"RAYSTACK_OBJECT_STORE_MEMORY": p.object_store_memory} if p.object_store_memory else {}),
         **({"RAYSTACK_METRICS": "1"} if p.metrics else {}),
         **({"RAYSTACK_TLS": "1"} if p.tls else {}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from rich.table import Table
 from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster, Job
 from raystack.spec.planning import PlanSpec, describe
-from raystack.store import queue
+from raystack.store import paths, queue
 from raystack.store.ledger import JobRecord, JobState
 
 
@@ -77,7 +78,7 @@ def queue_(
     for r, row in zip(view.records, rows, strict=True):
         start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
-        table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:60])
+        table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
     out.print(table)
     if view.more_queued or view.more_finished:
         err.print(
@@ -102,6 +103,7 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "allocations": [a.allocation for a in r.attempts],
         "exit_code": r.exit_code,
         "message": r.message,
+        "actor_error": r.actor_error,
     }
 
 
@@ -111,15 +113,51 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
     cluster: ClusterOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="The job's state and whole log as JSON.")] = False,
+    workers: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            "-a",
+            help="Then, per node and actor, the last lines of every worker that logged an error.",
+        ),
+    ] = False,
+    node: Annotated[
+        str | None, typer.Option("--node", help="Only workers on this node (implies --all).")
+    ] = None,
+    actor: Annotated[
+        str | None, typer.Option("--actor", help="Only actors whose name contains this (implies --all).")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines shown per worker with --all.")] = 40,
 ) -> None:
-    """Print a job's log (kept in the cluster folder, readable after `down`)."""
+    """Print a job's log (kept in the cluster folder, readable after `down`); --all adds its
+    actors' worker logs from Ray's own logs (those with an error; --node/--actor: every match)."""
     job = Job.get(job_id, cluster)
     if follow:
         _exit_for(job.follow(out=sys.stderr if as_json else None))
+    filtered = node is not None or actor is not None
+    found = job.workers(node, actor) if workers or filtered else None
+    shown = [w for w in found or [] if w.error or filtered]
     if as_json:
-        print_json({**_job_row(job.cluster, job.record(), {job.id: job.position()}), "log": job.logs()})
-    elif not follow:
+        row = {**_job_row(job.cluster, job.record(), {job.id: job.position()}), "log": job.logs()}
+        if found is not None:
+            row["workers"] = [{**asdict(w), "tail": job.worker_tail(w, lines)} for w in shown]
+        print_json(row)
+        return
+    if not follow:
         print(job.logs(), end="")
+    if found is None:
+        return
+    for w in shown:
+        print(f"\n==> {w.label} (attempt {w.attempt}){': ' + w.error if w.error else ''} <==")
+        print(job.worker_tail(w, lines), end="")
+    folder = paths.cluster(job.cluster).job_files(job.id)
+    errors = sum(1 for w in found if w.error)
+    nodes = len({w.host for w in found})
+    err.print(
+        f"raystack: {len(found)} worker(s) of job {job.id} on {nodes} node(s), {errors} with an error; "
+        f"their logs: {folder}",
+        markup=False,
+    )
 
 
 @app.command()

@@ -16,7 +16,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.client.reconcile import reconcile
 from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import paths, raylogs
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
 from raystack.store.queue import cancel, position
 
@@ -94,6 +94,38 @@ class Job:
         for n, path in enumerate(files, start=1):
             text = path.read_text(errors="replace") if path.exists() else ""
             parts.append(_header(n, record) + text if len(files) > 1 else text)
+        return "".join(parts)
+
+    def workers(self, node: str | None = None, actor: str | None = None) -> list[raylogs.WorkerLog]:
+        """The job's Ray workers (its actors) with their gathered logs, those that logged an
+        error first. Gathered when the job ended; gathered now from the nodes' copies of Ray's
+        logs while it runs or when its end could not (works after `down` either way).
+        `node`: a host name; `actor`: part of the actor's (class) name."""
+        record = self.record()
+        found = raylogs.read_index(self.cluster, self.id) if record.state.is_terminal() else None
+        if found is None:
+            found = raylogs.gather(self.cluster, record) if record.attempts else []
+        return [
+            w
+            for w in found
+            if (node is None or w.host == node) and (actor is None or actor.lower() in w.actor.lower())
+        ]
+
+    def worker_tail(self, worker: raylogs.WorkerLog, lines: int = 40) -> str:
+        """The last `lines` lines of a worker's stderr and stdout (Ray's marker lines left out)."""
+        folder = paths.cluster(self.cluster).job_files(self.id)
+        parts = []
+        for rel in worker.files:
+            if rel.endswith(".core.log"):
+                continue
+            text = (folder / rel).read_text(errors="replace") if (folder / rel).exists() else ""
+            kept = [
+                ln
+                for ln in text.splitlines()
+                if not ln.startswith((":job_id:", ":actor_name:", ":task_name:"))
+            ]
+            if kept:
+                parts.append(f"--- {rel} ---\n" + "\n".join(kept[-lines:]) + "\n")
         return "".join(parts)
 
     def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:

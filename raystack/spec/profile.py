@@ -21,6 +21,7 @@ from raystack.spec.values import (
     validate_env,
     validate_time,
 )
+from raystack.store.raylogs import Caps
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -81,6 +82,9 @@ class Profile(BaseModel):
     # Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in
     # front of the dashboard: for a cluster network other users' hosts share
     tls: bool = False
+    # Ray's own logs copied into the cluster folder (logs/ray/<host>/) while the node runs:
+    # every N seconds, capped per file and per node; `false` copies nothing
+    ray_logs: Caps = Field(default_factory=Caps)
     # walltime: allocations in a chain, and how long before each one's end SLURM warns
     chain: int = Field(default=1, ge=1, le=1000)
     signal_lead: float = 600.0
@@ -92,6 +96,13 @@ class Profile(BaseModel):
         if seconds < 1:
             raise ValueError("must be at least 1s (SLURM warns with whole seconds)")
         return seconds
+
+    @field_validator("ray_logs", mode="before")
+    @classmethod
+    def _ray_logs(cls, value: Any) -> Any:
+        if value is False:
+            return {"node_mb": 0}
+        return {} if value is True or value is None else value
 
     @field_validator("idle_timeout", mode="before")
     @classmethod

@@ -72,6 +72,7 @@ class Attempt(BaseModel):
     id: str  # the Ray submission id
     allocation: str | None = None  # the SLURM job id of the allocation it was given to
     at: float = Field(default_factory=time.time)
+    ray_job_id: str | None = None  # Ray's id of it (hex): its workers' log files carry it
 
 
 class JobRecord(BaseModel):
@@ -93,6 +94,8 @@ class JobRecord(BaseModel):
     message: str = ""
     exit_code: int | None = None
     ray_job_id: str | None = None
+    # The first error line in its actors' worker logs: "node7 LearnerActor pid 4121: ..."
+    actor_error: str | None = None
     stop_requested: float | None = None
     started: float | None = None
     ended: float | None = None

@@ -17,6 +17,10 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   reports/             the PNGs `raystack report` draws
   logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log,
                        prometheus-<jobid>.log
+  logs/ray/<host>/     Ray's own logs of that node (raylet, GCS, dashboard, workers), copied by its node
+                       program while it runs (capped: store/raylogs.py); an earlier allocation's in
+                       logs/ray/<host>/<jobid>/
+  logs/jobs/<id>/      the worker logs of a job's actors, gathered when it ends (actors.json indexes them)
   corrupt/             files moved aside because they could not be read
 """
 
@@ -114,6 +118,18 @@ class ClusterPaths:
         return self.logs / "jobs"
 
     @property
+    def ray_logs(self) -> Path:
+        return self.logs / "ray"
+
+    def ray_host_logs(self, host: str) -> Path:
+        """Where node `host`'s node program copies Ray's logs (its current allocation's)."""
+        return self.ray_logs / host
+
+    def job_files(self, job_id: str) -> Path:
+        """The worker logs of a job's actors, gathered when it ends, with their index."""
+        return self.job_logs / job_id
+
+    @property
     def usage(self) -> Path:
         return self.root / "usage"
 
@@ -164,7 +180,7 @@ class ClusterPaths:
         """Every folder the cluster needs (created 0700)."""
         return [
             *(self.root, self.nodes, self.queue, self.active, self.jobs),
-            *(self.logs, self.job_logs, self.usage),
+            *(self.logs, self.job_logs, self.ray_logs, self.usage),
         ]
 
 

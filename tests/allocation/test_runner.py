@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from raystack.allocation.runner import Drain, Runner
+from raystack.allocation.runner import Drain, Runner, last_line
 from raystack.store import cluster as clusters
-from raystack.store import paths, queue
+from raystack.store import paths, queue, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, read_job
 
@@ -51,6 +51,7 @@ class FakeApi:
         self.env: dict[str, dict] = {}
         self.entrypoints: dict[str, str] = {}
         self.jobs = FakeJobs(self)
+        self.errors: dict[str, list[dict]] = {}  # by Ray job id: what job_errors reports
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
         if sid in self.ray:
@@ -76,6 +77,9 @@ class FakeApi:
 
     def job_leftovers(self, ray_job_id: str) -> list[str]:
         return []
+
+    def job_errors(self, ray_job_id: str) -> list[dict]:
+        return self.errors.get(ray_job_id, [])
 
     def set(self, sid: str, status: str, code: int | None = None) -> None:
         info = self.ray[sid]
@@ -202,6 +206,52 @@ def test_timeout_stops_and_fails(home: Path) -> None:
     r.tick()
     record = read_job("c", job)
     assert record.state is JobState.FAILED and "timed out after 1s" in record.message
+
+
+def test_a_failed_job_is_named_by_the_first_error_ray_recorded_of_its_actors(home: Path) -> None:
+    api = FakeApi()
+    r = runner(api)
+    job = submit()
+    r.tick()
+    api.set(job, "RUNNING")
+    r.tick()
+    api.errors[f"ray-{job}"] = [
+        {
+            "ip": "10.0.0.8",
+            "pid": 7,
+            "actor": "Engine",
+            "error": "ray::Engine.step()\nKeyError: 'a'",
+            "at": 2.0,
+        },
+        {
+            "ip": "10.0.0.7",
+            "pid": 4121,
+            "actor": "Learner",
+            "error": "torch.OutOfMemoryError: CUDA",
+            "at": 1.0,
+        },
+    ]
+    clusters.write_node_entry("c", "node7", {"ip": "10.0.0.7"})
+    api.set(job, "FAILED", code=1)
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.FAILED
+    assert record.message.startswith("node7 Learner pid 4121: torch.OutOfMemoryError: CUDA")
+    assert record.actor_error == "node7 Learner pid 4121: torch.OutOfMemoryError: CUDA"
+    assert record.attempts[-1].ray_job_id == f"ray-{job}"
+    assert [w.host for w in raylogs.read_index("c", job) or []] == ["node7", "10.0.0.8"]
+
+
+def test_the_last_line_is_the_drivers_own_without_colour_codes(tmp_path: Path) -> None:
+    log = tmp_path / "driver.log"
+    log.write_text(
+        "Traceback (most recent call last):\nValueError: boom on node3\n"
+        "\x1b[36m(Worker pid=3300)\x1b[0m worker node1 starts\n"
+        "\x1b[36m(Worker pid=9, ip=10.0.0.3)\x1b[0m more\n\n"
+    )
+    assert last_line(log) == "ValueError: boom on node3"
+    log.write_text("\x1b[36m(Worker pid=3300)\x1b[0m only relayed lines\n")
+    assert last_line(log) == "(Worker pid=3300) only relayed lines"
 
 
 def test_stop_requested_before_submission_never_reaches_ray(home: Path) -> None:

@@ -1,0 +1,401 @@
+"""Ray's own logs in the cluster folder: they outlive the allocation (its temp dir is deleted).
+
+Each node program copies its node's Ray log folder (raylet, GCS, dashboard, the workers'
+worker-*.out/err and python-core-worker-*.log) into logs/ray/<host>/ while it runs and once more
+at teardown (allocation/logsync.py). This module holds what both sides share: the capped copy of
+one file, reading a copy back, and a job's view (its actors' worker logs, found by the job's Ray
+id in their file names, gathered under logs/jobs/<id>/ with the first error line among them).
+
+A copy is only ever appended to (new bytes, never a recopy) and holds at most `cap` bytes:
+  <name>         the first cap/2 bytes of the original (how it began)
+  <name>.tail.1  the previous segment of its end       (each tail segment is at most cap/4
+  <name>.tail    the latest segment of its end          and starts with its offset line)
+so how a process started and how it died both survive a log of any size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raystack.store import paths
+from raystack.store.files import atomic_write
+
+MB = 1 << 20
+TAIL, PREV = ".tail", ".tail.1"
+OFFSET = re.compile(rb"^\[raystack: from byte (\d+) of the original\]\n")
+ALLOCATION = ".allocation"  # which allocation the files in logs/ray/<host>/ belong to
+SYNCED = ".synced"  # when the node program last finished a copy (written after each pass)
+REQUEST = ".sync"  # in logs/ray/: touched by the queue runner to ask every node for a pass now
+INDEX = "actors.json"  # in logs/jobs/<id>/: the job's workers, their files and first errors
+
+WORKER = re.compile(r"^worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)$")  # id, job (or nil), pid
+CORE = "python-core-worker-{wid}_{pid}.log"
+# What counts as an error in a worker's output: the exception line that ends a traceback, or a
+# line that says so on its own (CUDA/NCCL errors, fatal signals, the OOM killer's trace).
+EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\b.*)$")
+FATAL = re.compile(
+    r"(CUDA error|NCCL error|NCCL WARN|Fatal Python error|Segmentation fault|\*\*\* SIG\w+ received|"
+    r"OutOfMemory|out of memory|Killed|core dumped)",
+    re.IGNORECASE,
+)
+
+
+class Caps(BaseModel):
+    """How a node copies Ray's logs (a profile's `ray_logs:`): every `every` seconds (0: only
+    at teardown), at most `file_mb` per file and `node_mb` per node (0: no copy at all)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: float = Field(default=30.0, ge=0)
+    file_mb: float = Field(default=32.0, ge=0.01)
+    node_mb: float = Field(default=512.0, ge=0)
+
+    @property
+    def on(self) -> bool:
+        return self.node_mb > 0 and self.file_mb > 0
+
+    @property
+    def file_bytes(self) -> int:
+        return int(self.file_mb * MB)
+
+    @property
+    def node_bytes(self) -> int:
+        return int(self.node_mb * MB)
+
+    def env(self) -> dict[str, str]:
+        return {"RAYSTACK_RAY_LOGS": f"{self.every:g},{self.file_mb:g},{self.node_mb:g}"}
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Caps:
+        value = env.get("RAYSTACK_RAY_LOGS")
+        if not value:
+            return cls()
+        every, file_mb, node_mb = (float(v) for v in value.split(","))
+        return cls(every=every, file_mb=file_mb, node_mb=node_mb)
+
+
+# ---------------------------------------------------------------------------- one file's copy
+class CappedCopy:
+    """The copy of one growing file: its start, then the two newest segments of its end."""
+
+    def __init__(self, path: Path, cap: int):
+        self.path, self.cap = path, max(cap, 4096)
+        self.head_cap, self.seg_cap = self.cap // 2, self.cap // 4
+        self.head, self.tail, self.prev = (_size(p) for p in self.parts())
+        self.next: int | None = None  # the original's offset after the last byte appended
+
+    def parts(self) -> tuple[Path, Path, Path]:
+        return self.path, _with(self.path, TAIL), _with(self.path, PREV)
+
+    @property
+    def footprint(self) -> int:
+        return self.head + self.tail + self.prev
+
+    @property
+    def in_tail(self) -> bool:
+        return self.head >= self.head_cap or self.tail > 0 or self.prev > 0
+
+    def plan(self, new: int) -> tuple[int, int]:
+        """Of `new` bytes the original grew by: how many to read from their start and how many
+        from their end (those between would not be kept: they are never read)."""
+        room = 0 if self.in_tail else self.head_cap - self.head
+        end = 2 * self.seg_cap
+        return (new, 0) if new <= room + end else (room, end)
+
+    def append(self, data: bytes, at: int, allowance: int) -> int:
+        """Append `data` (which starts at byte `at` of the original), growing the copy by at
+        most `allowance` bytes; returns how much it grew (negative when a segment was dropped).
+        Bytes the caps leave out are never written; a jump in `at` starts a new tail segment."""
+        grown = 0
+        if not self.in_tail:
+            room = self.head_cap - self.head
+            take = max(0, min(len(data), room, allowance))
+            if take:
+                with open(self.path, "ab") as fh:
+                    fh.write(data[:take])
+                self.head, grown = self.head + take, take
+            if take < min(len(data), room):
+                return grown  # the node's cap: the rest is not kept
+            data, at, self.next = data[take:], at + take, at + take
+        jump = self.next is not None and at != self.next
+        while data:
+            if self.tail == 0 or self.tail >= self.seg_cap or jump:
+                jump = False
+                if self.tail:  # rotate: the older segment goes, this one takes its place
+                    os.replace(_with(self.path, TAIL), _with(self.path, PREV))
+                    grown -= self.prev
+                    self.prev, self.tail = self.tail, 0
+                header = b"[raystack: from byte %d of the original]\n" % at
+                if grown + len(header) > allowance:
+                    return grown
+                with open(_with(self.path, TAIL), "wb") as fh:
+                    fh.write(header)
+                self.tail, grown = len(header), grown + len(header)
+            take = max(0, min(len(data), self.seg_cap - self.tail, allowance - grown))
+            if not take:
+                return grown
+            with open(_with(self.path, TAIL), "ab") as fh:
+                fh.write(data[:take])
+            self.tail, grown = self.tail + take, grown + take
+            data, at = data[take:], at + take
+            self.next = at
+        return grown
+
+
+def read_copy(path: Path) -> str:
+    """A copy read back as one text: its start, a line for what was not kept, its end."""
+    data = _read(path)
+    end = len(data)
+    for part in (_with(path, PREV), _with(path, TAIL)):
+        segment = _read(part)
+        match = OFFSET.match(segment)
+        if not segment:
+            continue
+        body = segment[match.end() :] if match else segment
+        start = int(match.group(1)) if match else end
+        if start > end:
+            data += b"\n[... %d bytes of the original not kept ...]\n" % (start - end)
+        data += body
+        end = start + len(body)
+    return data.decode(errors="replace")
+
+
+def copy_parts(folder: Path) -> list[Path]:
+    """Every file of the copies in a folder (for size accounting)."""
+    return [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+
+
+def _with(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+# ---------------------------------------------------------------------------- where copies are
+def host_folder(cluster: str, host: str, allocation: str | None) -> Path | None:
+    """The copies of node `host` in `allocation`: logs/ray/<host>/ while it is the latest one
+    there, logs/ray/<host>/<allocation>/ once a later allocation used the host."""
+    top = paths.cluster(cluster).ray_host_logs(host)
+    if allocation is None or _text(top / ALLOCATION) == allocation:
+        return top
+    older = top / allocation
+    return older if older.is_dir() else None
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def request_sync(cluster: str) -> float:
+    """Ask every node program for a copy pass now; the time asked (compare with `synced`)."""
+    path = paths.cluster(cluster).ray_logs / REQUEST
+    asked = time.time()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, f"{asked:.3f}\n")
+    return asked
+
+
+def synced(folder: Path) -> float:
+    """When the node program copying into `folder` last finished a pass (0: never)."""
+    try:
+        return float(_text(folder / SYNCED) or 0)
+    except ValueError:
+        return 0.0
+
+
+def wait_synced(cluster: str, allocation: str, since: float, timeout: float) -> list[str]:
+    """Wait until every node copying for `allocation` finished a pass after `since` (at most
+    `timeout` s: a dead node never answers); the hosts that did not."""
+    root = paths.cluster(cluster).ray_logs
+    hosts = [p for p in root.iterdir() if p.is_dir() and _text(p / ALLOCATION) == allocation]
+    deadline = time.monotonic() + timeout
+    while True:
+        late = [p.name for p in hosts if synced(p) < since]
+        if not late or time.monotonic() > deadline:
+            return late
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------- a job's workers
+@dataclass
+class WorkerLog:
+    """One Ray worker of a job on one node: an actor (or the tasks it ran) and its files."""
+
+    host: str
+    actor: str
+    pid: int
+    ray_job_id: str
+    attempt: int
+    worker_id: str = ""
+    files: list[str] = field(default_factory=list)  # relative to logs/jobs/<id>/
+    error: str | None = None  # its first error line (from its output, or the error Ray recorded)
+    at: float | None = None  # when that error happened (Ray's time) or was copied (its log's)
+
+    @property
+    def label(self) -> str:
+        return f"{self.host} {self.actor} pid {self.pid}"
+
+
+def first_error(text: str) -> str | None:
+    """The first error line of a worker's output: the exception line that ends a traceback, or
+    a line naming a CUDA/NCCL error, a fatal signal or an out-of-memory kill."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            for follow in lines[i + 1 :]:
+                if follow and not follow[0].isspace() and EXCEPTION.match(follow):
+                    return follow.strip()[:300]
+        elif EXCEPTION.match(line) or FATAL.search(line):
+            return line.strip()[:300]
+    return None
+
+
+def last_exception(text: str) -> str:
+    """The exception line of an error Ray recorded (the last one: the root cause of a chain)."""
+    found = [ln for ln in text.splitlines() if ln and not ln[0].isspace() and EXCEPTION.match(ln)]
+    return (found[-1] if found else text.strip().splitlines()[0] if text.strip() else "error").strip()[:300]
+
+
+def _markers(text: str) -> tuple[str | None, str]:
+    """The Ray job a worker served (`:job_id:`) and its actor (`:actor_name:`) or task name."""
+    job = actor = task = None
+    for line in text.splitlines()[:200]:
+        if line.startswith(":job_id:") and job is None:
+            job = line.removeprefix(":job_id:").strip()
+        elif line.startswith(":actor_name:"):
+            actor = line.removeprefix(":actor_name:").strip()
+        elif line.startswith(":task_name:") and task is None:
+            task = line.removeprefix(":task_name:").strip()
+    return job, actor or (f"task {task}" if task else "worker")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name)[:80] or "worker"
+
+
+def gather(
+    cluster: str, record: Any, events: list[dict[str, Any]] | None = None, hosts: dict[str, str] | None = None
+) -> list[WorkerLog]:
+    """Gather the worker logs of job `record`'s actors (every attempt with a Ray job id; a worker
+    says which job it serves in its first line) from the nodes' copies into
+    logs/jobs/<id>/<host>/<actor>-<pid>.{err,out,core.log}, with an index (actors.json).
+    `events`: the failures Ray recorded (adapters.ray.job_errors, by node address `ip`, mapped to
+    hosts by `hosts`), kept as <actor>-<pid>.error. Workers with an error first, earliest first."""
+    p = paths.cluster(cluster)
+    out_dir = p.job_files(record.id)
+    found: dict[tuple[str, int], WorkerLog] = {}
+    for n, attempt in enumerate(record.attempts, 1):
+        if not attempt.ray_job_id:
+            continue
+        for host_dir in sorted(p.ray_logs.iterdir()) if p.ray_logs.is_dir() else []:
+            folder = host_folder(cluster, host_dir.name, attempt.allocation) if host_dir.is_dir() else None
+            if folder is not None:
+                for w in _gather_host(folder, host_dir.name, attempt.ray_job_id, n, out_dir):
+                    found[(w.host, w.pid)] = w
+    last = len(record.attempts)
+    recorded: dict[str, list[str]] = {}
+    for event in events or []:
+        host = (hosts or {}).get(event.get("ip") or "", event.get("ip") or "unknown")
+        pid = int(event.get("pid") or 0)
+        worker = found.get((host, pid))
+        if worker is None:
+            ray_job = record.attempts[-1].ray_job_id or ""
+            worker = found[(host, pid)] = WorkerLog(host, str(event.get("actor")), pid, ray_job, last)
+        rel = f"{host}/{_safe(worker.actor)}-{pid}.error"
+        recorded.setdefault(rel, []).append(str(event["error"]).rstrip("\n") + "\n")
+        if rel not in worker.files:
+            worker.files.append(rel)
+        at = event.get("at")
+        if worker.error is None or (at and (worker.at is None or at < worker.at)):
+            worker.error, worker.at = last_exception(str(event["error"])), at
+    for rel, texts in recorded.items():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out_dir / rel, "".join(texts))
+    ordered = sorted(found.values(), key=lambda w: (w.error is None, w.at or float("inf"), w.host, w.pid))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / INDEX, json.dumps([asdict(w) for w in ordered], indent=1))
+    return ordered
+
+
+def _gather_host(folder: Path, host: str, hexid: str, attempt: int, out_dir: Path) -> list[WorkerLog]:
+    workers: dict[tuple[str, int], dict[str, Path]] = {}
+    for path in folder.iterdir():
+        match = WORKER.match(path.name)
+        if match:  # (its name's job id is often nil: Ray starts workers before giving them a job)
+            workers.setdefault((match.group(1), int(match.group(3))), {})[match.group(4)] = path
+    found = []
+    for (wid, pid), files in sorted(workers.items(), key=lambda kv: kv[0][1]):
+        first = min(files.values())
+        job, _ = _markers(_read_start(first))
+        if job != hexid:
+            continue
+        texts = {kind: read_copy(path) for kind, path in sorted(files.items())}
+        core = folder / CORE.format(wid=wid, pid=pid)
+        if core.exists():
+            texts["core.log"] = read_copy(core)
+        _, actor = _markers(texts.get("err", "") + "\n" + texts.get("out", ""))
+        worker = WorkerLog(host, actor, pid, hexid, attempt, wid)
+        worker.error = first_error(texts.get("err", "")) or first_error(texts.get("out", ""))
+        if worker.error:
+            worker.at = min(_mtime(files.get(k)) for k in ("err", "out") if files.get(k))
+        target = out_dir / host
+        target.mkdir(parents=True, exist_ok=True)
+        for kind, text in texts.items():
+            name = f"{_safe(worker.actor)}-{pid}.{kind}"
+            atomic_write(target / name, text)
+            worker.files.append(f"{host}/{name}")
+        found.append(worker)
+    return found
+
+
+def _read_start(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _mtime(path: Path | None) -> float:
+    with contextlib.suppress(OSError):
+        return path.stat().st_mtime if path else float("inf")
+    return float("inf")
+
+
+def read_index(cluster: str, job_id: str) -> list[WorkerLog] | None:
+    """The gathered workers of a job, None when they were never gathered."""
+    try:
+        rows = json.loads((paths.cluster(cluster).job_files(job_id) / INDEX).read_text())
+    except (OSError, ValueError):
+        return None
+    return [WorkerLog(**row) for row in rows]
+
+
+def summary(workers: list[WorkerLog]) -> str | None:
+    """`node7 LearnerActor pid 4121: torch.OutOfMemoryError: ...` for the first error, if any."""
+    first = next((w for w in workers if w.error), None)
+    return f"{first.label}: {first.error}" if first else None

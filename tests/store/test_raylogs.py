@@ -1,0 +1,167 @@
+"""Ray's logs in the cluster folder: the capped copy, reading it back, a node's copy passes over a
+real (Ray-shaped) log folder, and a job's view gathered from the copies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from raystack.allocation.logsync import LogSync
+from raystack.store import cluster as records
+from raystack.store import paths, raylogs
+from raystack.store.ledger import Attempt, JobRecord, JobRequest
+from raystack.store.raylogs import CappedCopy, Caps, first_error, read_copy
+
+KB = 1024
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "home"))
+    records.create("c")
+    return tmp_path
+
+
+def lines(start: int, count: int) -> bytes:
+    return b"".join(b"line %08d\n" % i for i in range(start, start + count))
+
+
+def test_a_copy_keeps_the_start_and_the_end_within_its_cap(tmp_path: Path) -> None:
+    copy = CappedCopy(tmp_path / "w.err", 64 * KB)
+    original, at = b"", 0
+    for chunk in range(200):  # 200 x 1.4 KB appended: ~280 KB through a 64 KB copy
+        data = lines(chunk * 100, 100)[: 1400 + chunk % 7]
+        first, last = copy.plan(len(data))
+        copy.append(data[:first], at, 1 << 30)
+        if last:
+            copy.append(data[-last:], at + len(data) - last, 1 << 30)
+        original, at = original + data, at + len(data)
+        assert copy.footprint == sum(p.stat().st_size for p in copy.parts() if p.exists())
+        assert copy.footprint <= 64 * KB
+    text = read_copy(tmp_path / "w.err")
+    assert text.startswith(original[: 32 * KB].decode())  # the whole start
+    assert text.endswith(original[-8 * KB :].decode())  # and at least a segment of the end
+    assert "bytes of the original not kept" in text
+
+
+def test_a_copy_that_fits_reads_back_whole(tmp_path: Path) -> None:
+    copy = CappedCopy(tmp_path / "raylet.out", 64 * KB)
+    data = lines(0, 3000)  # 45 KB: past the head, into the tail, nothing dropped
+    for i in range(0, len(data), 1000):
+        copy.append(data[i : i + 1000], i, 1 << 30)
+    assert read_copy(tmp_path / "raylet.out") == data.decode()
+
+
+def test_the_node_allowance_bounds_growth(tmp_path: Path) -> None:
+    copy = CappedCopy(tmp_path / "a.out", 64 * KB)
+    grown = copy.append(lines(0, 1000), 0, 5000)
+    assert grown == 5000 == copy.footprint
+
+
+def test_first_error_finds_the_exception_that_ends_a_traceback() -> None:
+    text = "\n".join(
+        [
+            ":job_id:02000000",
+            ":actor_name:Learner",
+            "step 1 loss 0.3",
+            "Traceback (most recent call last):",
+            '  File "learner.py", line 9, in step',
+            "    raise torch.OutOfMemoryError('CUDA out of memory')",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ]
+    )
+    assert first_error(text) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert first_error("all fine\nstep 2\n") is None
+    assert first_error("x\nNCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error\n") == (
+        "NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error"
+    )
+
+
+def ray_logs(tmp: Path) -> Path:
+    logs = tmp / "ray" / "session_latest" / "logs"
+    (logs / "old").mkdir(parents=True)
+    return logs
+
+
+def test_a_pass_appends_only_new_bytes_follows_moved_files_and_skips_rotated_ones(home: Path) -> None:
+    logs = ray_logs(home)
+    w = "worker-" + "ab" * 28 + "-ffffffff-4121.err"
+    (logs / w).write_bytes(b":job_id:02000000\n:actor_name:Learner\n")
+    (logs / "raylet.out").write_bytes(b"raylet starts\n")
+    (logs / "raylet.out.1").write_bytes(b"rotated\n")
+    (logs / "debug_state.txt").write_bytes(b"rewritten in place\n")
+    sync = LogSync("c", "node3", "77", home / "ray", Caps(every=0, file_mb=1, node_mb=10)).start()
+    try:
+        sync.sync()
+        dest = paths.cluster("c").ray_host_logs("node3")
+        assert (dest / w).read_bytes() == b":job_id:02000000\n:actor_name:Learner\n"
+        assert not (dest / "raylet.out.1").exists() and not (dest / "debug_state.txt").exists()
+        with open(logs / w, "ab") as fh:
+            fh.write(b"Traceback (most recent call last):\nValueError: boom\n")
+        os.replace(logs / w, logs / "old" / w)  # Ray moves a dead worker's log to old/
+        inode = (dest / w).stat().st_ino
+        sync.sync()
+        assert (dest / w).read_bytes().endswith(b"ValueError: boom\n")
+        assert (dest / w).stat().st_ino == inode  # appended, not rewritten
+        assert raylogs.synced(dest) > 0
+    finally:
+        sync.final()
+
+
+def test_the_node_cap_holds_and_a_new_allocation_moves_the_old_copies_aside(home: Path) -> None:
+    logs = ray_logs(home)
+    caps = Caps(every=0, file_mb=0.25, node_mb=0.5)
+    sync = LogSync("c", "node2", "77", home / "ray", caps).start()
+    for n in range(6):
+        (logs / f"worker-{n:056x}-ffffffff-{100 + n}.out").write_bytes(lines(0, 20000))  # 300 KB each
+    sync.sync()
+    sync.final()
+    dest = paths.cluster("c").ray_host_logs("node2")
+    parts = raylogs.copy_parts(dest)
+    assert sum(p.stat().st_size for p in parts) <= caps.node_bytes
+    assert all(p.stat().st_size <= caps.file_bytes for p in parts)
+    LogSync("c", "node2", "78", home / "ray", caps).start().final()
+    assert (dest / "77" / f"worker-{0:056x}-ffffffff-100.out").exists()
+    assert raylogs.host_folder("c", "node2", "77") == dest / "77"
+    assert raylogs.host_folder("c", "node2", "78") == dest
+
+
+def test_gather_finds_a_jobs_workers_by_the_job_id_they_print_and_orders_errors(home: Path) -> None:
+    logs = ray_logs(home)
+    for pid, job, actor, err in [
+        (11, "02000000", "Learner", "Traceback (most recent call last):\ntorch.OutOfMemoryError: OOM\n"),
+        (12, "02000000", "Engine", "serving\n"),
+        (13, "03000000", "Other", "Traceback (most recent call last):\nValueError: not ours\n"),
+    ]:
+        (logs / f"worker-{pid:056x}-ffffffff-{pid}.err").write_text(
+            f":job_id:{job}\n:actor_name:{actor}\n{err}"
+        )
+    sync = LogSync("c", "node7", "77", home / "ray", Caps(every=0)).start()
+    sync.final()
+    request = JobRequest(id="j1", name="j1", cluster="c", entrypoint="python x.py")
+    record = JobRecord(
+        id="j1",
+        name="j1",
+        request=request,
+        attempts=[Attempt(id="j1", allocation="77", ray_job_id="02000000")],
+    )
+    event = {
+        "ip": "10.0.0.9",
+        "pid": 40,
+        "actor": "Helper",
+        "error": "ray::Helper.f()\nKeyError: 'x'",
+        "at": 1.0,
+    }
+    workers = raylogs.gather("c", record, [event], {"10.0.0.9": "node9"})
+    assert [w.label for w in workers] == [
+        "node9 Helper pid 40",
+        "node7 Learner pid 11",
+        "node7 Engine pid 12",
+    ]
+    assert raylogs.summary(workers) == "node9 Helper pid 40: KeyError: 'x'"
+    assert workers[1].error == "torch.OutOfMemoryError: OOM"
+    folder = paths.cluster("c").job_files("j1")
+    assert "OutOfMemoryError" in (folder / "node7" / "Learner-11.err").read_text()
+    assert [w.label for w in raylogs.read_index("c", "j1") or []] == [w.label for w in workers]
