@@ -178,10 +178,10 @@ class Dashboard:
         for a in self._state_list(
             "actors", [("job_id", "=", ray_job_id), ("state", "=", "DEAD")], detail=True
         ):
-            context = ((a.death_cause or {}) if isinstance(a, ActorState) else {}).get(
-                "actor_died_error_context", {}
-            )
-            if context.get("reason") in DEATHS and isinstance(a, ActorState):
+            if not isinstance(a, ActorState):
+                continue
+            context = (a.death_cause or {}).get("actor_died_error_context", {})
+            if context.get("reason") in DEATHS:
                 found.append(
                     {
                         "ip": context.get("node_ip_address") or nodes.get(a.node_id or ""),

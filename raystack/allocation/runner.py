@@ -364,7 +364,8 @@ class Runner:
         else:
             message = str(info.message or "")[:1000]
         end = (info.end_time or 0) / 1000 or time.time()
-        record = update_job(self.name, record.id, attempts=with_ray_id(record, info.job_id))
+        attempts = with_ray_id(record, info.job_id)  # (recorded by finish, with the rest)
+        record = record.model_copy(update={"attempts": attempts})
         error = None
         if state is JobState.FAILED:  # its message names the first error: gathered now
             error = self.gather(record, events=True)
@@ -378,6 +379,7 @@ class Runner:
             record,
             state,
             message,
+            attempts=attempts,
             actor_error=error,
             exit_code=info.driver_exit_code,
             ray_job_id=info.job_id,

@@ -119,11 +119,7 @@ class Job:
             if rel.endswith(".core.log"):
                 continue
             text = (folder / rel).read_text(errors="replace") if (folder / rel).exists() else ""
-            kept = [
-                ln
-                for ln in text.splitlines()
-                if not ln.startswith((":job_id:", ":actor_name:", ":task_name:"))
-            ]
+            kept = [ln for ln in text.splitlines() if not ln.startswith(raylogs.MARKERS)]
             if kept:
                 parts.append(f"--- {rel} ---\n" + "\n".join(kept[-lines:]) + "\n")
         return "".join(parts)

@@ -39,6 +39,7 @@ INDEX = "actors.json"  # in logs/jobs/<id>/: the job's workers, their files and 
 
 WORKER = re.compile(r"^worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)$")  # id, job (or nil), pid
 CORE = "python-core-worker-{wid}_{pid}.log"
+MARKERS = (":job_id:", ":actor_name:", ":task_name:")  # lines Ray starts a worker's output with
 # What counts as an error in a worker's output: the exception line that ends a traceback, or a
 # line that says so on its own (CUDA/NCCL errors, fatal signals, the OOM killer's trace).
 EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\b.*)$")
@@ -61,7 +62,7 @@ class Caps(BaseModel):
 
     @property
     def on(self) -> bool:
-        return self.node_mb > 0 and self.file_mb > 0
+        return self.node_mb > 0
 
     @property
     def file_bytes(self) -> int:
@@ -277,19 +278,23 @@ def first_error(text: str) -> str | None:
 def last_exception(text: str) -> str:
     """The exception line of an error Ray recorded (the last one: the root cause of a chain)."""
     found = [ln for ln in text.splitlines() if ln and not ln[0].isspace() and EXCEPTION.match(ln)]
-    return (found[-1] if found else text.strip().splitlines()[0] if text.strip() else "error").strip()[:300]
+    if found:
+        return found[-1].strip()[:300]
+    lines = text.strip().splitlines()
+    return lines[0][:300] if lines else "error"
 
 
 def _markers(text: str) -> tuple[str | None, str]:
     """The Ray job a worker served (`:job_id:`) and its actor (`:actor_name:`) or task name."""
     job = actor = task = None
+    job_mark, actor_mark, task_mark = MARKERS
     for line in text.splitlines()[:200]:
-        if line.startswith(":job_id:") and job is None:
-            job = line.removeprefix(":job_id:").strip()
-        elif line.startswith(":actor_name:"):
-            actor = line.removeprefix(":actor_name:").strip()
-        elif line.startswith(":task_name:") and task is None:
-            task = line.removeprefix(":task_name:").strip()
+        if line.startswith(job_mark) and job is None:
+            job = line.removeprefix(job_mark).strip()
+        elif line.startswith(actor_mark):
+            actor = line.removeprefix(actor_mark).strip()
+        elif line.startswith(task_mark) and task is None:
+            task = line.removeprefix(task_mark).strip()
     return job, actor or (f"task {task}" if task else "worker")
 
 
@@ -307,14 +312,16 @@ def gather(
     hosts by `hosts`), kept as <actor>-<pid>.error. Workers with an error first, earliest first."""
     p = paths.cluster(cluster)
     out_dir = p.job_files(record.id)
-    found: dict[tuple[str, int], WorkerLog] = {}
+    by_allocation: dict[str | None, dict[str, int]] = {}  # Ray job id -> attempt, per allocation
     for n, attempt in enumerate(record.attempts, 1):
-        if not attempt.ray_job_id:
-            continue
+        if attempt.ray_job_id:
+            by_allocation.setdefault(attempt.allocation, {})[attempt.ray_job_id] = n
+    found: dict[tuple[str, int], WorkerLog] = {}
+    for allocation, attempts in by_allocation.items():  # (each host's folder read once)
         for host_dir in sorted(p.ray_logs.iterdir()) if p.ray_logs.is_dir() else []:
-            folder = host_folder(cluster, host_dir.name, attempt.allocation) if host_dir.is_dir() else None
+            folder = host_folder(cluster, host_dir.name, allocation) if host_dir.is_dir() else None
             if folder is not None:
-                for w in _gather_host(folder, host_dir.name, attempt.ray_job_id, n, out_dir):
+                for w in _gather_host(folder, host_dir.name, attempts, out_dir):
                     found[(w.host, w.pid)] = w
     last = len(record.attempts)
     recorded: dict[str, list[str]] = {}
@@ -341,7 +348,7 @@ def gather(
     return ordered
 
 
-def _gather_host(folder: Path, host: str, hexid: str, attempt: int, out_dir: Path) -> list[WorkerLog]:
+def _gather_host(folder: Path, host: str, attempts: dict[str, int], out_dir: Path) -> list[WorkerLog]:
     workers: dict[tuple[str, int], dict[str, Path]] = {}
     for path in folder.iterdir():
         match = WORKER.match(path.name)
@@ -351,14 +358,14 @@ def _gather_host(folder: Path, host: str, hexid: str, attempt: int, out_dir: Pat
     for (wid, pid), files in sorted(workers.items(), key=lambda kv: kv[0][1]):
         first = min(files.values())
         job, _ = _markers(_read_start(first))
-        if job != hexid:
+        if job not in attempts:
             continue
         texts = {kind: read_copy(path) for kind, path in sorted(files.items())}
         core = folder / CORE.format(wid=wid, pid=pid)
         if core.exists():
             texts["core.log"] = read_copy(core)
         _, actor = _markers(texts.get("err", "") + "\n" + texts.get("out", ""))
-        worker = WorkerLog(host, actor, pid, hexid, attempt, wid)
+        worker = WorkerLog(host, actor, pid, job, attempts[job], wid)
         worker.error = first_error(texts.get("err", "")) or first_error(texts.get("out", ""))
         if worker.error:
             worker.at = min(_mtime(files.get(k)) for k in ("err", "out") if files.get(k))

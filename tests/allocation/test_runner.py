@@ -120,6 +120,16 @@ def runner(api: FakeApi, free: Free | None = None, allocation: str = "100") -> R
     return r
 
 
+def running(api: FakeApi, **spec: Any) -> tuple[Runner, str]:
+    """A runner and a job of it that Ray reports RUNNING."""
+    r = runner(api)
+    job = submit(**spec)
+    r.tick()
+    api.set(job, "RUNNING")
+    r.tick()
+    return r, job
+
+
 def test_a_new_runner_first_checks_the_resources(home: Path) -> None:
     """After a restart the last job's resources may still be held: check before starting."""
     api, free = FakeApi(), Free()
@@ -190,11 +200,7 @@ def test_retry_then_success_keeps_every_attempt(home: Path) -> None:
 
 def test_timeout_stops_and_fails(home: Path) -> None:
     api = FakeApi()
-    r = runner(api)
-    job = submit(timeout=1)
-    r.tick()
-    api.set(job, "RUNNING")
-    r.tick()
+    r, job = running(api, timeout=1)
     clusters_record = read_job("c", job)
     assert clusters_record.state is JobState.RUNNING
     queue.finish  # noqa: B018 (the runner, not the test, records the end)
@@ -210,11 +216,7 @@ def test_timeout_stops_and_fails(home: Path) -> None:
 
 def test_a_failed_job_is_named_by_the_first_error_ray_recorded_of_its_actors(home: Path) -> None:
     api = FakeApi()
-    r = runner(api)
-    job = submit()
-    r.tick()
-    api.set(job, "RUNNING")
-    r.tick()
+    r, job = running(api)
     api.errors[f"ray-{job}"] = [
         {
             "ip": "10.0.0.8",
@@ -400,11 +402,7 @@ def test_walltime_warning_interrupts_and_requeues_at_the_head(home: Path) -> Non
 
 def test_a_job_that_succeeds_during_the_warning_is_not_interrupted(home: Path) -> None:
     api = FakeApi()
-    r = runner(api)
-    job = submit()
-    r.tick()
-    api.set(job, "RUNNING")
-    r.tick()
+    r, job = running(api)
     r.interrupt()
     api.ray[job].status = "SUCCEEDED"  # it finished before the stop landed
     r.tick()
