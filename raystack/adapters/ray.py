@@ -9,6 +9,7 @@ several clusters with different tokens), one timeout, and Ray's error texts matc
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ TIMEOUT = 10  # seconds for one State API call
 
 # Why an actor died that counts as a failure (not its job's end, ray.kill or going out of scope)
 DEATHS = ("WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED")
+# Where a task's error says it ran: `ray::Learner.step() (pid=122, ip=10.200.0.13, actor_id=...)`.
+# Ray often leaves a failed actor task's worker_pid at 0; its error text still names the worker.
+RAN_AT = re.compile(r"\(pid=(\d+), ip=([0-9a-fA-F.:]+)")
 
 
 def auth_headers(token: str) -> dict[str, str]:
@@ -166,10 +170,11 @@ class Dashboard:
         ):
             if isinstance(t, TaskState) and t.error_message:
                 name = t.func_or_class_name or t.name or "task"
+                ran_at = RAN_AT.search(str(t.error_message))
                 found.append(
                     {
-                        "ip": nodes.get(t.node_id or ""),
-                        "pid": t.worker_pid,
+                        "ip": nodes.get(t.node_id or "") or (ran_at and ran_at[2]),
+                        "pid": t.worker_pid or (ran_at and int(ran_at[1])),
                         "actor": name.split(".")[0] if t.actor_id else f"task {name}",
                         "error": str(t.error_message),
                         "at": (t.end_time_ms or 0) / 1000 or None,

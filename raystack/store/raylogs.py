@@ -258,7 +258,7 @@ class WorkerLog:
 
     @property
     def label(self) -> str:
-        return f"{self.host} {self.actor} pid {self.pid}"
+        return f"{self.host} {self.actor}" + (f" pid {self.pid}" if self.pid else "")
 
 
 def first_error(text: str) -> str | None:

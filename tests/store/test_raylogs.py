@@ -165,3 +165,12 @@ def test_gather_finds_a_jobs_workers_by_the_job_id_they_print_and_orders_errors(
     folder = paths.cluster("c").job_files("j1")
     assert "OutOfMemoryError" in (folder / "node7" / "Learner-11.err").read_text()
     assert [w.label for w in raylogs.read_index("c", "j1") or []] == [w.label for w in workers]
+
+
+def test_an_error_ray_recorded_without_a_pid_names_no_pid(home: Path) -> None:
+    request = JobRequest(id="j2", name="j2", cluster="c", entrypoint="python x.py")
+    attempt = Attempt(id="j2", ray_job_id="05000000")
+    record = JobRecord(id="j2", name="j2", request=request, attempts=[attempt])
+    event = {"ip": "10.0.0.9", "pid": None, "actor": "Learner", "error": "RuntimeError: lost", "at": None}
+    (worker,) = raylogs.gather("c", record, [event], {"10.0.0.9": "node9"})
+    assert raylogs.summary([worker]) == "node9 Learner: RuntimeError: lost"

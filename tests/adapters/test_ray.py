@@ -1,0 +1,48 @@
+"""Reading what Ray's State API recorded of a failed job (Ray's own state classes, no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.util.state.common import NodeState, TaskState
+
+from raystack.adapters.ray import Dashboard
+
+ERROR = (
+    "ray::Learner.step() (pid=122, ip=10.200.0.13, actor_id=0be7, repr=<train.Learner object>)\n"
+    '  File "train.py", line 11, in step\nRuntimeError: CUDA out of memory (simulated)'
+)
+
+
+class Recorded(Dashboard):
+    """A dashboard whose State API answers with given rows."""
+
+    def __init__(self, rows: dict[str, list[Any]]):
+        super().__init__("http://127.0.0.1:1", "t")
+        self.rows = rows
+
+    def _state_list(self, resource: str, filters: Any, detail: bool = False, timeout: int = 10) -> list[Any]:
+        return self.rows.get(resource, [])
+
+
+def task(**fields: Any) -> TaskState:
+    base = dict(task_id="t1", attempt_number=0, name="Learner.step", state="FAILED", job_id="02000000",
+                actor_id="0be7", type="ACTOR_TASK", func_or_class_name="Learner.step", parent_task_id="p",
+                node_id=None, worker_id=None, worker_pid=None, error_type="TASK_EXECUTION_EXCEPTION",
+                error_message=ERROR, end_time_ms=5000)  # fmt: skip
+    return TaskState(**{**base, **fields})
+
+
+def test_a_failed_actor_task_without_a_worker_pid_is_placed_by_its_error_text() -> None:
+    # Ray leaves worker_pid 0 (and node_id empty) on a failed actor task more often than not.
+    (event,) = Recorded({"tasks": [task(worker_pid=0)]}).job_errors("02000000")
+    assert (event["ip"], event["pid"], event["actor"], event["at"]) == ("10.200.0.13", 122, "Learner", 5.0)
+
+
+def test_a_failed_task_with_its_node_and_pid_keeps_them() -> None:
+    node = NodeState(node_id="n1", node_ip="10.200.0.14", is_head_node=False, state="ALIVE",
+                     state_message=None, node_name="node4", resources_total={}, labels={})  # fmt: skip
+    rows = {"nodes": [node], "tasks": [task(node_id="n1", worker_pid=7, actor_id=None, name="f",
+                                            func_or_class_name="f")]}  # fmt: skip
+    (event,) = Recorded(rows).job_errors("02000000")
+    assert (event["ip"], event["pid"], event["actor"]) == ("10.200.0.14", 7, "task f")
