@@ -280,15 +280,7 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
         if err["type"] == "missing" and not unknown:
             field = ".".join(str(p) for p in err["loc"])
             raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
-        first = next((e for e in errors if e["type"] == "extra_forbidden"), err)
-        top = str(first["loc"][0]) if first["loc"] else ""
-        fields = {
-            "needs": Needs.model_fields,
-            "resume": Resume.model_fields,
-            "plan": PlanSpec.model_fields,
-        }.get(top, JobSpec.model_fields)
-        valid = sorted(fields)
-        raise ConfigError(one_line_error(exc, source, valid)) from exc
+        raise ConfigError(one_line_error(exc, source, JobSpec)) from exc
 
 
 def check_command(value: str) -> str:

@@ -190,4 +190,4 @@ def load_profile(name: str = "generic") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(one_line_error(exc, f"profile {path}", sorted(Profile.model_fields))) from exc
+        raise ConfigError(one_line_error(exc, f"profile {path}", Profile)) from exc

@@ -7,11 +7,12 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from raystack.errors import ConfigError
 
@@ -122,12 +123,27 @@ def size_to_mb(value: str | int) -> int:
     return int(number * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
 
 
-def one_line_error(exc: ValidationError, source: str, valid: list[str]) -> str:
-    """The most useful of pydantic's errors as one line: an unknown key (a typo) comes first."""
+def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys valid where an unknown key `loc` was found: the fields of the (nested) model that
+    holds it, e.g. ray_logs.evry -> every, file_mb, node_mb."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        inner = (field.annotation, *typing.get_args(field.annotation)) if field else ()
+        nested = next((t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if nested is None:
+            break
+        model = nested
+    return sorted(model.model_fields)
+
+
+def one_line_error(exc: ValidationError, source: str, model: type[BaseModel]) -> str:
+    """The most useful of pydantic's errors as one line: an unknown key (a typo) comes first,
+    with the keys valid at its place in `model`."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
     where = printable(".".join(str(p) for p in err["loc"])) or "(top level)"
     if err["type"] == "extra_forbidden":
+        valid = keys_at(model, err["loc"])
         close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"

@@ -62,6 +62,7 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
     ("text", "message"),
     [
         ("partitoin: gpu\n", r"unknown key 'partitoin' \(did you mean 'partition'\?\); valid keys: "),
+        ("ray_logs: {evry: 5}\n", r"ray_logs.evry' \(did you mean 'every'.*keys: every, file_mb, node_mb$"),
         ("gpus_per_node: -1\n", r"field 'gpus_per_node'"),
         ("gpus_per_node: four\n", r"field 'gpus_per_node'"),
         ("time: forever\n", r"field 'time': 'forever' is not a SLURM time; use minutes"),
