@@ -25,3 +25,12 @@ node_init_pid() {
     [ -d "/proc/$upid" ] || return 1
     cat "/proc/$upid/task/$upid/children" 2>/dev/null | awk '{print $1}'
 }
+
+# The nodes' local disk is the host's /tmp. A new testbed starts SLURM's job ids at 1 again, so
+# what an earlier testbed's node programs left there (a node killed with SIGKILL cannot remove
+# its Ray temp dir, rs-<job>-<node>-*) would pass for the folder of a new allocation: a fresh
+# testbed starts with the clean local disks that real nodes' job ids never collide on.
+clear_node_disks() {
+    find /tmp -maxdepth 1 -type d -regextype posix-extended -regex '/tmp/rs-[0-9]+-node[0-9]+(-.*)?' \
+        -exec rm -rf {} + 2>/dev/null || true
+}
