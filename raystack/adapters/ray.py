@@ -21,7 +21,8 @@ TIMEOUT = 10  # seconds for one State API call
 # Why an actor died that counts as a failure (not its job's end, ray.kill or going out of scope)
 DEATHS = ("WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED")
 # Where a task's error says it ran: `ray::Learner.step() (pid=122, ip=10.200.0.13, actor_id=...)`.
-# Ray often leaves a failed actor task's worker_pid at 0; its error text still names the worker.
+# Ray may leave a failed actor task's worker_pid at 0 (seen on the testbed for an exception raised
+# in an actor method); its error text still names the worker.
 RAN_AT = re.compile(r"\(pid=(\d+), ip=([0-9a-fA-F.:]+)")
 
 

@@ -34,7 +34,7 @@ def task(**fields: Any) -> TaskState:
 
 
 def test_a_failed_actor_task_without_a_worker_pid_is_placed_by_its_error_text() -> None:
-    # Ray leaves worker_pid 0 (and node_id empty) on a failed actor task more often than not.
+    # As Ray 2.60 recorded an actor method's exception on the testbed: worker_pid 0, node_id empty.
     (event,) = Recorded({"tasks": [task(worker_pid=0)]}).job_errors("02000000")
     assert (event["ip"], event["pid"], event["actor"], event["at"]) == ("10.200.0.13", 122, "Learner", 5.0)
 
