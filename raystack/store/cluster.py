@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raystack.errors import ClusterError
 from raystack.store import paths
-from raystack.store.files import atomic_write, locked, make_private_dirs, quarantine
+from raystack.store.files import atomic_write, locked, make_private_dirs
 from raystack.store.paths import ClusterPaths
+
+log = logging.getLogger("raystack")
 
 
 class ClusterState(str, Enum):
@@ -28,14 +31,37 @@ class ClusterState(str, Enum):
     STOPPED = "STOPPED"  # ended by `down` or by the allocation's own end
     FAILED = "FAILED"  # could not start, or died
 
+    @classmethod
+    def _missing_(cls, value: object) -> ClusterState | None:
+        return unknown_member(cls, value)
+
+    @property
+    def known(self) -> bool:
+        """False for a state written by another version of raystack (kept and shown as it is)."""
+        return self._name_ in type(self).__members__
+
     def is_terminal(self) -> bool:
         return self in (ClusterState.STOPPED, ClusterState.FAILED)
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def unknown_member(cls: type[E], value: object) -> E | None:
+    """A state another version of raystack wrote (a login node's venv upgraded while a cluster
+    runs): kept as a member of its own, with its text, so the record stays readable and is
+    written back unchanged; `known` is False for it and it is never terminal."""
+    if not isinstance(value, str) or not value or len(value) > 40:
+        return None
+    member = str.__new__(cls, value)  # type: ignore[type-var]
+    member._value_, member._name_ = value, value
+    return member
 
 
 class ClusterRecord(BaseModel):
     """cluster.json: everything a client needs to find and judge a cluster."""
 
-    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)  # (another version's fields kept)
 
     name: str
     state: ClusterState = ClusterState.SUBMITTED
@@ -94,18 +120,23 @@ def list_names() -> list[str]:
     )
 
 
+class UnreadableRecord(ClusterError):
+    """cluster.json exists but cannot be read now. It is never moved: the head and the runner
+    read it too, and a record moved aside would end the cluster."""
+
+
 def read(name: str) -> ClusterRecord:
-    """The record of cluster `name`; an unreadable one is moved aside and reported as missing."""
+    """The record of cluster `name`. Raises ClusterError when there is none, UnreadableRecord
+    when it cannot be read (the file is left where it is)."""
     p = paths.cluster(name)
     try:
         return ClusterRecord.model_validate_json(p.record.read_bytes())
     except FileNotFoundError:
         pass
-    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
-        moved = quarantine(p, p.record, f"not a cluster record ({type(exc).__name__})")
-        raise ClusterError(
-            f"the record of cluster '{name}' was unreadable and was moved to {moved}; "
-            f"`raystack up --name {name}` starts it afresh"
+    except (ValidationError, ValueError, OSError) as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        raise UnreadableRecord(
+            f"the record of cluster '{name}' cannot be read ({why}); it is left at {p.record}"
         ) from None
     known = ", ".join(list_names()) or "none"
     raise ClusterError(
@@ -115,13 +146,13 @@ def read(name: str) -> ClusterRecord:
 
 
 def read_all() -> list[ClusterRecord]:
-    """Every readable record (unreadable ones are moved aside with a warning, not fatal)."""
+    """Every readable record (an unreadable one is reported with a warning and skipped)."""
     records = []
     for name in list_names():
         try:
             records.append(read(name))
-        except ClusterError:
-            continue
+        except ClusterError as exc:
+            log.warning("%s", exc)
     return records
 
 
@@ -212,6 +243,16 @@ def ensure_token(name: str) -> Path:
 
 def read_token(name: str) -> str:
     return paths.cluster(name).token.read_text().strip()
+
+
+def read_heartbeat(name: str) -> dict[str, Any] | None:
+    """The head's last beat ({allocation, host, pid, n, t}: allocation/context.Heartbeat writes
+    it every few seconds), or None when there is none to read."""
+    try:
+        data = json.loads(paths.cluster(name).heartbeat.read_bytes().rstrip(b" \0\n"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # ---------------------------------------------------------------------------- node entries

@@ -1,21 +1,34 @@
 """File primitives for the shared filesystem: atomic writes, the folder lock, exclusive creation,
 appending journals, and moving unreadable files aside (so one bad file never stops the rest).
+
+Readers never move anything: a file that cannot be read is reported and left where it is. Only a
+writer holding the folder lock may set a file aside, after reading it twice (`quarantine`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import logging
 import os
+import secrets
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
+from raystack.errors import ClusterError
 from raystack.store.paths import ClusterPaths
 
 log = logging.getLogger("raystack")
+NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}  # flock is not supported here
+LINK_LEASE = 120.0  # seconds after which a link lock whose holder did not release it is broken
+LINK_MODE = "link"  # what a cluster folder's .locks file says when flock cannot be trusted there
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
@@ -35,16 +48,31 @@ def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
 
 
 def create_exclusive(path: Path, text: str, mode: int = 0o600) -> bool:
-    """Create `path` holding `text` only if it does not exist yet (O_EXCL); False if it did."""
+    """Create `path` holding `text` only if it does not exist yet; False if it did.
+
+    The file appears complete or not at all: it is written under a temporary name and then
+    hard-linked into place (link fails if the name exists, atomically, on NFS too). An O_EXCL
+    create followed by a write leaves an empty file visible in between, which a listing racing
+    it would read as unreadable."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return True
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:  # NOTE: NFS may report a link that it made as failed: check
+            if os.stat(tmp).st_nlink != 2:
+                raise
+            log.debug("link %s reported %s but was made", path, exc)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def touch(path: Path) -> None:
@@ -70,13 +98,152 @@ def make_private_dirs(paths: ClusterPaths) -> None:
 
 @contextlib.contextmanager
 def locked(paths: ClusterPaths) -> Iterator[None]:
-    """An exclusive lock on one cluster's folder (flock on .lock; fcntl locks on NFS)."""
+    """An exclusive lock on one cluster's folder: flock on .lock (the NFS client makes it a lock
+    the server arbitrates), or a link lock where flock is missing (Lustre without `flock`: ENOSYS)
+    or cannot be trusted across hosts (the folder's .locks file says `link`, written when `up`
+    found the head's lock invisible from the login node: `localflock`, NFS `nolock`)."""
+    if uses_link_locks(paths):
+        with link_lock(paths.link_lock):
+            yield
+        return
     with open(paths.lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in NO_LOCKS:
+                raise
+            _NO_FLOCK.add(str(paths.root))
+            log.info("flock is not supported in %s (%s): using link locks", paths.root, exc.strerror)
+        else:
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            return
+    with link_lock(paths.link_lock):
+        yield
+
+
+_NO_FLOCK: set[str] = set()  # folders whose flock failed with ENOSYS & co in this process
+
+
+def uses_link_locks(paths: ClusterPaths) -> bool:
+    """Whether this folder's lock is a link lock (flock failed here, or .locks says so)."""
+    if str(paths.root) in _NO_FLOCK:
+        return True
+    try:
+        return paths.lock_mode.read_text().split("\n", 1)[0].strip() == LINK_MODE
+    except OSError:
+        return False
+
+
+def use_link_locks(paths: ClusterPaths, why: str) -> None:
+    """From now on every process uses link locks in this folder (they read .locks at each lock)."""
+    atomic_write(paths.lock_mode, f"{LINK_MODE}\n# {why}\n", mode=0o600)
+
+
+def hold_probe(paths: ClusterPaths, allocation: str) -> IO[str] | None:
+    """The head's node program holds a lock on .lockprobe for its lifetime (the kernel releases
+    it when the program dies), the file saying which allocation holds it: `lock_seen` on another
+    host tells whether locks are shared between hosts."""
+    fh = open(paths.lock_probe, "a+")  # noqa: SIM115 (held open for the node program's lifetime)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        return None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps({"allocation": allocation, "host": socket.gethostname(), "pid": os.getpid()}))
+    fh.flush()
+    return fh
+
+
+def lock_seen(paths: ClusterPaths, allocation: str | None) -> bool | None:
+    """From another host than the head's, while the head of `allocation` runs: True when its lock
+    on .lockprobe is seen (locks are shared between hosts), False when this host could take it
+    too (node-local locks: `localflock`, NFS `nolock`), None when it cannot tell (no such head's
+    lock was written, or flock is unsupported here: link locks then anyway)."""
+    try:
+        with open(paths.lock_probe, "a+") as fh:
+            fh.seek(0)
+            try:
+                holder = json.loads(fh.read() or "{}")
+            except ValueError:
+                holder = {}
+            if not allocation or not isinstance(holder, dict) or holder.get("allocation") != allocation:
+                return None
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if exc.errno in NO_LOCKS:
+                    return None
+                raise
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def link_lock(path: Path, lease: float = LINK_LEASE, timeout: float = 600.0) -> Iterator[None]:
+    """A lock that needs only link(2) to be atomic (true on every POSIX and NFS filesystem): a
+    unique file linked to `path`; whoever makes the link holds the lock. A holder that died is
+    broken after `lease` seconds (a transaction takes milliseconds)."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "thread": threading.get_ident()}
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    tmp.write_text(json.dumps({**me, "t": time.time()}))
+    deadline, delay = time.monotonic() + timeout, 0.005
+    try:
+        while not _link(tmp, path):
+            _break_if_stale(path, lease)
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"could not take the lock {path} within {timeout:.0f}s (held by {_who(path)})"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.stat(tmp).st_ino:
+                    os.unlink(path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _link(tmp: Path, path: Path) -> bool:
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # NOTE: NFS may answer a retransmitted link with an error after making it
+        return os.stat(tmp).st_nlink == 2
+
+
+def _break_if_stale(path: Path, lease: float) -> None:
+    try:
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return
+    if age > lease:
+        stale = path.with_name(f".{path.name}.stale.{secrets.token_hex(4)}")
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, stale)  # (one breaker wins: the others find it gone)
+            log.warning("broke the lock %s, held for %.0fs by %s", path, age, _who(stale))
+            os.unlink(stale)
+
+
+def _who(path: Path) -> str:
+    try:
+        return path.read_text()[:200]
+    except OSError:
+        return "nobody now"
 
 
 def quarantine(paths: ClusterPaths, path: Path, why: str) -> Path | None:

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raystack.errors import ClusterError
 from raystack.store import paths
-from raystack.store.cluster import apply_changes
-from raystack.store.files import append_line, atomic_write, create_exclusive, locked, quarantine
+from raystack.store.cluster import apply_changes, unknown_member
+from raystack.store.files import append_line, atomic_write, create_exclusive, locked
 
 log = logging.getLogger("raystack")
 
@@ -34,12 +34,23 @@ class JobState(str, Enum):
     CANCELLED = "CANCELLED"  # removed from the queue before it started
     INTERRUPTED = "INTERRUPTED"  # stopped at its allocation's end; back at the head of the queue
 
+    @classmethod
+    def _missing_(cls, value: object) -> JobState | None:
+        return unknown_member(cls, value)
+
+    @property
+    def known(self) -> bool:
+        """False for a state written by another version of raystack (kept and shown as it is)."""
+        return self._name_ in type(self).__members__
+
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED)
 
 
 class JobRequest(BaseModel):
     """A spec resolved for one cluster: exactly what the queue runner will submit."""
+
+    model_config = ConfigDict(extra="allow")  # (fields of another version are kept, not dropped)
 
     id: str
     name: str
@@ -53,6 +64,9 @@ class JobRequest(BaseModel):
     entrypoint_resources: dict[str, float] = Field(default_factory=dict)
     timeout: float | None = None
     retries: int = 0
+    retry_window: float | None = None  # None: RETRY_WINDOW; 0: any failure is retried
+    hang_timeout: float | None = None  # None: the cluster's (profile); 0: off
+    infeasible_grace: float | None = None  # None: the cluster's (profile)
     stop_grace: float = 30
     outputs: dict[str, str] = Field(default_factory=dict)
     uv: bool = False
@@ -69,16 +83,19 @@ class JobRequest(BaseModel):
 class Attempt(BaseModel):
     """One submission of a job to Ray, in one allocation."""
 
+    model_config = ConfigDict(extra="allow")
+
     id: str  # the Ray submission id
     allocation: str | None = None  # the SLURM job id of the allocation it was given to
     at: float = Field(default_factory=time.time)
     ray_job_id: str | None = None  # Ray's id of it (hex): its workers' log files carry it
+    outcome: str | None = None  # how it ended when another attempt followed: "FAILED: exit code 1 ..."
 
 
 class JobRecord(BaseModel):
     """The ledger entry of one job: it outlives the allocation."""
 
-    model_config = ConfigDict(validate_assignment=True)
+    model_config = ConfigDict(validate_assignment=True, extra="allow")
 
     id: str
     name: str
@@ -99,6 +116,7 @@ class JobRecord(BaseModel):
     stop_requested: float | None = None
     started: float | None = None
     ended: float | None = None
+    fault: str | None = None  # "infeasible" or "hung": why raystack stopped it (never retried)
 
     @property
     def attempt_ids(self) -> list[str]:
@@ -108,17 +126,23 @@ class JobRecord(BaseModel):
         return next((h["time"] for h in self.history if h["state"] == state.value), None)
 
 
+class Unreadable(ClusterError):
+    """A ledger entry exists but cannot be read (left where it is: readers never move files)."""
+
+
 def read_job(name: str, job_id: str) -> JobRecord:
-    """The ledger entry of a job; an unreadable one is moved aside and reported as missing."""
-    p = paths.cluster(name)
-    path = p.ledger(job_id)
+    """The ledger entry of a job. Raises ClusterError when there is none, Unreadable when it
+    cannot be read; either way nothing is moved or changed."""
+    path = paths.cluster(name).ledger(job_id)
     try:
         return JobRecord.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         raise ClusterError(f"no job '{job_id}' in cluster {name}: see `raystack queue {name}`") from None
-    except (ValidationError, ValueError) as exc:
-        moved = quarantine(p, path, f"not a job record ({type(exc).__name__})")
-        raise ClusterError(f"the ledger of job '{job_id}' was unreadable and was moved to {moved}") from None
+    except (ValidationError, ValueError, OSError) as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        raise Unreadable(
+            f"the ledger of job '{job_id}' cannot be read ({why}); it is left at {path}"
+        ) from None
 
 
 def write_job(name: str, record: JobRecord) -> None:

@@ -4,6 +4,8 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   cluster.json         the cluster record (ClusterRecord), written atomically under the lock
   token                the Ray auth token (0600)
   .lock                flock'ed by every read-modify-write of the folder
+  .locks               `link` where flock cannot be trusted here: .lock.link is the lock then
+  .lockprobe           flock'ed by the head's node program while it lives (`up` checks it is seen)
   raystack.sbatch      the allocation script that was submitted
   nodes/<host>.json    one entry per node of the current allocation (ip, pid, GPU report)
   queue/<seq>-<id>     one empty file per job not yet started, in queue order (the name orders it)
@@ -12,6 +14,7 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   jobs/<id>.json       the ledger (JobRecord): every state a job went through
   jobs/finished        one line per job that reached a final state (appended), newest last
   runner.lease         held (locked) by the one queue runner, with its heartbeat
+  head.beat            the head's node program rewrites it every few seconds (workers, status)
   walltime-warning-<j> left by allocation j's batch shell at SLURM's walltime warning
   usage/<j>-<host>.jsonl one line per usage sample of allocation j's node (CPU, memory, GPUs)
   reports/             the PNGs `raystack report` draws
@@ -62,6 +65,16 @@ def validate_name(name: str, field: str = "--name") -> str:
     return name
 
 
+def validate_job_id(job_id: str) -> str:
+    """A job id names files in the cluster folder: never a path (`../cluster`), never empty."""
+    if not isinstance(job_id, str) or not NAME.fullmatch(job_id):
+        raise ConfigError(
+            f"{job_id!r} is not a job id: ids are letters, digits, '.', '_' and '-' (as printed by "
+            "`raystack submit`; list them with `raystack queue`)"
+        )
+    return job_id
+
+
 @dataclass(frozen=True)
 class ClusterPaths:
     """The folder of one cluster and everything in it."""
@@ -80,6 +93,18 @@ class ClusterPaths:
     @property
     def lock(self) -> Path:
         return self.root / ".lock"
+
+    @property
+    def link_lock(self) -> Path:
+        return self.root / ".lock.link"
+
+    @property
+    def lock_mode(self) -> Path:
+        return self.root / ".locks"
+
+    @property
+    def lock_probe(self) -> Path:
+        return self.root / ".lockprobe"
 
     @property
     def script(self) -> Path:
@@ -127,7 +152,7 @@ class ClusterPaths:
 
     def job_files(self, job_id: str) -> Path:
         """The worker logs of a job's actors, gathered when it ends, with their index."""
-        return self.job_logs / job_id
+        return self.job_logs / validate_job_id(job_id)
 
     @property
     def usage(self) -> Path:
@@ -150,6 +175,10 @@ class ClusterPaths:
         return self.logs / "queue-runner.log"
 
     @property
+    def heartbeat(self) -> Path:
+        return self.root / "head.beat"
+
+    @property
     def runner_lease(self) -> Path:
         return self.root / "runner.lease"
 
@@ -170,10 +199,11 @@ class ClusterPaths:
         return self.root / WARNING.format(job=job)
 
     def ledger(self, job_id: str) -> Path:
-        return self.jobs / f"{job_id}.json"
+        return self.jobs / f"{validate_job_id(job_id)}.json"
 
     def job_log(self, job_id: str, attempt: int = 1) -> Path:
         """The driver log of one attempt of a job (the first: <id>.log, later: <id>.<n>.log)."""
+        validate_job_id(job_id)
         return self.job_logs / (f"{job_id}.log" if attempt == 1 else f"{job_id}.{attempt}.log")
 
     def folders(self) -> list[Path]:

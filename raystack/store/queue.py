@@ -8,7 +8,9 @@
     active/<id>        one empty file per job given to Ray and not yet finished
 
 Every change is one transaction under the cluster lock, so `cancel` and the runner's `start`
-cannot both win, and a reader never sees a job in two places (or none).
+cannot both win. Each transaction creates the new state before it removes the old one, so a
+process killed in between leaves a job in two places (which the next transaction resolves),
+never in none; `recover` puts back on the queue what an older version could strand.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from raystack.store.ledger import (
     JobRecord,
     JobRequest,
     JobState,
+    Unreadable,
     all_jobs,
     change_job,
     create_job,
@@ -38,6 +41,7 @@ from raystack.store.ledger import (
 
 log = logging.getLogger("raystack")
 ID_RETRIES = 5
+SECOND_READ = 0.2  # seconds before a writer reads an unreadable ledger again (then sets it aside)
 
 
 @dataclass(frozen=True, order=True)
@@ -64,16 +68,15 @@ class Entry:
 
 
 def waiting(name: str) -> list[Entry]:
-    """The queue in order (one directory listing, no ledger read); bad names are moved aside."""
+    """The queue in order (one directory listing, no ledger read); a file whose name is not a
+    queue entry is left alone (and not counted)."""
     p = paths.cluster(name)
     entries = []
     for child in os.scandir(p.queue) if p.queue.is_dir() else []:
         if child.name == "journal" or child.name.startswith("."):
             continue
         entry = Entry.parse(child.name)
-        if entry is None:
-            quarantine(p, Path(child.path), "not a queue entry (<seq>-<job id>)")
-        else:
+        if entry is not None:
             entries.append(entry)
     return sorted(entries)
 
@@ -176,42 +179,119 @@ def cancel(name: str, job_id: str) -> JobRecord:
                 f"job {job_id} is {record.state.value}, not queued: "
                 f"`raystack stop {job_id}` stops a running job"
             )
-        if record.entry is not None:
-            (p.queue / record.entry).unlink(missing_ok=True)
-            append_line(p.journal, f"- {record.entry}")
-        return change_job(
+        record = change_job(
             name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
         )
+        if record.entry is not None:  # (after the ledger says CANCELLED: `start` drops a leftover)
+            (p.queue / record.entry).unlink(missing_ok=True)
+            append_line(p.journal, f"- {record.entry}")
+        return record
 
 
 def start(name: str, entry: Entry, allocation: str | None) -> JobRecord | None:
     """Take a job off the queue and record its next attempt (one transaction): the submission id
     is the job id, or <id>-r<n> for the n-th time it resumes after an interruption.
 
-    Returns None when the job is no longer startable (cancelled, or its ledger unreadable).
+    Returns None when the job is not to be started now (cancelled, already started, its ledger
+    unreadable twice, or in a state this version does not know, which it leaves alone).
     NOTE: the submission id is recorded before the job is submitted: a runner killed in
     between finds it on restart and asks Ray, instead of submitting the job a second time.
+    The active marker and the attempt are written before the queue file goes: a runner killed
+    in between leaves the job in both places, and the next `start` only removes the queue file.
     """
     p = paths.cluster(name)
     with locked(p):
         queued = p.queue / entry.name
         if not queued.exists():
             return None  # cancelled meanwhile
-        try:
-            record = read_job(name, entry.job_id)
-        except ClusterError as exc:
-            log.warning("%s; dropping queue entry %s", exc, entry.name)
-            quarantine(p, queued, "its ledger is missing or unreadable")
-            append_line(p.journal, f"- {entry.name}")
+        record = _read_for_writer(p, name, entry.job_id)
+        if record is None:
+            _dequeue(p, entry)  # (set aside: nothing can start it)
             return None
-        queued.unlink()
-        append_line(p.journal, f"- {entry.name}")
         if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
+            if record.state.known:  # cancelled, or ended: a leftover queue file
+                _dequeue(p, entry)
+            else:
+                log.warning(
+                    "job %s is %s (another raystack version?): left in the queue", record.id, record.state
+                )
             return None
-        touch(p.active / entry.job_id)
         sid = f"{record.id}-r{record.interruptions}" if record.interruptions else record.id
+        started = bool(record.attempts) and record.attempts[-1].id == sid
+        if started and (p.active / entry.job_id).exists():
+            _dequeue(p, entry)  # started by a runner killed before it removed the queue file
+            return None
+        # (an active marker without this attempt: a start or requeue cut short; this start redoes it)
+        touch(p.active / entry.job_id)
         attempt = Attempt(id=sid, allocation=allocation)
-        return change_job(name, entry.job_id, attempts=[*record.attempts, attempt])
+        changed = change_job(name, entry.job_id, attempts=[*record.attempts, attempt])
+        written = read_job(name, entry.job_id)  # (re-check: a filesystem that lost the write)
+        if not written.attempts or written.attempts[-1].id != sid:
+            (p.active / entry.job_id).unlink(missing_ok=True)
+            raise ClusterError(
+                f"job {entry.job_id}: its attempt {sid} did not reach {p.ledger(entry.job_id)}"
+            )
+        _dequeue(p, entry)
+        return changed
+
+
+def _dequeue(p: paths.ClusterPaths, entry: Entry) -> None:
+    (p.queue / entry.name).unlink(missing_ok=True)
+    append_line(p.journal, f"- {entry.name}")
+
+
+def _read_for_writer(p: paths.ClusterPaths, name: str, job_id: str) -> JobRecord | None:
+    """A writer (holding the lock) reads a ledger; one it cannot read twice, SECOND_READ apart,
+    is set aside into corrupt/ (the only place anything is ever moved) and None returned."""
+    for attempt in range(2):
+        try:
+            return read_job(name, job_id)
+        except Unreadable as exc:
+            if attempt:
+                moved = quarantine(p, p.ledger(job_id), str(exc))
+                log.error("job %s: its ledger could not be read twice; set aside as %s", job_id, moved)
+            else:
+                time.sleep(SECOND_READ)
+        except ClusterError as exc:
+            log.warning("%s; dropping queue entry", exc)
+            return None
+    return None
+
+
+def recover(name: str) -> list[str]:
+    """Jobs the ledger says are QUEUED or INTERRUPTED but that are neither in the queue nor active
+    (a process killed between two steps of an older version's transaction): back in the queue,
+    at their own place. Reads every ledger not yet finished: called once, when a runner starts."""
+    p = paths.cluster(name)
+    if not p.jobs.is_dir():
+        return []
+    done = set(recently_finished(name, 1 << 30))
+    candidates = [
+        f.stem for f in p.jobs.glob("*.json") if f.stem not in done and paths.NAME.fullmatch(f.stem)
+    ]
+    if not candidates:
+        return []
+    recovered = []
+    with locked(p):
+        queued = {e.job_id for e in waiting(name)}
+        running = set(active(name))
+        for job_id in candidates:
+            if job_id in queued or job_id in running:
+                continue
+            try:
+                record = read_job(name, job_id)
+            except ClusterError as exc:
+                log.warning("%s", exc)
+                continue
+            if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
+                continue
+            entry = record.entry or Entry(f"1{int(record.request.queued_at * 1e9):020d}", job_id).name
+            if record.entry != entry:
+                change_job(name, job_id, entry=entry)
+            touch(p.queue / entry)
+            append_line(p.journal, f"+ {entry}")
+            recovered.append(job_id)
+    return recovered
 
 
 def add_attempt(name: str, job_id: str, submission_id: str, allocation: str | None) -> JobRecord:
@@ -250,7 +330,7 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
         entry=entry,
         interruptions=record.interruptions + 1,
     )
-    touch(p.queue / entry)
+    touch(p.queue / entry)  # (before the active marker goes: never in neither place)
     append_line(p.journal, f"+ {entry}")
     (p.active / job_id).unlink(missing_ok=True)
     return record
@@ -265,12 +345,14 @@ def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool
     settled = []
     for job_id in active(name):
         with locked(p):
-            try:
-                record = read_job(name, job_id)
-            except ClusterError as exc:
-                log.warning("%s", exc)
+            if not (p.active / job_id).exists():
+                continue  # settled meanwhile (by the head, a worker or a client: first wins)
+            record = _read_for_writer(p, name, job_id)
+            if record is None:
                 (p.active / job_id).unlink(missing_ok=True)
                 continue
+            if record.state in (JobState.QUEUED, JobState.INTERRUPTED) and not record.attempts:
+                continue  # a start cut short: the queue file is still there, `start` clears it
             last = record.attempts[-1].allocation if record.attempts else None
             if allocation is not None and last == allocation:
                 continue

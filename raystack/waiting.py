@@ -1,0 +1,168 @@
+"""One way to wait: a clock that tests can drive, back-off, rate gates, polling with a deadline,
+and the guard that keeps a long-lived loop alive through a failing duty.
+
+Every loop of the node programs and the queue runner waits through these, with the clock passed
+in, so each loop has fast tests on a `FakeClock` (time moves only when the code sleeps).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from raystack.errors import RaystackError
+
+T = TypeVar("T")
+
+
+@dataclass
+class Clock:
+    """Monotonic time and sleep; the real ones by default."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+REAL = Clock()
+
+
+class FakeClock(Clock):
+    """A clock for tests and simulations: `sleep` moves time forward at once."""
+
+    def __init__(self, start: float = 1000.0):
+        self.t = start
+        super().__init__(now=lambda: self.t, sleep=self.advance)
+
+    def advance(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+
+
+class Every:
+    """A gate that opens at most every `seconds` (open on the first call unless `first=False`)."""
+
+    def __init__(self, seconds: float, clock: Clock = REAL, first: bool = True):
+        self.seconds, self.clock = seconds, clock
+        self.last = -float("inf") if first else clock.now()
+
+    def __call__(self) -> bool:
+        if self.clock.now() - self.last < self.seconds:
+            return False
+        self.last = self.clock.now()
+        return True
+
+    def due_in(self) -> float:
+        return max(0.0, self.last + self.seconds - self.clock.now())
+
+
+@dataclass
+class Backoff:
+    """Delays that double from `first` up to `cap`, each shortened by up to `jitter` (a fraction)
+    so that processes that failed together do not retry together; `reset()` after a success."""
+
+    first: float = 1.0
+    cap: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.5
+    rng: Callable[[], float] = field(default=random.random, repr=False)
+    attempt: int = 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.first * self.factor**self.attempt)
+        self.attempt += 1
+        return delay * (1 - self.jitter * self.rng())
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def poll_until(
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    clock: Clock = REAL,
+    interval: float = 0.05,
+    max_interval: float = 0.25,
+    abort: Callable[[], str | None] | None = None,
+) -> T:
+    """Poll `condition` until it returns a truthy value, and return it. Raises RaystackError after
+    `timeout` seconds, or at once when `abort` returns a reason."""
+    deadline = clock.now() + timeout
+    delay = interval
+    while not (value := condition()):
+        if abort is not None and (why := abort()):
+            raise RaystackError(f"{why} while waiting for {what}")
+        if clock.now() > deadline:
+            raise RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
+        clock.sleep(delay)
+        delay = min(delay * 1.5, max_interval)
+    return value
+
+
+class Guarded(Generic[T]):
+    """A periodic duty of a long-lived loop that must never end the loop: an exception is logged
+    (the first with its traceback, then every 10th) and the duty backs off (doubling up to `cap`
+    seconds) before it runs again; the first success after failures is logged too.
+
+    Periodic I/O on a shared filesystem meets ENOSPC, EDQUOT, EIO and ESTALE; a State API call
+    meets a busy dashboard: none of them is a reason to end an allocation."""
+
+    def __init__(
+        self,
+        name: str,
+        duty: Callable[[], T],
+        log: logging.Logger,
+        clock: Clock = REAL,
+        cap: float = 60.0,
+    ):
+        self.name, self.duty, self.log, self.clock = name, duty, log, clock
+        self.backoff = Backoff(first=1.0, cap=cap)
+        self.failures = 0
+        self.resume_at = -float("inf")
+        self.last_error = ""
+
+    def __call__(self) -> T | None:
+        if self.clock.now() < self.resume_at:
+            return None
+        try:
+            value = self.duty()
+        except Exception as exc:
+            self.failures += 1
+            delay = self.backoff.next()
+            self.resume_at = self.clock.now() + delay
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if self.failures == 1:
+                self.log.warning("%s failed (retrying in %.0fs): %s", self.name, delay, exc, exc_info=True)
+            elif self.failures % 10 == 0:
+                self.log.warning("%s failed %d times; last: %s", self.name, self.failures, self.last_error)
+            return None
+        if self.failures:
+            self.log.info("%s works again after %d failure(s)", self.name, self.failures)
+            self.failures, self.last_error = 0, ""
+            self.backoff.reset()
+        return value
+
+
+def within(timeout: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Run `fn` on a thread; False if it did not return within `timeout` s (it is abandoned:
+    a submit whose packaging blocks must not stop the queue). Its exception is raised here."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            fn(*args, **kwargs)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="submit", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return False
+    if "error" in box:
+        raise box["error"]
+    return True

@@ -1,0 +1,283 @@
+"""The cluster folder when things race or fail: readers never move or lose anything, files appear
+complete or not at all, every transaction leaves a job somewhere, and the lock works where flock
+does not (Lustre without `flock`) or cannot be trusted (node-local locks).
+
+Each case was reproduced on cde9410 (before these fixes) and failed there as the test says.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from raystack.cli.common import app
+from raystack.client import Job
+from raystack.errors import ClusterError, ConfigError
+from raystack.store import cluster as clusters
+from raystack.store import files, paths, queue
+from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.ledger import JobRequest, JobState, Unreadable, all_jobs, read_job, update_job
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.READY, slurm_job_id="99999991"))
+    return tmp_path
+
+
+def submit(name: str = "j") -> str:
+    request = JobRequest(id=f"{name}-{time.time_ns() % 10**9:09d}", name=name, cluster="c", entrypoint="true")
+    return queue.enqueue(request).id
+
+
+# ---------------------------------------------------------------------------- readers
+def test_a_job_id_that_is_a_path_is_refused_and_the_record_stays(home: Path) -> None:
+    """cde9410: `raystack logs ../cluster` read clusters/c/jobs/../cluster.json, found it no job
+    record and moved cluster.json into corrupt/: the head then cancelled the allocation."""
+    record = paths.cluster("c").record
+    before = record.read_bytes()
+    for bad in ("../cluster", "..", "a/b", "", ".hidden"):
+        with pytest.raises(ConfigError, match="is not a job id"):
+            Job.get(bad, "c")
+    result = CliRunner().invoke(app, ["logs", "../cluster", "-c", "c"])
+    assert result.exit_code != 0
+    assert record.read_bytes() == before and not paths.cluster("c").corrupt.exists()
+
+
+def test_states_and_fields_of_another_version_are_kept_and_shown(home: Path) -> None:
+    """cde9410: a ledger or record holding a state this version does not know (a login node's
+    venv upgraded while a cluster runs) was moved aside by `raystack list` and `queue`."""
+    job = submit()
+    p = paths.cluster("c")
+    data = json.loads(p.ledger(job).read_text())
+    data.update(state="PAUSED", priority=7)
+    p.ledger(job).write_text(json.dumps(data))
+    rec = json.loads(p.record.read_text())
+    rec.update(state="HIBERNATING", backend="slurm")
+    p.record.write_text(json.dumps(rec))
+
+    view = queue.view("c", every=True)
+    assert [r.state.value for r in view.records] == ["PAUSED"]
+    assert not view.records[0].state.known and not view.records[0].state.is_terminal()
+    assert clusters.read("c").state.value == "HIBERNATING"
+    update_job("c", job, message="touched by this version")
+    clusters.update("c", message="so was this")
+    again = json.loads(p.ledger(job).read_text())
+    assert again["state"] == "PAUSED" and again["priority"] == 7  # written back as it was
+    assert json.loads(p.record.read_text())["backend"] == "slurm"
+    result = CliRunner().invoke(app, ["queue", "c", "--all", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)[0]["state"] == "PAUSED"
+    assert not p.corrupt.exists()
+
+
+def test_an_unreadable_ledger_is_reported_and_left_where_it_is(home: Path) -> None:
+    job = submit()
+    p = paths.cluster("c")
+    p.ledger(job).write_text("{half a rec")
+    with pytest.raises(Unreadable, match="left at"):
+        read_job("c", job)
+    assert all_jobs("c") == [] and queue.view("c", every=True).records == []
+    assert p.ledger(job).read_text() == "{half a rec" and not p.corrupt.exists()
+    (p.queue / "not-an-entry").write_text("x")
+    assert queue.waiting("c") == queue.waiting("c") and (p.queue / "not-an-entry").exists()
+    p.record.write_text("{")
+    with pytest.raises(ClusterError, match="cannot be read"):
+        clusters.read("c")
+    assert p.record.read_text() == "{"  # cluster.json is never moved
+
+
+def test_a_listing_racing_submits_loses_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cde9410: the ledger was created empty (O_EXCL) and then written; `queue --all` in between
+    found it unreadable and moved it aside, and the runner dropped the job (63 of 200 lost with a
+    5 ms create-to-write gap, as on NFS). Now it is linked into place complete."""
+    real_fdopen = os.fdopen
+
+    def slow_fdopen(fd: int, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)  # the gap between creating a file and writing it
+        return real_fdopen(fd, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fdopen", slow_fdopen)
+    stop = threading.Event()
+    seen_errors: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            for record in queue.view("c", every=True).records:
+                assert record.state is JobState.QUEUED
+            try:
+                for job_id in [e.job_id for e in queue.waiting("c")]:
+                    read_job("c", job_id)
+            except ClusterError as exc:
+                seen_errors.append(str(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        ids = [submit(f"j{i}") for i in range(120)]
+    finally:
+        stop.set()
+        thread.join()
+    assert seen_errors == []
+    assert sorted(e.job_id for e in queue.waiting("c")) == sorted(ids)
+    assert all(read_job("c", j).state is JobState.QUEUED for j in ids)
+    assert not paths.cluster("c").corrupt.exists()
+
+
+def test_create_exclusive_is_complete_or_absent(tmp_path: Path) -> None:
+    target = tmp_path / "x.json"
+    assert files.create_exclusive(target, '{"a": 1}')
+    assert not files.create_exclusive(target, '{"a": 2}')
+    assert json.loads(target.read_text()) == {"a": 1} and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary file left
+
+
+# ---------------------------------------------------------------------------- transactions
+def test_a_start_cut_short_leaves_the_job_startable(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cde9410: start() deleted the queue file before it created active/<id>; a runner killed in
+    between stranded a QUEUED job nobody would ever run."""
+    job = submit()
+    entry = queue.waiting("c")[0]
+
+    def killed(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt("runner killed")
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(queue, "change_job", killed)
+        queue.start("c", entry, "100")
+    assert queue.waiting("c") == [entry]  # still queued (and marked active: started on)
+    record = queue.start("c", entry, "100")
+    assert record is not None and record.attempt_ids == [job]
+    assert queue.waiting("c") == [] and queue.active("c") == [job]
+    assert queue.start("c", entry, "100") is None  # (nothing to start twice)
+
+
+def test_a_start_that_recorded_its_attempt_is_not_started_twice(home: Path) -> None:
+    job = submit()
+    entry = queue.waiting("c")[0]
+    record = queue.start("c", entry, "100")
+    assert record is not None
+    (paths.cluster("c").queue / entry.name).touch()  # killed before the queue file went
+    assert queue.start("c", entry, "100") is None
+    assert read_job("c", job).attempt_ids == [job] and queue.waiting("c") == []
+
+
+def test_a_cancel_cut_short_is_finished_by_the_next_start(home: Path) -> None:
+    job = submit()
+    entry = queue.waiting("c")[0]
+    update_job("c", job, state=JobState.CANCELLED)  # the ledger first, then the queue file
+    assert queue.start("c", entry, "100") is None
+    assert queue.waiting("c") == [] and read_job("c", job).state is JobState.CANCELLED
+
+
+def test_recover_puts_stranded_jobs_back_in_their_place(home: Path) -> None:
+    first, stranded, last = submit("a"), submit("b"), submit("c")
+    p = paths.cluster("c")
+    entry = read_job("c", stranded).entry
+    (p.queue / str(entry)).unlink()  # what cde9410's start could leave
+    assert [e.job_id for e in queue.waiting("c")] == [first, last]
+    assert queue.recover("c") == [stranded]
+    assert [e.job_id for e in queue.waiting("c")] == [first, stranded, last]
+    assert queue.recover("c") == []
+
+
+# ---------------------------------------------------------------------------- locks
+def _count(folder: str, rounds: int) -> None:
+    os.environ["RAYSTACK_HOME"] = folder
+    p = paths.cluster("c")
+    for _ in range(rounds):
+        with files.locked(p):
+            counter = Path(folder) / "counter"
+            value = int(counter.read_text() or 0) if counter.exists() else 0
+            time.sleep(0.0005)
+            counter.write_text(str(value + 1))
+
+
+def test_link_locks_exclude_each_other_across_processes(home: Path) -> None:
+    p = paths.cluster("c")
+    files.use_link_locks(p, "test")
+    assert files.uses_link_locks(p)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_count, args=(str(home / "rs"), 40)) for _ in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    assert (home / "rs" / "counter").read_text() == "160"
+    assert not p.link_lock.exists()
+
+
+def test_without_flock_the_queue_works_on_link_locks(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cde9410: on Lustre mounted without `flock` every command ended in a 69-line traceback
+    (ENOSYS from flock)."""
+    real = fcntl.flock
+
+    def no_flock(fd: object, op: int) -> None:
+        if op & fcntl.LOCK_EX or op & fcntl.LOCK_SH:
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        real(fd, op)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    job = submit()
+    assert queue.cancel("c", job).state is JobState.CANCELLED
+    other = submit()
+    assert queue.start("c", queue.waiting("c")[0], "100") is not None
+    assert queue.active("c") == [other] and files.uses_link_locks(paths.cluster("c"))
+
+
+def test_a_link_lock_left_by_a_dead_holder_is_broken(home: Path) -> None:
+    p = paths.cluster("c")
+    p.link_lock.write_text('{"host": "gone", "pid": 1}')
+    old = time.time() - 1000
+    os.utime(p.link_lock, (old, old))
+    with files.link_lock(p.link_lock, lease=60):
+        assert p.link_lock.exists()
+    assert not p.link_lock.exists()
+
+
+def test_the_heads_probe_lock_tells_whether_locks_are_shared(home: Path) -> None:
+    p = paths.cluster("c")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom raystack.store import files, paths\n"
+            "fh = files.hold_probe(paths.cluster('c'), '99999991')\n"
+            "print('held', flush=True)\ntime.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert files.lock_seen(p, "99999991") is True  # one kernel: locks are shared
+        assert files.lock_seen(p, "another-allocation") is None  # not that head's: cannot tell
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone: the lock can be taken, which from another host would mean node-local
+    # locks (the client asks only while the head's heartbeat is fresh).
+    assert files.lock_seen(p, "99999991") is False
+
+
+def test_a_message_that_looks_like_markup_is_shown_as_it_is(home: Path) -> None:
+    """cde9410: a last log line holding `[/scratch/ckpt]` made `raystack queue` fail with a
+    MarkupError, and `[rank0]:` disappeared from it."""
+    job = submit()
+    update_job("c", job, message="[rank0]: saved to [/scratch/ckpt] [bold]x[/bold]")
+    result = CliRunner().invoke(app, ["queue", "c"])
+    assert result.exit_code == 0, result.output
+    assert "[rank0]: saved to [/scratch/ckpt] [bold]x[/bold]" in result.stdout
