@@ -5,6 +5,7 @@ command line, signals, polling with a deadline, reaping, GPU reports and teardow
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from raystack.adapters import local
 from raystack.allocation.logsync import LogSync
@@ -28,12 +29,17 @@ from raystack.errors import RaystackError
 from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import paths, tls
+from raystack.store.growth import DEFAULT_CAP
 from raystack.store.raylogs import Caps
+from raystack.waiting import REAL, Clock, Every, poll_until
 
 log = logging.getLogger("raystack.node")
 T = TypeVar("T")
 
 POLL = 0.25  # seconds between readiness checks
+BEAT = 5.0  # seconds between the head's heartbeats
+BEAT_BYTES = 256  # the heartbeat file's fixed size (rewritten in place)
+GPU_REFRESH = 30.0  # seconds after which a node rewrites an unchanged GPU report
 
 
 # ---------------------------------------------------------------------------- node facts
@@ -59,6 +65,8 @@ class NodeContext:
     join_window: int = 0  # workers registering with the head at once (0: all at once)
     ray_logs: Caps = field(default_factory=Caps)  # how Ray's logs are copied to the cluster folder
     log_sync: LogSync | None = None  # the copy's thread, once started (its last pass at teardown)
+    entry: dict[str, Any] = field(default_factory=dict)  # this node's entry (nodes/<host>.json)
+    folder_cap: int | None = DEFAULT_CAP  # bytes the cluster folder may take (pruned beyond)
 
     @property
     def is_head(self) -> bool:
@@ -135,7 +143,14 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
         join_window=int(env.get("RAYSTACK_JOIN_WINDOW") or 0),
         ray_logs=Caps.from_env(env),
+        folder_cap=folder_cap(env),
     )
+
+
+def folder_cap(env: dict[str, str]) -> int | None:
+    """RAYSTACK_FOLDER_CAP (bytes; 0: no cap), the default for a hand-submitted script."""
+    value = env.get("RAYSTACK_FOLDER_CAP")
+    return DEFAULT_CAP if value is None else (int(value) or None)
 
 
 def private_temp_dir(ctx: NodeContext) -> NodeContext:
@@ -184,6 +199,7 @@ def local_context(env: dict[str, str]) -> NodeContext:
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
         ray_logs=Caps.from_env(env),
+        folder_cap=folder_cap(env),
     )
 
 
@@ -301,24 +317,23 @@ def on_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 def wait_for(
-    condition: Callable[[], T | None], timeout: float, what: str, alive: RayProcess | None = None
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    alive: RayProcess | None = None,
+    clock: Clock = REAL,
 ) -> T:
     """Poll `condition` until it returns a truthy value, and return that value.
 
     Raises after `timeout`, or at once when `alive` (the Ray process) has died.
     """
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while not (value := condition()):
+
+    def died() -> str | None:
         if alive is not None and not alive.alive():
-            raise RaystackError(
-                f"ray start exited with code {alive.proc.returncode} while waiting for {what}"
-            )
-        if time.monotonic() > deadline:
-            raise RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, POLL)
-    return value
+            return f"ray start exited with code {alive.proc.returncode}"
+        return None
+
+    return poll_until(condition, timeout, what, clock, max_interval=POLL, abort=died)
 
 
 # ---------------------------------------------------------------------------- housekeeping
@@ -328,14 +343,13 @@ class Reaper:
     Without it every Ray worker that exits leaves a zombie until teardown.
     """
 
-    def __init__(self, every: float = 2.0):
-        self.every, self.last = every, 0.0
+    def __init__(self, every: float = 2.0, clock: Clock = REAL):
+        self.gate = Every(every, clock)
         self.owned: set[int] = set()  # pids whose exit status a Popen object collects itself
 
     def __call__(self) -> int:
-        if time.monotonic() - self.last < self.every:
+        if not self.gate():
             return 0
-        self.last = time.monotonic()
         import psutil
 
         reaped = 0
@@ -350,18 +364,53 @@ class Reaper:
 
 
 class GpuReport:
-    """Publishes this node's leftover GPU memory in its node entry (read by the queue runner)."""
+    """Publishes this node's leftover GPU memory in its node entry (read by the queue runner).
 
-    def __init__(self, ctx: NodeContext, every: float = 1.0):
-        self.ctx, self.every, self.last = ctx, every, 0.0
+    nvidia-smi is asked every `every` seconds; the entry is written only when what it reports
+    changed, or every `refresh` seconds: N nodes cost the shared filesystem N/refresh writes per
+    second, and nothing is read (the node keeps its own entry in memory)."""
+
+    def __init__(
+        self, ctx: NodeContext, every: float = 1.0, refresh: float = GPU_REFRESH, clock: Clock = REAL
+    ):
+        self.ctx, self.clock = ctx, clock
+        self.gate, self.refresh = Every(every, clock), refresh
+        self.reported: list[tuple[int, int]] | None = None
+        self.written = -float("inf")
 
     def __call__(self) -> None:
-        if time.monotonic() - self.last < self.every or not self.ctx.gpus or not has_nvidia_smi():
+        if not self.ctx.gpus or not has_nvidia_smi() or not self.gate():
             return
-        self.last = time.monotonic()
-        entry = records.read_node_entries(self.ctx.cluster).get(self.ctx.host, {})
-        entry.update(gpu_procs=gpu_processes(), gpu_checked=time.time())
-        records.write_node_entry(self.ctx.cluster, self.ctx.host, entry)
+        procs = gpu_processes()
+        if procs == self.reported and self.clock.now() - self.written < self.refresh:
+            return
+        self.ctx.entry.update(gpu_procs=procs, gpu_checked=time.time())
+        records.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
+        self.reported, self.written = procs, self.clock.now()
+
+
+class Heartbeat:
+    """The head's sign of life: a small file rewritten in place every BEAT seconds. Workers watch
+    it beside the GCS port, and `raystack status` shows a head whose beat is stale as DEGRADED.
+
+    Written with pwrite over the same bytes (no new file, no truncation): a full quota or a full
+    disk on the shared filesystem does not stop it, since no new block is needed."""
+
+    def __init__(self, ctx: NodeContext, clock: Clock = REAL, every: float = BEAT):
+        self.path = paths.cluster(ctx.cluster).heartbeat
+        self.ctx, self.gate, self.count = ctx, Every(every, clock), 0
+
+    def __call__(self) -> None:
+        if not self.gate():
+            return
+        self.count += 1
+        beat = {"allocation": self.ctx.job_id, "host": self.ctx.host, "pid": os.getpid(), "n": self.count}
+        text = json.dumps({**beat, "t": round(time.time(), 3)}).encode().ljust(BEAT_BYTES)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, text[:BEAT_BYTES], 0)
+        finally:
+            os.close(fd)
 
 
 def ignore_signals() -> None:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from raystack.adapters import local, slurm
 from raystack.adapters.ray import Dashboard, NodeSummary
@@ -24,6 +25,7 @@ from raystack.allocation import prometheus
 from raystack.allocation.context import (
     POLL,
     GpuReport,
+    Heartbeat,
     NodeContext,
     Reaper,
     Stop,
@@ -39,6 +41,7 @@ from raystack.allocation.context import (
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
 from raystack.allocation.runner import LEASE_HELD
+from raystack.allocation.stacks import StackRequests
 from raystack.allocation.tlsfront import TlsFront
 from raystack.allocation.usage import UsageSampler
 from raystack.allocation.walltime import (
@@ -56,10 +59,14 @@ from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 from raystack.store.files import locked
+from raystack.store.growth import prune
 from raystack.store.queue import active, settle_orphans
+from raystack.waiting import REAL, Clock, Every, Guarded
 
 log = logging.getLogger("raystack.node")
 METRIC_PORTS = ("autoscaler_metrics", "dashboard_metrics")  # Ray's own counters, no auth
+RUNNER_GRACE = 10.0  # seconds the queue runner gets to leave after SIGTERM at the end
+PRUNE_EVERY = 3600.0  # seconds between checks of the cluster folder's size against its cap
 
 
 class Displaced(RaystackError):
@@ -107,7 +114,9 @@ def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
     return [h for h in record.nodes if entries.get(h, {}).get("ip") not in alive_ips]
 
 
-def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
+def wait_ready(
+    ctx: NodeContext, url: str, ray: RayProcess, beat: Callable[[], object] = lambda: None
+) -> None:
     """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
     dashboard = Dashboard.of(ctx.cluster, url)
     cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
@@ -119,6 +128,7 @@ def wait_ready(ctx: NodeContext, url: str, ray: RayProcess) -> None:
     nodes: list[NodeSummary] = []
     joined, why = -1, "the State API has not answered yet"
     while True:
+        beat()
         if not ray.alive():
             raise RaystackError(
                 f"the Ray head exited with code {ray.proc.returncode}; see {node_log(ctx, ctx.host)}"
@@ -188,42 +198,128 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
 
 # ---------------------------------------------------------------------------- the head's life
 def run_head(ctx: NodeContext) -> int:
+    """The head's whole life. It never dies of a surprise: an error it cannot go on with ends the
+    allocation (scancel) with Ray stopped, and the jobs in flight resume in the next one."""
     try:
         follow_on = claim(ctx)
     except Displaced as exc:
         log.error("%s", exc)
+        cancel_allocation(ctx)
+        return 1
+    except Exception as exc:  # (the shared filesystem, SLURM: nothing has started yet)
+        log.error("could not claim cluster %s: %s", ctx.cluster, exc, exc_info=not isinstance(exc, OSError))
+        cancel_allocation(ctx)
+        return 1
+    head: Head | None = None
+    ready = False
+    try:
+        reason = (
+            "found when the next allocation of the chain started" if follow_on else "found at the next start"
+        )
+        for job_id in settle_orphans(ctx.cluster, ctx.job_id, reason, requeue=follow_on):
+            log.warning(
+                "job %s was in flight in an allocation that ended: %s",
+                job_id,
+                "resumes" if follow_on else "FAILED",
+            )
+        Guarded("folder cap", lambda: prune_log(ctx), log)()  # (an earlier allocation's growth)
+        head = Head.start(ctx)
+        head.until_ready()
+        ready = True
+        end = head.supervise()
+    except Stop as stop:
+        if head is not None:
+            head.end(None, f"SIGTERM ({stop})")
+        return 0
+    except Exception as exc:
+        if not isinstance(exc, RaystackError | OSError):
+            log.exception("the head's node program failed")
+        end = (
+            ending("crashed", f"the head's node program failed: {exc}")
+            if ready
+            else ending("failed", str(exc))
+        )
+    try:
+        if head is not None:
+            head.end(end, end.text)
+    finally:
+        # An ended cluster must not hold its nodes until the walltime: the other nodes' tasks
+        # would otherwise keep the allocation alive. (A local cluster ends with this program.)
+        cancel_allocation(ctx)
+    return 1 if end.kind in ("failed", "crashed") else 0
+
+
+def prune_log(ctx: NodeContext) -> None:
+    for gone in prune(ctx.cluster, ctx.job_id, ctx.folder_cap):
+        log.warning("cluster folder over its cap (profile folder_cap): removed %s", gone)
+
+
+def cancel_allocation(ctx: NodeContext) -> None:
+    if not local.is_local(ctx.job_id):
         with contextlib.suppress(RaystackError):
             slurm.scancel(ctx.job_id)
-        return 1
-    reason = "found when the next allocation of the chain started" if follow_on else "found at the next start"
-    for job_id in settle_orphans(ctx.cluster, ctx.job_id, reason, requeue=follow_on):
-        log.warning(
-            "job %s was in flight in an allocation that ended: %s",
-            job_id,
-            "resumes" if follow_on else "FAILED",
-        )
-    ports = node_ports(head=True, tls=ctx.tls is not None)
-    env = ray_env(ctx)
-    env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metrics"])
-    env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metrics"])
-    held = [] if metrics_on() else [hold_port(ports[p]) for p in METRIC_PORTS]
-    exe = prometheus.binary() if metrics_on() else None
-    if exe:
-        ports["prometheus"] = free_ports(1)[0]
-        env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{ports['prometheus']}"
-    elif metrics_on():
-        log.info("metrics on; no prometheus binary found (PATH, profile `prometheus:`): none started")
-    ray = RayProcess(ray_start_argv(ctx, ports, None), env)
-    head = Head(ctx, ray, held)
-    try:
+
+
+class Head:
+    """The head's duties while Ray lives: the queue runner, reaping, GPU reports; and its end."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        ray: RayProcess,
+        held: list[socket.socket] | None = None,
+        ports: dict[str, int] | None = None,
+        clock: Clock = REAL,
+    ):
+        self.ctx, self.ray, self.clock = ctx, ray, clock
+        self.ports = ports or {}
+        self.runner: subprocess.Popen | None = None
+        self.reap = Reaper(clock=clock)
+        self.reap.owned.add(ray.proc.pid)
+        self.report = GpuReport(ctx, clock=clock)
+        self.beat = Guarded("heartbeat", Heartbeat(ctx, clock), log, clock, cap=5.0)
+        self.warned = False  # the walltime warning was passed on
+        self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
+        self.nodes = NodeWatch(ctx, clock=clock)
+        self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
+        self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
+        self.prometheus: prometheus.Prometheus | None = None
+        self.prometheus_exe: str | None = None
+        self.sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host, clock=clock)
+        self.idle: IdleWatch | None = None  # from READY on
+        self.runner_started, self.runner_backoff, self.restarts = 0.0, 0.5, 0
+        self.prune = Every(PRUNE_EVERY, clock, first=False)
+
+    @classmethod
+    def start(cls, ctx: NodeContext) -> Head:
+        """Choose the ports and start the Ray head (nothing else yet)."""
+        ports = node_ports(head=True, tls=ctx.tls is not None)
+        env = ray_env(ctx)
+        env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metrics"])
+        env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metrics"])
+        held = [] if metrics_on() else [hold_port(ports[p]) for p in METRIC_PORTS]
+        exe = prometheus.binary() if metrics_on() else None
+        if exe:
+            ports["prometheus"] = free_ports(1)[0]
+            env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{ports['prometheus']}"
+        elif metrics_on():
+            log.info("metrics on; no prometheus binary found (PATH, profile `prometheus:`): none started")
+        head = cls(ctx, RayProcess(ray_start_argv(ctx, ports, None), env), held, ports)
+        head.prometheus_exe = exe
+        return head
+
+    def until_ready(self) -> None:
+        """Publish the address, wait for every node, GPU and the Jobs API: READY."""
+        ctx, ports = self.ctx, self.ports
+        self.beat()
         if ctx.tls is not None:
-            head.front = TlsFront(ctx.ip, ports["dashboard"], ports["dashboard_http"], ctx.tls).start()
+            self.front = TlsFront(ctx.ip, ports["dashboard"], ports["dashboard_http"], ctx.tls).start()
         # The ports are fixed before Ray starts, so the address is published at once and the
         # workers start alongside the head (their `ray start --address` waits for the GCS).
         fields = head_record_fields(ctx, ports)
         records.update(ctx.cluster, **fields)
-        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", ray)
-        wait_ready(ctx, str(fields["dashboard_url"]), ray)  # (through the HTTPS front with TLS)
+        wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
+        wait_ready(ctx, str(fields["dashboard_url"]), self.ray, self.beat)  # (HTTPS front with TLS)
         records.update(
             ctx.cluster,
             state=ClusterState.READY,
@@ -231,41 +327,9 @@ def run_head(ctx: NodeContext) -> int:
         )
         log.info("cluster %s READY", ctx.cluster)
         records.note(ctx.cluster, ctx.job_id, ready=time.time())
-        if exe:
-            head.start_prometheus(exe, ports["prometheus"])
+        if self.prometheus_exe:
+            self.start_prometheus(self.prometheus_exe, ports["prometheus"])
         submit_follow_on(ctx.cluster, ctx.job_id)
-        end = head.supervise()
-    except Stop as stop:
-        head.end(None, f"SIGTERM ({stop})")
-        return 0
-    except (RaystackError, OSError) as exc:
-        end = ending("failed", str(exc))
-    head.end(end, end.text)
-    # An ended cluster must not hold its nodes until the walltime: the other nodes' tasks
-    # would otherwise keep the allocation alive. (A local cluster ends with this program.)
-    if not local.is_local(ctx.job_id):
-        with contextlib.suppress(RaystackError):
-            slurm.scancel(ctx.job_id)
-    return 1 if end.kind == "failed" else 0
-
-
-class Head:
-    """The head's duties while Ray lives: the queue runner, reaping, GPU reports; and its end."""
-
-    def __init__(self, ctx: NodeContext, ray: RayProcess, held: list[socket.socket] | None = None):
-        self.ctx, self.ray = ctx, ray
-        self.runner: subprocess.Popen | None = None
-        self.reap = Reaper()
-        self.reap.owned.add(ray.proc.pid)
-        self.report = GpuReport(ctx)
-        self.warned = False  # the walltime warning was passed on
-        self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
-        self.nodes = NodeWatch(ctx)
-        self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
-        self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
-        self.prometheus: prometheus.Prometheus | None = None
-        self.sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host)
-        self.idle: IdleWatch | None = None  # from READY on
 
     def dashboard(self) -> Dashboard | None:
         """The dashboard as the head reaches it (loopback on a TLS cluster), once published."""
@@ -297,45 +361,81 @@ class Head:
                 preexec_fn=die_with_parent,
             )
         self.reap.owned.add(proc.pid)
-        records.update(self.ctx.cluster, runner_pid=proc.pid)
         log.info("queue runner started (pid %d)", proc.pid)
+        self.runner_started = self.clock.now()
         return proc
+
+    def keep_runner(self) -> None:
+        """Restart a queue runner that exited, with back-off (longer when another runner holds the
+        lease: it will not go away soon)."""
+        if self.runner is None:
+            self.runner = self.start_runner()
+            records.update(self.ctx.cluster, runner_pid=self.runner.pid)
+            return
+        if self.runner.poll() is None or self.clock.now() - self.runner_started < self.runner_backoff:
+            return
+        code = self.runner.returncode
+        self.reap.owned.discard(self.runner.pid)
+        self.restarts += 1
+        log.warning("queue runner exited with code %s; restarting (%d)", code, self.restarts)
+        floor = 10.0 if code == LEASE_HELD else 0.5
+        long_run = self.clock.now() - self.runner_started > 60
+        self.runner_backoff = floor if long_run else min(max(self.runner_backoff * 2, floor), 30)
+        self.runner = self.start_runner()
+        records.update(self.ctx.cluster, runner_pid=self.runner.pid, runner_restarts=self.restarts)
+
+    def check_warning(self) -> None:
+        if not self.warned and self.warning_flag.exists():
+            self.warned = True
+            self.interrupt(WARNING, "walltime warning: the jobs in flight are stopped to resume later")
+
+    def watch_nodes(self) -> None:
+        lost = self.nodes()
+        if lost:
+            self.lose_nodes(lost)
+
+    def check_idle(self) -> str | None:
+        assert self.idle is not None
+        why = self.idle()
+        self.sample.extra["other_jobs"] = self.idle.other_jobs
+        return why
 
     def supervise(self) -> Ending:
         """While Ray lives: keep the queue runner alive (restarting it with back-off), reap
-        orphans, report GPU use, sample usage, watch for idleness. Returns why the cluster
-        ends (Ray died, or idle autostop; signals arrive as Stop)."""
-        self.runner = self.start_runner()
-        self.idle = IdleWatch(self.ctx.cluster, self.ctx.idle_timeout, self.dashboard)
-        started, backoff, restarts = time.monotonic(), 0.5, 0
+        orphans, report GPU use, sample usage, beat, answer stack requests, watch for idleness.
+        Each duty is guarded: a failure (a full quota, EIO, a busy State API) is logged and that
+        duty backs off; only Ray's end (or idle autostop) ends the cluster; signals arrive as Stop."""
+        self.idle = IdleWatch(self.ctx.cluster, self.ctx.idle_timeout, self.dashboard, clock=self.clock.now)
+        duties = [
+            Guarded(name, duty, log, self.clock)
+            for name, duty in (
+                ("queue runner", self.keep_runner),
+                ("walltime warning", self.check_warning),
+                ("node watch", self.watch_nodes),
+                ("GPU report", self.report),
+                ("reaping", self.reap),
+                ("usage sample", self.sample),
+                ("stack dumps", StackRequests(self.ctx.cluster, self.ctx.host, clock=self.clock)),
+                ("folder cap", self.prune_folder),
+            )
+        ]
+        idle = Guarded("idle check", self.check_idle, log, self.clock)
         while self.ray.alive():
-            if self.runner.poll() is not None and time.monotonic() - started >= backoff:
-                code = self.runner.returncode
-                self.reap.owned.discard(self.runner.pid)
-                restarts += 1
-                log.warning("queue runner exited with code %s; restarting (%d)", code, restarts)
-                # Another runner holding the lease will not go away soon: wait longer for it.
-                floor = 10.0 if code == LEASE_HELD else 0.5
-                backoff = floor if time.monotonic() - started > 60 else min(max(backoff * 2, floor), 30)
-                self.runner, started = self.start_runner(), time.monotonic()
-                records.update(self.ctx.cluster, runner_restarts=restarts)
-            if not self.warned and self.warning_flag.exists():
-                self.warned = True
-                self.interrupt(WARNING, "walltime warning: the jobs in flight are stopped to resume later")
-            lost = self.nodes()
-            if lost:
-                self.lose_nodes(lost)
-            self.report()
-            self.reap()
-            idle = self.idle()
-            if idle:
-                return ending("idle", f"{idle}: autostop")
-            self.sample.extra["other_jobs"] = self.idle.other_jobs
-            self.sample()
-            time.sleep(POLL)
+            self.beat()
+            for duty in duties:
+                duty()
+            why = idle()
+            if why:
+                return ending("idle", f"{why}: autostop")
+            self.clock.sleep(POLL)
         code = self.ray.proc.returncode
         where = node_log(self.ctx, self.ctx.host)
         return ending("failed", f"the Ray head exited with code {code}; see {where}")
+
+    def prune_folder(self) -> None:
+        """Keep the cluster folder under its cap (profile `folder_cap`): every PRUNE_EVERY s."""
+        if self.prune():
+            prune_log(self.ctx)
 
     def interrupt(self, why: str, message: str) -> None:
         """Tell the runner (and its successors, through the record) to stop the jobs in flight
@@ -356,48 +456,62 @@ class Head:
             return
         if record.ending != NODE_LOST:
             self.interrupt(NODE_LOST, f"{NODE_LOST}: {names}; ending this allocation for the next one")
-            self.nodes.giving_up = time.monotonic()
-        if not active(self.ctx.cluster) or time.monotonic() - self.nodes.giving_up > self.nodes.drain_limit:
+            self.nodes.giving_up = self.clock.now()
+        if not active(self.ctx.cluster) or self.clock.now() - self.nodes.giving_up > self.nodes.drain_limit:
             log.warning("jobs interrupted; cancelling allocation %s", self.ctx.job_id)
             slurm.scancel(self.ctx.job_id)  # SIGTERM follows: end() hands over to the follow-on
+
+    def stop_runner(self) -> None:
+        """SIGTERM the queue runner (it finishes its pass and leaves), SIGKILL after RUNNER_GRACE."""
+        if self.runner is None or self.runner.poll() is not None:
+            return
+        self.runner.terminate()
+        try:
+            self.runner.wait(RUNNER_GRACE)
+        except subprocess.TimeoutExpired:
+            log.warning("queue runner did not leave within %.0fs of SIGTERM; killing it", RUNNER_GRACE)
+            self.runner.kill()
+            self.runner.wait()
 
     def end(self, known: Ending | None, signal_text: str) -> None:
         """The allocation ends. The order matters when SLURM's SIGKILL may cut it short: the
         runner goes first (it cannot overwrite what follows), then the jobs in flight are
         settled, then the cluster's state is recorded, and only then is Ray stopped (slow)."""
         ignore_signals()
-        if self.runner is not None and self.runner.poll() is None:
-            self.runner.kill()
-            self.runner.wait()
-        with contextlib.suppress(RaystackError, OSError):
-            record = records.read(self.ctx.cluster)
-            end = known or classify(record, self.ctx.job_id)
-            failed = end.kind == "failed"
-            state = ClusterState.FAILED if failed else ClusterState.STOPPED
-            log.info("allocation %s ended: %s (%s)", self.ctx.job_id, end.text, signal_text)
-            record = end_allocation(self.ctx.cluster, self.ctx.job_id, end, state)
-            log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
-        if self.front is not None:
-            self.front.stop()
-        if self.prometheus is not None:
-            self.prometheus.stop()
-        stop_ray(self.ctx, self.ray)
+        try:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                self.stop_runner()
+            try:
+                record = records.read(self.ctx.cluster)
+                end = known or classify(record, self.ctx.job_id)
+                state = ClusterState.FAILED if end.kind in ("failed", "crashed") else ClusterState.STOPPED
+                log.info("allocation %s ended: %s (%s)", self.ctx.job_id, end.text, signal_text)
+                record = end_allocation(self.ctx.cluster, self.ctx.job_id, end, state)
+                log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
+            except Exception as exc:  # (the record stays as it is: a client settles it later)
+                log.error("the cluster's end was not recorded: %s", exc)
+            if self.front is not None:
+                self.front.stop()
+            if self.prometheus is not None:
+                self.prometheus.stop()
+        finally:
+            stop_ray(self.ctx, self.ray)
 
 
 class NodeWatch:
     """Counts the head's Ray nodes every few seconds; names the nodes lost for `grace` seconds."""
 
-    def __init__(self, ctx: NodeContext, every: float = 5.0, grace: float = 30.0):
-        self.ctx, self.every, self.grace = ctx, every, grace
-        self.checked, self.missing_since = 0.0, 0.0
+    def __init__(self, ctx: NodeContext, every: float = 5.0, grace: float = 30.0, clock: Clock = REAL):
+        self.ctx, self.grace, self.clock = ctx, grace, clock
+        self.gate = Every(every, clock)
+        self.missing_since = 0.0
         self.giving_up = 0.0
         self.drain_limit = 300.0  # seconds the interrupted jobs get to stop before the allocation ends
         self.dashboard: Dashboard | None = None
 
     def __call__(self) -> list[str]:
-        if time.monotonic() - self.checked < self.every:
+        if not self.gate():
             return []
-        self.checked = time.monotonic()
         record = records.read(self.ctx.cluster)
         url = record.on_head_dashboard_url
         if not url:
@@ -410,5 +524,5 @@ class NodeWatch:
         if not missing:
             self.missing_since = 0.0
             return []
-        self.missing_since = self.missing_since or time.monotonic()
-        return missing if time.monotonic() - self.missing_since >= self.grace else []
+        self.missing_since = self.missing_since or self.clock.now()
+        return missing if self.clock.now() - self.missing_since >= self.grace else []

@@ -11,12 +11,14 @@ RAYSTACK_JOIN_TIMEOUT, RAYSTACK_HEAD_GRACE, RAYSTACK_RAY_LOGS, plus SLURM's own 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
 
+from raystack.adapters import local, slurm
 from raystack.allocation.context import (
     Stop,
     context_from_env,
@@ -31,7 +33,7 @@ from raystack.allocation.worker import run_worker
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.files import make_private_dirs
+from raystack.store.files import hold_probe, make_private_dirs
 
 log = logging.getLogger("raystack.node")
 
@@ -49,12 +51,17 @@ def main() -> None:
     # NOTE: the walltime warning goes to the batch shell only (--signal=B:USR1), which leaves a
     # flag file for the head; a USR1 sent to the whole step by hand must not end the node.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    ctx = None
     try:
         ctx = private_temp_dir(context_from_env(dict(os.environ)))
-        make_private_dirs(paths.cluster(ctx.cluster))
+        p = paths.cluster(ctx.cluster)
+        make_private_dirs(p)
         records.ensure_token(ctx.cluster)
+        # (the head holds it while it lives: a worker, or `up` on the login node, checks that it
+        # sees the lock; where it does not, the folder uses link locks)
+        probe = hold_probe(p, ctx.job_id) if ctx.is_head else None
         ctx = node_certificate(ctx, dict(os.environ))
-        entry = {
+        ctx.entry = {
             "ip": ctx.ip,
             "node_id": ctx.node_id,
             "pid": os.getpid(),
@@ -63,7 +70,7 @@ def main() -> None:
             "job_id": ctx.job_id,
             "started": time.time(),
         }
-        records.write_node_entry(ctx.cluster, ctx.host, entry)
+        records.write_node_entry(ctx.cluster, ctx.host, ctx.entry)
         log.info(
             "allocation %s: node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
             ctx.job_id,
@@ -76,12 +83,22 @@ def main() -> None:
             ctx.cluster,
         )
         ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.job_id, ctx.temp_dir, ctx.ray_logs).start()
-        sys.exit(run_head(ctx) if ctx.is_head else run_worker(ctx))
+        code = run_head(ctx) if ctx.is_head else run_worker(ctx)
+        del probe
+        sys.exit(code)
     except Stop as stop:
         log.info("stopped (%s) before Ray started", stop)
         sys.exit(0)
-    except RaystackError as exc:
-        log.error("%s", exc)
+    except Exception as exc:
+        # Before Ray started (a full or unreachable shared filesystem, a bad setting): a head
+        # that cannot start ends its allocation at once rather than let the workers wait.
+        if isinstance(exc, RaystackError | OSError):
+            log.error("%s", exc)
+        else:
+            log.exception("the node program failed")
+        if ctx is not None and ctx.is_head and not local.is_local(ctx.job_id):
+            with contextlib.suppress(RaystackError):
+                slurm.scancel(ctx.job_id)
         sys.exit(1)
 
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 
 from raystack.errors import RaystackError
+from raystack.launch.process import die_with_parent
 
 log = logging.getLogger("raystack.node")
 
@@ -90,7 +91,11 @@ class RayProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str]):
         log.info("starting: %s", " ".join(argv))
-        self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        # NOTE: `ray start --block` dies with the node program, SIGKILL included (PDEATHSIG); its
+        # own reaper (ray 2.60 services.start_reaper) then kills its process group: GCS, raylet,
+        # dashboard and the workers. Without it a killed node program leaves Ray holding the
+        # node's GPUs until the walltime, and the cluster looking alive.
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -154,8 +159,20 @@ def gpu_processes() -> list[tuple[int, int]]:
     except (subprocess.SubprocessError, OSError):
         return []
     ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    rows = [line.split(",") for line in out.splitlines() if line.strip()]
-    return [(int(pid), int(mib)) for pid, mib in rows if pid.strip().isdigit() and int(pid) in ours]
+    return [(pid, mib) for pid, mib in parse_compute_apps(out) if pid in ours]
+
+
+def parse_compute_apps(out: str) -> list[tuple[int, int]]:
+    """`nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits` as (pid,
+    MiB). A field nvidia-smi cannot fill reads `[N/A]` (MIG GPUs: the memory of every process)
+    or `[Insufficient Permissions]`: such a process counts with 0 MiB, never as an error."""
+    found = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 2 or not fields[0].isdigit():
+            continue
+        found.append((int(fields[0]), int(fields[1]) if fields[1].isdigit() else 0))
+    return found
 
 
 def gpu_usage(visible: str | None = None) -> list[tuple[float, float, float]]:

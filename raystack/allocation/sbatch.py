@@ -193,6 +193,7 @@ def _environment(plan: AllocationPlan) -> list[str]:
         "RAYSTACK_JOIN_TIMEOUT": str(p.join_timeout),
         "RAYSTACK_JOIN_WINDOW": str(p.join_window),
         **p.ray_logs.env(),
+        **p.unattended_env(),
         **({"RAYSTACK_OBJECT_STORE_MEMORY": p.object_store_memory} if p.object_store_memory else {}),
         **({"RAYSTACK_METRICS": "1"} if p.metrics else {}),
         **({"RAYSTACK_TLS": "1"} if p.tls else {}),
@@ -262,6 +263,9 @@ def render_script(plan: AllocationPlan) -> str:
         "# for the head node's program (it stops the jobs in flight so they can checkpoint).",
         f'trap \'echo "raystack: walltime warning at $(date)"; touch "$RAYSTACK_HOME/clusters/'
         f"$RAYSTACK_CLUSTER/{paths.WARNING.format(job='$SLURM_JOB_ID')}\"' USR1",
+        "# SIGTERM (scancel, the walltime) goes to the node programs too: wait for them to end, then",
+        "# kill what a node program that was killed could not stop (allocation/sweep.py).",
+        "trap : TERM",
         'n="$SLURM_JOB_NUM_NODES"',
         'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --open-mode=append '
         f'--output="$logs/{paths.NODE_LOG.format(host="%N")}" \\',
@@ -272,6 +276,7 @@ def render_script(plan: AllocationPlan) -> str:
         '    wait "$srun_pid" && status=0 || status=$?',
         '    kill -0 "$srun_pid" 2>/dev/null || break',
         "done",
+        '"$RAYSTACK_PYTHON" -m raystack.allocation.sweep "$SLURM_JOB_ID" || true',
         'exit "$status"',
         "",
     ]

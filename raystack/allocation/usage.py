@@ -22,58 +22,82 @@ import psutil
 
 from raystack.allocation.rayproc import gpu_usage
 from raystack.store import paths
+from raystack.waiting import REAL, Clock, Every
 
 log = logging.getLogger("raystack.node")
 SAMPLE_EVERY = float(os.environ.get("RAYSTACK_SAMPLE_EVERY") or 10)
 
 
 class UsageSampler:
-    """Called from the node program's loop; samples at most every `every` seconds."""
+    """Called from the node program's loop; samples at most every `every` seconds. A failed write
+    (a full shared filesystem) raises: the caller's guard logs it and backs off."""
 
-    def __init__(self, cluster: str, job_id: str, host: str, every: float = SAMPLE_EVERY):
+    def __init__(
+        self, cluster: str, job_id: str, host: str, every: float = SAMPLE_EVERY, clock: Clock = REAL
+    ):
         self.path = paths.cluster(cluster).usage_file(job_id, host)
-        self.every, self.last = every, 0.0
+        self.gate = Every(every, clock)
         self.procs: dict[int, psutil.Process] = {}
+        self.job_of: dict[tuple[int, float], str | None] = {}  # (pid, started) -> RAYSTACK_JOB_ID
         self.extra: dict[str, Any] = {}  # the head's own figures (ray_jobs), set by its caller
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         psutil.cpu_percent(None)  # the first call only starts the count
+        self.jobs: dict[str, list[float]] = {}
         self.ours()
 
     def ours(self) -> float:
         """Cores used since the last call by this node program's descendants (Ray, the jobs'
-        workers and drivers, and orphans: we are their subreaper)."""
+        workers and drivers, and orphans: we are their subreaper). Per raystack job too
+        (`self.jobs`: id -> [cores, busiest process's cores, processes]), by the RAYSTACK_JOB_ID
+        every process of a job inherits: what the queue runner's hang check reads."""
         seen: dict[int, psutil.Process] = {}
         percent = 0.0
+        jobs: dict[str, list[float]] = {}
         for child in psutil.Process().children(recursive=True):
             proc = self.procs.get(child.pid, child)
             with contextlib.suppress(psutil.Error):
-                percent += proc.cpu_percent(None)  # (0 on a process's first call)
+                used = proc.cpu_percent(None) / 100  # (0 on a process's first call)
+                percent += used
                 seen[child.pid] = proc
+                job = self._job(proc)
+                if job:
+                    row = jobs.setdefault(job, [0.0, 0.0, 0])
+                    row[0], row[1], row[2] = row[0] + used, max(row[1], used), row[2] + 1
         self.procs = seen
-        return percent / 100
+        self.jobs = {j: [round(r[0], 3), round(r[1], 3), int(r[2])] for j, r in jobs.items()}
+        return percent
+
+    def _job(self, proc: psutil.Process) -> str | None:
+        key = (proc.pid, proc.create_time())
+        if key not in self.job_of:
+            try:
+                self.job_of[key] = proc.environ().get("RAYSTACK_JOB_ID")
+            except psutil.Error:
+                self.job_of[key] = None
+            if len(self.job_of) > 4 * max(len(self.procs), 256):  # (forget exited processes)
+                self.job_of = {k: v for k, v in self.job_of.items() if k[0] in self.procs}
+        return self.job_of[key]
 
     def sample(self) -> dict[str, Any]:
         mem = psutil.virtual_memory()
+        ours = self.ours()
         return {
             "t": round(time.time(), 2),
             "cpu": psutil.cpu_percent(None),
-            "ours": round(self.ours(), 3),
+            "ours": round(ours, 3),
             "mem": mem.total - mem.available,
             "mem_total": mem.total,
             "gpus": [list(g) for g in gpu_usage(self.visible)],
+            **({"jobs": self.jobs} if self.jobs else {}),
             **self.extra,
         }
 
     def __call__(self) -> None:
-        if time.monotonic() - self.last < self.every:
+        if not self.gate():
             return
-        self.last = time.monotonic()
-        try:
-            line = json.dumps(self.sample(), separators=(",", ":"))
-            with open(self.path, "a") as fh:
-                fh.write(line + "\n")
-        except OSError as exc:  # a full or unreachable shared filesystem must not end the node
-            log.warning("usage sample not written to %s: %s", self.path, exc)
+        line = json.dumps(self.sample(), separators=(",", ":"))
+        with open(self.path, "a") as fh:
+            fh.write(line + "\n")
 
 
 def read_samples(path: os.PathLike[str] | str) -> list[dict[str, Any]]:

@@ -19,7 +19,9 @@ How an allocation's end is told apart (`classify`), and what follows:
 | down        | `raystack down` wrote it into the record first             | ends    | FAILED           |
 | idle        | the head's idle autostop wrote it into the record first    | ends    | (none: idle)     |
 | scancel     | SIGTERM before the time limit, SLURM's reason None         | ends    | FAILED           |
-| failed      | Ray or a node failed to start                              | goes on | FAILED           |
+| crashed     | the head's node program met an error it cannot go on with  | goes on | resume (requeued)|
+| head lost   | a worker found the head's node program gone (SIGKILL, OOM) | goes on | resume (requeued)|
+| failed      | Ray or a node failed to start, or Ray's head exited        | goes on | FAILED           |
 
 When the chain ends with a follow-on pending, the follow-on is cancelled: nothing stays in SLURM.
 """
@@ -48,7 +50,7 @@ WARNING, NODE_LOST, DOWN, IDLE = "walltime warning", "node lost", "raystack down
 
 @dataclass(frozen=True)
 class Ending:
-    kind: str  # walltime, node lost, preempted, down, idle, scancel, failed
+    kind: str  # walltime, node lost, preempted, down, idle, scancel, crashed, head lost, failed
     text: str
     chain_goes_on: bool
     requeue: bool
@@ -61,6 +63,8 @@ ENDINGS = {
     "down": (False, False),
     "idle": (False, False),
     "scancel": (False, False),
+    "crashed": (True, True),
+    "head lost": (True, True),
     "failed": (True, False),
 }
 

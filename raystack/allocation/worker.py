@@ -1,16 +1,22 @@
 """A worker node's program: join the head of this allocation, stay while it lives.
 
-A worker leaves at once when the head records that the cluster ended, and otherwise only after
-the head has been unreachable for `head_grace` seconds (Ray's own GCS reconnect grace is 60 s):
-a GCS restart or a short network blip must not end the whole cluster.
+A worker leaves at once when the head records that the cluster ended. It watches the head two
+ways: the head's GCS port, and the head's heartbeat file (allocation/context.Heartbeat). The
+GCS alone unreachable for `head_grace` seconds (Ray's own GCS reconnect grace is 60 s) makes it
+leave: a GCS restart or a short network blip must not end the cluster. A head whose node
+program is gone (its heartbeat stopped and its GCS went with it: SIGKILL, the OOM killer) ends
+the allocation: the worker settles the jobs in flight (they resume in the next allocation) and
+cancels it, so Ray never holds the nodes until the walltime with nobody running the queue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import random
-import time
+from collections.abc import Callable
+from typing import Any
 
+from raystack.adapters import slurm
 from raystack.allocation.context import (
     GpuReport,
     NodeContext,
@@ -22,15 +28,23 @@ from raystack.allocation.context import (
     wait_for,
 )
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.stacks import StackRequests
 from raystack.allocation.usage import UsageSampler
+from raystack.allocation.walltime import end_allocation, ending
+from raystack.errors import RaystackError
 from raystack.store import cluster as records
-from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store import files, paths
+from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
+from raystack.waiting import REAL, Backoff, Clock, Every, Guarded
 
 log = logging.getLogger("raystack.node")
 PROBE = 1.0  # seconds between probes of the head's GCS port
-RECORD_EVERY = 5.0  # seconds between reads of the cluster record
+RECORD_EVERY = 5.0  # seconds between reads of the cluster record and the head's heartbeat
 TURN_POLL = 0.5  # seconds between reads of the record while waiting for a turn to join
 STALL = 30.0  # seconds without a node joining after which a waiting worker joins anyway
+BEAT_STALE = 20.0  # seconds of a silent heartbeat after which a head whose GCS is gone is lost
+HEAD_HUNG = 300.0  # seconds of a silent heartbeat after which the head is lost even with its GCS up
+GCS_GONE = 3.0  # seconds without an answer from the GCS port that count as "gone"
 
 
 def head_record(ctx: NodeContext) -> ClusterRecord | None:
@@ -58,10 +72,10 @@ def joining(ctx: NodeContext) -> bool:
 def backoff(attempt: int) -> float:
     """Seconds before try `attempt` + 1: doubling from 1 s up to 16 s, jittered by up to -50% so
     that workers that failed together do not all return together."""
-    return min(16.0, 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+    return Backoff(first=1.0, cap=16.0, attempt=attempt - 1).next()
 
 
-def wait_turn(ctx: NodeContext) -> None:
+def wait_turn(ctx: NodeContext, clock: Clock = REAL) -> None:
     """Join in waves (profile `join_window` W > 0): worker i starts its `ray start` once at most W
     workers before it are still registering, i.e. once the head counts i - W + 1 nodes (itself
     included). A wave that stalls for STALL seconds (a node that cannot join) no longer holds
@@ -69,17 +83,163 @@ def wait_turn(ctx: NodeContext) -> None:
     if not ctx.join_window or ctx.node_id <= ctx.join_window:
         return
     need = ctx.node_id - ctx.join_window + 1
-    last, since = -1, time.monotonic()
+    last, since = -1, clock.now()
     while True:
         record = records.read(ctx.cluster)
         if record.nodes_joined >= need or head_ended(ctx):
             return
         if record.nodes_joined != last:
-            last, since = record.nodes_joined, time.monotonic()
-        elif time.monotonic() - since > STALL:
+            last, since = record.nodes_joined, clock.now()
+        elif clock.now() - since > STALL:
             log.warning("no node joined for %.0fs while waiting for a turn to join; joining now", STALL)
             return
-        time.sleep(TURN_POLL)
+        clock.sleep(TURN_POLL)
+
+
+class HeadWatch:
+    """Whether the head still lives: its GCS port (every PROBE s) and its heartbeat and the record
+    (every RECORD_EVERY s). Judged by this node's own clock only (no clock skew between nodes:
+    a heartbeat counts when it changed, not by the time written in it)."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        gcs: str,
+        clock: Clock = REAL,
+        probe: Callable[[str, int], bool] = tcp_open,
+        beat: Callable[[str], dict[str, Any] | None] = read_heartbeat,
+    ):
+        self.ctx, self.gcs, self.clock, self.probe, self.beat = ctx, gcs, clock, probe, beat
+        self.host, port = gcs.rsplit(":", 1)
+        self.port = int(port)
+        self.probe_gate, self.read_gate = Every(PROBE, clock), Every(RECORD_EVERY, clock)
+        self.gcs_seen = self.beat_changed = clock.now()
+        self.last_beat: dict[str, Any] | None = None
+
+    def gcs_up(self) -> bool:
+        return self.clock.now() - self.gcs_seen < GCS_GONE
+
+    def __call__(self) -> tuple[str, str] | None:
+        """None while the head lives; else (kind, why): `ended` (the head recorded the end: leave),
+        `lost` (its node program is gone: end the allocation), `unreachable` (its GCS has not
+        answered for head_grace seconds while its program beats: leave)."""
+        now = self.clock.now()
+        if self.probe_gate() and self.probe(self.host, self.port):
+            self.gcs_seen = now
+        if self.read_gate():
+            with contextlib.suppress(OSError, RaystackError):  # (unreadable now: read again later)
+                if head_ended(self.ctx):
+                    return "ended", "the head recorded the cluster's end"
+            beat = self.beat(self.ctx.cluster)
+            if beat is not None and beat.get("allocation") == self.ctx.job_id and beat != self.last_beat:
+                self.last_beat, self.beat_changed = beat, now
+        silent, unanswered = now - self.beat_changed, now - self.gcs_seen
+        if silent > BEAT_STALE and unanswered >= GCS_GONE:
+            return "lost", (
+                f"the head's node program has been silent for {silent:.0f}s and its GCS {self.gcs} "
+                f"does not answer"
+            )
+        if silent > HEAD_HUNG:
+            return "lost", f"the head's node program has been silent for {silent:.0f}s"
+        if unanswered > self.ctx.head_grace:
+            return "unreachable", f"head {self.gcs} unreachable for {self.ctx.head_grace:.0f}s"
+        return None
+
+
+def end_for_lost_head(ctx: NodeContext, why: str) -> None:
+    """The head's node program is gone: settle the jobs in flight (they resume in the next
+    allocation) and the record, then cancel the allocation (every worker may do it: the first
+    settles, scancel is idempotent)."""
+    log.error("%s: ending allocation %s", why, ctx.job_id)
+    with contextlib.suppress(RaystackError, OSError):
+        end_allocation(ctx.cluster, ctx.job_id, ending("head lost", why), ClusterState.FAILED)
+    if not slurm.local.is_local(ctx.job_id):
+        with contextlib.suppress(RaystackError):
+            slurm.scancel(ctx.job_id)
+
+
+class Worker:
+    """The worker's life once the head has published its address: `ray start`, retried while the
+    head waits for its nodes; then the node's duties until the head ends or is gone."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        record: ClusterRecord,
+        clock: Clock = REAL,
+        probe: Callable[[str, int], bool] = tcp_open,
+        start_ray: Callable[[], RayProcess] | None = None,
+    ):
+        self.ctx, self.clock = ctx, clock
+        self.gcs = str(record.gcs_address)
+        self.reap = Reaper(clock=clock)
+        self.watch = HeadWatch(ctx, self.gcs, clock, probe)
+        self.start_ray = start_ray or self._start_ray
+        self.duties = [
+            Guarded(name, duty, log, clock)
+            for name, duty in (
+                ("GPU report", GpuReport(ctx, clock=clock)),
+                ("reaping", self.reap),
+                ("usage sample", UsageSampler(ctx.cluster, ctx.job_id, ctx.host, clock=clock)),
+                ("stack dumps", StackRequests(ctx.cluster, ctx.host, clock=clock)),
+            )
+        ]
+        self.ray: RayProcess | None = None
+
+    def _start_ray(self) -> RayProcess:
+        # Fresh ports on every try: the last try's processes may not have released theirs yet.
+        ray = RayProcess(ray_start_argv(self.ctx, node_ports(head=False), self.gcs), ray_env(self.ctx))
+        self.reap.owned.add(ray.proc.pid)
+        return ray
+
+    def run(self) -> int:
+        self.ray, tries = self.start_ray(), Backoff(first=1.0, cap=16.0)
+        while True:
+            if not self.ray.alive():
+                if not self.restart(tries):
+                    return 0
+                continue
+            verdict = self.watch()
+            if verdict is not None:
+                kind, why = verdict
+                if kind == "lost":
+                    end_for_lost_head(self.ctx, why)
+                else:
+                    log.info("%s; leaving", why)
+                return 0
+            for duty in self.duties:
+                duty()
+            self.clock.sleep(PROBE)
+
+    def restart(self, tries: Backoff) -> bool:
+        """`ray start` exited. While the head still waits for its nodes, try again (NOTE: a GCS
+        swamped by many nodes registering at once makes `ray start` give up after ~30 s: "The
+        current node timed out during startup"); else leave. Whether to go on."""
+        assert self.ray is not None
+        code = self.ray.proc.returncode
+        try:
+            still_joining = joining(self.ctx)
+        except (OSError, RaystackError):
+            still_joining = False
+        if not still_joining:
+            if self.watch.gcs_up():
+                log.error("ray start exited with code %s while the head lives; leaving", code)
+            else:
+                log.info("ray start exited with code %s; head %s is gone; leaving", code, self.gcs)
+            return False
+        delay = tries.next()
+        log.warning(
+            "ray start exited with code %s (try %d) while the head waits for its nodes; "
+            "trying again in %.1fs",
+            code,
+            tries.attempt,
+            delay,
+        )
+        self.ray.stop()  # (whatever that try left behind: its raylet may still be registering)
+        self.reap.owned.discard(self.ray.proc.pid)
+        self.clock.sleep(delay)
+        self.ray = self.start_ray()
+        return True
 
 
 def run_worker(ctx: NodeContext) -> int:
@@ -87,6 +247,7 @@ def run_worker(ctx: NodeContext) -> int:
     if record.state.is_terminal() or not record.gcs_address:
         log.info("cluster %s is %s before this node joined; exiting", ctx.cluster, record.state.value)
         return 0
+    check_shared_locks(ctx)
     head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
     # NOTE: the head publishes its address before its GCS listens. A `ray start --address` that
     # finds no GCS blocks in a connect timeout and then sleeps 1 s per retry (ray 2.60,
@@ -100,58 +261,21 @@ def run_worker(ctx: NodeContext) -> int:
     if head_ended(ctx):
         log.info("cluster %s ended before this node joined; exiting", ctx.cluster)
         return 0
-    reap, report = Reaper(), GpuReport(ctx)
-    sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host)
-
-    def start() -> RayProcess:
-        # Fresh ports on every try: the last try's processes may not have released theirs yet.
-        ray = RayProcess(ray_start_argv(ctx, node_ports(head=False), record.gcs_address), ray_env(ctx))
-        reap.owned.add(ray.proc.pid)
-        return ray
-
-    ray, attempt = start(), 1
+    node = Worker(ctx, record)
     try:
-        last_seen, last_read = time.monotonic(), time.monotonic()
-        while True:
-            if not ray.alive():
-                if head_ended(ctx) or not tcp_open(head_ip, int(gcs_port)):
-                    log.info("head %s is gone; leaving", record.gcs_address)
-                    return 0
-                # NOTE: a GCS swamped by many nodes registering at once makes `ray start` give
-                # up after ~30 s ("The current node timed out during startup"): while the head
-                # still waits for its nodes, try again rather than fail the whole cluster.
-                delay = backoff(attempt)
-                if not joining(ctx):  # (the head decides when the start has failed)
-                    log.error("ray start exited with code %s while the head lives", ray.proc.returncode)
-                    return 1
-                log.warning(
-                    "ray start exited with code %s (try %d) while the head waits for its nodes; "
-                    "trying again in %.1fs",
-                    ray.proc.returncode,
-                    attempt,
-                    delay,
-                )
-                ray.stop()  # (whatever that try left behind: its raylet may still be registering)
-                reap.owned.discard(ray.proc.pid)
-                time.sleep(delay)
-                ray, attempt = start(), attempt + 1
-                continue
-            if tcp_open(head_ip, int(gcs_port)):
-                last_seen = time.monotonic()
-            elif time.monotonic() - last_seen > ctx.head_grace:
-                log.info("head %s unreachable for %.0fs; leaving", record.gcs_address, ctx.head_grace)
-                return 0
-            if time.monotonic() - last_read > RECORD_EVERY:
-                last_read = time.monotonic()
-                if head_ended(ctx):
-                    log.info("the head recorded the cluster's end; leaving")
-                    return 0
-            report()
-            reap()
-            sample()
-            time.sleep(PROBE)
+        return node.run()
     except Stop as stop:
         log.info("node %s stopping (%s)", ctx.host, stop)
         return 0
     finally:
-        stop_ray(ctx, ray)
+        if node.ray is not None:
+            stop_ray(ctx, node.ray)
+
+
+def check_shared_locks(ctx: NodeContext) -> None:
+    """From a worker (another host than the head, which holds a lock on .lockprobe): where the
+    head's lock is not seen here, locks are node-local and the cluster folder uses link locks."""
+    p = paths.cluster(ctx.cluster)
+    if files.lock_seen(p, ctx.job_id) is False and not files.uses_link_locks(p):
+        log.warning("the head's flock on %s is not seen from %s: using link locks", p.lock_probe, ctx.host)
+        files.use_link_locks(p, f"flock taken on the head is not seen from node {ctx.host}")

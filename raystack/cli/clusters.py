@@ -138,6 +138,9 @@ def up(
     record = cluster.record()
     if not as_json:
         err.print(f"submitted SLURM job {record.slurm_job_id} for cluster {name}")
+        warning = Cluster.space_warning(plan.profile)
+        if warning:
+            err.print(f"  warning: {warning}")
     if not no_wait:
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         cluster.wait_ready(progress=say, timeout=timeout)

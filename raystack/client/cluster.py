@@ -21,6 +21,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.allocation import sbatch as allocation
 from raystack.allocation.walltime import DOWN
+from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import reconcile
 from raystack.errors import ClusterError, ConfigError, RayApiError, SlurmError
@@ -28,15 +29,18 @@ from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.resolve import resolve
+from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
-from raystack.store import paths, tls
-from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store import files, growth, paths, tls
+from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
 from raystack.store.files import atomic_write
 from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.queue import active, check_open, enqueue, interrupted, settle_orphans, waiting
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
+HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
+DEGRADED = "DEGRADED"  # (shown, never recorded: the record keeps what the head last wrote)
 Argv = list[str]  # (inside Cluster, `list` is the classmethod)
 JobRecords = list[JobRecord]
 
@@ -203,6 +207,22 @@ class Cluster:
         )
 
     @staticmethod
+    def space_warning(profile: Profile) -> str | None:
+        """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder (the jobs'
+        logs, Ray's copied logs, usage samples), or None. Quotas are not visible to statvfs:
+        what a site's quota tool says (`quota`, `lfs quota`) is the truth."""
+        home = paths.home()
+        free = growth.free_bytes(home)
+        cap = size_to_mb(profile.folder_cap) * 2**20 if profile.folder_cap else 0
+        if free is None or (free >= growth.SMALL_FREE and free >= cap):
+            return None
+        return (
+            f"RAYSTACK_HOME ({home}) has {free / 2**30:.1f} GB free; the cluster folder may take up "
+            f"to {profile.folder_cap or 'any size'} (profile folder_cap): jobs' logs and Ray's copied "
+            "logs need room there; set RAYSTACK_HOME to a larger filesystem (it must be shared)"
+        )
+
+    @staticmethod
     def _check_name_free(name: str) -> None:
         if records.exists(name):
             old = reconcile(records.read(name))
@@ -295,6 +315,8 @@ class Cluster:
         while True:
             record = records.read(self.name)
             if record.state is ClusterState.READY:
+                if not local.is_local(record.slurm_job_id):
+                    self.check_locks(record, say)
                 return record
             if clock() - last_slurm >= interval:
                 last_slurm = clock()
@@ -324,6 +346,23 @@ class Cluster:
                 )
             sleep(0.25)
 
+    def check_locks(self, record: ClusterRecord, say: Progress) -> bool:
+        """Whether this host sees the lock the head's node program holds on .lockprobe. Where it
+        does not (mount options `localflock`, NFS `nolock`: each host has its own locks), a
+        `cancel` here and the runner's `start` on the head could both win: the cluster folder then
+        uses link locks, which need only link(2) to be atomic. True when locks are shared."""
+        p = paths.cluster(self.name)
+        beat = read_heartbeat(self.name)
+        alive = beat is not None and time.time() - float(beat.get("t", 0)) < HEAD_SILENT
+        seen = files.lock_seen(p, record.slurm_job_id) if alive else None
+        if seen is False and not files.uses_link_locks(p):
+            files.use_link_locks(p, f"flock taken on the head is not seen from {socket.gethostname()}")
+            say(
+                f"warning: {paths.home()} does not share flock locks between this host and the head "
+                "(mount option localflock or nolock?): this cluster uses link locks instead"
+            )
+        return seen is not False
+
     # ------------------------------------------------------------------ inspect
     def status(self) -> ClusterStatus:
         record = self.record()
@@ -335,18 +374,28 @@ class Cluster:
         ray_error = None
         if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
             try:
-                alive = Dashboard.of(self.name, record.dashboard_url).alive_nodes(timeout=5)
+                alive = live_dashboard(record, info).alive_nodes(timeout=5)
                 nodes = len(alive)
                 gpus = sum(n.resources.get("GPU", 0) for n in alive)
                 cpus = sum(n.resources.get("CPU", 0) for n in alive)
             except RayApiError as exc:
                 ray_error = str(exc)
+            except ClusterError as exc:  # (SLURM says it ended, or did not answer: no token sent)
+                ray_error = str(exc)
         running = active(self.name)
         nxt = slurm.job_info(record.next_job_id) if record.next_job_id else None
+        state, message = record.state.value, record.message
+        silent = self.head_silent(record)
+        if silent is not None:
+            state = DEGRADED
+            message = (
+                f"the head's node program has not been heard from for {silent:.0f}s (its log: "
+                f"{paths.cluster(self.name).node_log(record.head_host or '?')}); {message}"
+            )
         return ClusterStatus(
             name=self.name,
-            state=record.state.value,
-            message=record.message,
+            state=state,
+            message=message,
             slurm_job_id=record.slurm_job_id,
             slurm_state=info.state.value if info else None,
             slurm_reason=info.reason if info else None,
@@ -372,12 +421,21 @@ class Cluster:
             prometheus=record.prometheus,
         )
 
+    def head_silent(self, record: ClusterRecord) -> float | None:
+        """Seconds since the head's last heartbeat, when a live-looking cluster's head has been
+        silent for over HEAD_SILENT seconds (a READY record then shows as DEGRADED); else None."""
+        if record.state is not ClusterState.READY:
+            return None
+        beat = read_heartbeat(self.name)
+        if beat is None or beat.get("allocation") != record.slurm_job_id:
+            return None  # (a head of an older raystack beats not at all: judge what can be judged)
+        age = time.time() - float(beat.get("t", 0))
+        return age if age > HEAD_SILENT else None
+
     def dashboard(self) -> Dashboard:
-        """An authenticated client of this cluster's dashboard (Jobs and State APIs)."""
-        record = self.record()
-        if not record.dashboard_url:
-            raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
-        return Dashboard.of(self.name, record.dashboard_url)
+        """An authenticated client of this cluster's dashboard (Jobs and State APIs), once SLURM
+        confirms its allocation runs (client/access.py)."""
+        return live_dashboard(self.record())
 
     def tunnel(self, login_host: str | None = None) -> dict[str, str]:
         """How to open the dashboard from a laptop: an ssh tunnel on a loopback address of this

@@ -88,6 +88,16 @@ class Profile(BaseModel):
     # walltime: allocations in a chain, and how long before each one's end SLURM warns
     chain: int = Field(default=1, ge=1, le=1000)
     signal_lead: float = 600.0
+    # The unattended queue: a job whose actor, task or placement group cannot fit any node for
+    # this long is stopped (FAILED, naming the demand); a job with no output and no CPU or GPU
+    # use for hang_timeout is stopped after a stack dump (None: never; a spec may set its own)
+    infeasible_grace: float = 60.0
+    hang_timeout: float | None = None
+    # The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage
+    # samples and gathered worker logs are pruned beyond it (0 or off: never); and each
+    # attempt's driver log (its start and its end are kept beyond it)
+    folder_cap: str | None = "8G"
+    job_log_cap: str = "1G"
 
     @field_validator("signal_lead", mode="before")
     @classmethod
@@ -104,10 +114,42 @@ class Profile(BaseModel):
             return {"node_mb": 0}
         return {} if value is True or value is None else value
 
-    @field_validator("idle_timeout", mode="before")
+    @field_validator("idle_timeout", "hang_timeout", mode="before")
     @classmethod
     def _idle(cls, value: Any) -> float | None:
         return idle_timeout(value)
+
+    @field_validator("infeasible_grace", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float:
+        return parse_duration(value, limit=86400)
+
+    @field_validator("folder_cap", mode="before")
+    @classmethod
+    def _folder_cap(cls, value: Any) -> str | None:
+        if value is None or value is False or str(value).strip().lower() in ("0", "off", "none"):
+            return None
+        size_to_mb(str(value))
+        return str(value)
+
+    @field_validator("job_log_cap", mode="before")
+    @classmethod
+    def _job_log_cap(cls, value: Any) -> str:
+        if size_to_mb(str(value)) < 1:
+            raise ValueError(f"{value!r} is too small; use at least 1MB, e.g. 1G")
+        return str(value)
+
+    def unattended_env(self) -> dict[str, str]:
+        """What the node programs and the queue runner read of the unattended-queue settings."""
+        mb = size_to_mb(self.folder_cap) if self.folder_cap else 0
+        env = {
+            "RAYSTACK_INFEASIBLE_GRACE": f"{self.infeasible_grace:g}",
+            "RAYSTACK_FOLDER_CAP": str(mb * 2**20),
+            "RAYSTACK_JOB_LOG_CAP": str(size_to_mb(self.job_log_cap) * 2**20),
+        }
+        if self.hang_timeout:
+            env["RAYSTACK_HANG_TIMEOUT"] = f"{self.hang_timeout:g}"
+        return env
 
     @model_validator(mode="after")
     def _metrics_needed(self) -> Profile:

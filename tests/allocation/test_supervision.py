@@ -1,0 +1,318 @@
+"""The node programs never die of a surprise, and a dead head never holds the nodes: the head's
+duties survive failing I/O, workers watch the head's heartbeat beside its GCS, and a worker that
+finds the head's program gone settles the jobs in flight and ends the allocation. Fast: every
+loop runs on a FakeClock (time moves only when the code sleeps)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raystack.adapters import slurm
+from raystack.allocation import head as head_mod
+from raystack.allocation import worker
+from raystack.allocation.context import GpuReport, Heartbeat, NodeContext
+from raystack.allocation.rayproc import parse_compute_apps
+from raystack.store import cluster as clusters
+from raystack.store import paths, queue
+from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
+from raystack.store.ledger import JobRequest, JobState, read_job
+from raystack.waiting import Backoff, Every, FakeClock, Guarded, poll_until
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    clusters.create("c")
+    clusters.write(
+        ClusterRecord(
+            name="c",
+            state=ClusterState.READY,
+            slurm_job_id="7",
+            gcs_address="10.0.0.1:6379",
+            head_host="node1",
+        )
+    )
+    return tmp_path
+
+
+def ctx(tmp_path: Path, node_id: int = 1) -> NodeContext:
+    return NodeContext(
+        cluster="c",
+        job_id="7",
+        node_id=node_id,
+        num_nodes=4,
+        host=f"node{node_id + 1}",
+        ip=f"10.0.0.{node_id + 1}",
+        gpus=0,
+        cpus=4,
+        temp_dir=tmp_path / "t",
+        object_store_bytes=2**28,
+        join_timeout=120,
+    )
+
+
+class FakeRay:
+    """What the loops ask of a RayProcess."""
+
+    def __init__(self, alive_for: int = 10**9):
+        self.left = alive_for
+        self.proc = subprocess.Popen(["true"])
+        self.proc.wait()
+        self.stopped = False
+
+    def alive(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+    def stop(self, grace: float = 10.0) -> None:
+        self.stopped = True
+
+
+# ---------------------------------------------------------------------------- waiting
+def test_every_backoff_and_poll_until_run_on_a_fake_clock() -> None:
+    clock = FakeClock()
+    gate = Every(5, clock)
+    assert gate() and not gate()
+    clock.advance(5)
+    assert gate()
+    back = Backoff(first=1, cap=8, jitter=0.0)
+    assert [back.next() for _ in range(5)] == [1, 2, 4, 8, 8]
+    back.reset()
+    assert back.next() == 1
+    calls = []
+    assert poll_until(lambda: calls.append(1) or (len(calls) > 3 and "done"), 10, "x", clock) == "done"
+    with pytest.raises(Exception, match="timed out after 2s waiting for never"):
+        poll_until(lambda: None, 2, "never", clock)
+    with pytest.raises(Exception, match="gone while waiting for x"):
+        poll_until(lambda: None, 60, "x", clock, abort=lambda: "gone")
+
+
+def test_a_guarded_duty_logs_backs_off_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    clock, calls, failing = FakeClock(), [], [True]
+
+    def duty() -> str:
+        calls.append(clock.now())
+        if failing[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return "ok"
+
+    guard = Guarded("usage sample", duty, logging.getLogger("t"), clock, cap=8)
+    with caplog.at_level(logging.INFO, "t"):
+        for _ in range(60):
+            guard()
+            clock.advance(1)
+        failed = len(calls)
+        failing[0] = False
+        for _ in range(20):
+            guard()
+            clock.advance(1)
+    assert failed < 20  # it backed off (up to 8 s) instead of failing every second
+    assert len(calls) - failed >= 12  # once its back-off (<= 8 s) is over, it runs every time again
+    assert guard.failures == 0 and "works again" in caplog.text and "No space left" in caplog.text
+
+
+# ---------------------------------------------------------------------------- parsers
+def test_nvidia_smi_fields_it_cannot_fill_are_not_errors() -> None:
+    """cde9410: int('[N/A]') from a MIG GPU raised a ValueError every second once a job held GPU
+    memory, and it ended the head's node program."""
+    out = "1234, [N/A]\n5678, 2048\n91011, [Insufficient Permissions]\nNo running processes found\n\n"
+    assert parse_compute_apps(out) == [(1234, 0), (5678, 2048), (91011, 0)]
+
+
+# ---------------------------------------------------------------------------- heartbeat
+def test_the_heartbeat_is_rewritten_in_place(home: Path) -> None:
+    clock = FakeClock()
+    beat = Heartbeat(ctx(home, 0), clock, every=5)
+    beat()
+    first = paths.cluster("c").heartbeat.stat()
+    one = read_heartbeat("c")
+    clock.advance(5)
+    beat()
+    two = read_heartbeat("c")
+    assert one and two and one["allocation"] == "7" and two["n"] == one["n"] + 1
+    after = paths.cluster("c").heartbeat.stat()
+    assert after.st_ino == first.st_ino and after.st_size == first.st_size  # no new file, no new block
+
+
+def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raystack.allocation import context
+
+    writes: list[dict] = []
+    monkeypatch.setattr(context, "has_nvidia_smi", lambda: True)
+    held = [[(11, 500)]]
+    monkeypatch.setattr(context, "gpu_processes", lambda: held[0])
+    monkeypatch.setattr(context.records, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
+    clock, c = FakeClock(), ctx(home, 0)
+    c.gpus = 4
+    report = GpuReport(c, every=1, refresh=30, clock=clock)
+    for _ in range(20):
+        report()
+        clock.advance(1)
+    held[0] = []
+    for _ in range(45):
+        report()
+        clock.advance(1)
+    # the first report, the change, one refresh of the unchanged report: never once a second
+    assert [w["gpu_procs"] for w in writes] == [[(11, 500)], [], []]
+
+
+# ---------------------------------------------------------------------------- workers watch the head
+class Beats:
+    """A head's heartbeat as a worker reads it: changing while the head lives."""
+
+    def __init__(self) -> None:
+        self.n, self.alive = 0, True
+
+    def __call__(self, _cluster: str) -> dict[str, Any]:
+        if self.alive:
+            self.n += 1
+        return {"allocation": "7", "n": self.n}
+
+
+def test_a_head_whose_program_and_gcs_are_gone_is_lost_within_half_a_minute(home: Path) -> None:
+    clock, beats, gcs = FakeClock(), Beats(), [True]
+    watch = worker.HeadWatch(ctx(home), "10.0.0.1:6379", clock, lambda h, p: gcs[0], beats)
+    for _ in range(120):
+        assert watch() is None
+        clock.advance(1)
+    beats.alive, gcs[0] = False, False  # the head's node program was SIGKILLed: Ray went with it
+    t0 = clock.now()
+    while (verdict := watch()) is None:
+        clock.advance(1)
+    assert verdict[0] == "lost" and "silent" in verdict[1]
+    assert clock.now() - t0 <= worker.BEAT_STALE + worker.RECORD_EVERY + 1
+
+
+def test_a_gcs_blip_or_a_silent_filesystem_alone_does_not_end_the_cluster(home: Path) -> None:
+    clock, beats, gcs = FakeClock(), Beats(), [False]
+    watch = worker.HeadWatch(ctx(home), "10.0.0.1:6379", clock, lambda h, p: gcs[0], beats)
+    for _ in range(50):  # the GCS does not answer for 50 s while the head beats: a blip
+        assert watch() is None
+        clock.advance(1)
+    gcs[0] = True
+    beats.alive = False  # the head cannot write (a full quota): its GCS answers
+    for _ in range(int(worker.HEAD_HUNG) - 10):
+        assert watch() is None
+        clock.advance(1)
+    gcs[0], beats.alive = False, True  # the GCS gone for good while the head's program lives
+    while (verdict := watch()) is None:
+        clock.advance(1)
+    assert verdict[0] == "unreachable"
+
+
+def test_the_record_saying_the_end_and_another_allocations_beat(home: Path) -> None:
+    clock = FakeClock()
+    old_beat = {"allocation": "6", "n": 1}  # the last allocation's head wrote it: no beat of ours
+    watch = worker.HeadWatch(ctx(home), "10.0.0.1:6379", clock, lambda h, p: False, lambda c: old_beat)
+    verdicts = []
+    for _ in range(int(worker.BEAT_STALE) + 10):
+        verdicts.append(watch())
+        clock.advance(1)
+    assert [v[0] for v in verdicts if v][:1] == ["lost"]
+    clusters.update("c", state=ClusterState.STOPPED)
+    watch = worker.HeadWatch(ctx(home), "10.0.0.1:6379", clock, lambda h, p: True, Beats())
+    assert watch() == ("ended", "the head recorded the cluster's end")
+
+
+def test_a_worker_that_finds_the_head_gone_settles_the_jobs_and_cancels(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cde9410: a SIGKILLed head left Ray and the workers holding the allocation until the walltime
+    (the workers probed only the GCS port, and waited for a head that never came back)."""
+    request = JobRequest(id="j-1", name="j", cluster="c", entrypoint="true")
+    queue.enqueue(request)
+    queue.start("c", queue.waiting("c")[0], "7")
+    cancelled: list[str] = []
+    monkeypatch.setattr(slurm, "scancel", cancelled.append)
+    clock, beats, gcs = FakeClock(), Beats(), [True]
+    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: gcs[0], start_ray=FakeRay)
+    node.watch.beat = beats
+    node.duties = []
+    clock.advance(30)
+    beats.alive, gcs[0] = False, False
+    assert node.run() == 0
+    assert cancelled == ["7"]
+    record = clusters.read("c")
+    assert record.state is ClusterState.FAILED and "silent" in record.message
+    job = read_job("c", "j-1")
+    assert job.state is JobState.INTERRUPTED and queue.active("c") == []  # it resumes next time
+
+
+# ---------------------------------------------------------------------------- the head's loop
+def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
+    home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cde9410: any OSError of periodic I/O (a usage sample, a node entry) ended the allocation
+    and the jobs in flight became FAILED; a ValueError from a parser did too."""
+    clock = FakeClock()
+    c = ctx(home, 0)
+    h = head_mod.Head(c, FakeRay(alive_for=400), clock=clock)  # type: ignore[arg-type]
+    monkeypatch.setattr(h, "keep_runner", lambda: None)
+
+    def full(*_: object) -> None:
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    def bug() -> None:
+        raise ValueError("invalid literal for int() with base 10: '[N/A]'")
+
+    h.sample = full  # type: ignore[assignment]
+    h.report = bug  # type: ignore[assignment]
+    monkeypatch.setattr(head_mod, "prune", full)
+    with caplog.at_level(logging.INFO, "raystack.node"):
+        end = h.supervise()
+    assert end.kind == "failed" and "the Ray head exited" in end.text  # only Ray's end ended it
+    assert "Disk quota exceeded" in caplog.text and "invalid literal" in caplog.text
+    beat = read_heartbeat("c")
+    assert beat is not None and beat["n"] > 10  # it kept beating all along
+
+
+def test_an_unexpected_error_ends_the_allocation_with_ray_stopped_and_jobs_requeued(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = JobRequest(id="j-2", name="j", cluster="c", entrypoint="true")
+    queue.enqueue(request)
+    queue.start("c", queue.waiting("c")[0], "7")
+    cancelled: list[str] = []
+    monkeypatch.setattr(slurm, "scancel", cancelled.append)
+    ray = FakeRay()
+
+    class Broken(head_mod.Head):
+        @classmethod
+        def start(cls, c: NodeContext) -> head_mod.Head:
+            return cls(c, ray)  # type: ignore[arg-type]
+
+        def until_ready(self) -> None:
+            pass
+
+        def supervise(self) -> Any:
+            raise KeyError("a bug in the loop")
+
+    monkeypatch.setattr(head_mod, "Head", Broken)
+    monkeypatch.setattr(head_mod, "claim", lambda c: False)
+    assert head_mod.run_head(ctx(home, 0)) == 1
+    assert ray.stopped and cancelled == ["7"]
+    assert read_job("c", "j-2").state is JobState.INTERRUPTED
+    assert clusters.read("c").state is ClusterState.FAILED
+
+
+def test_the_runner_gets_sigterm_and_time_before_sigkill(home: Path) -> None:
+    h = head_mod.Head(ctx(home, 0), FakeRay())  # type: ignore[arg-type]
+    h.runner = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+            "print('ready', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert h.runner.stdout is not None and h.runner.stdout.readline().strip() == "ready"
+    h.stop_runner()
+    assert h.runner.returncode == 7  # it left on SIGTERM, by its own handler
