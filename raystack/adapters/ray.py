@@ -24,6 +24,9 @@ DEATHS = ("WORKER_DIED", "OUT_OF_MEMORY", "NODE_DIED")
 # Ray may leave a failed actor task's worker_pid at 0 (seen on the testbed for an exception raised
 # in an actor method); its error text still names the worker.
 RAN_AT = re.compile(r"\(pid=(\d+), ip=([0-9a-fA-F.:]+)")
+# An actor of a node that died: "The actor died because its node has died. Node Id: <hex>" (Ray
+# leaves the dead actor's node and address empty).
+NODE_ID = re.compile(r"Node Id: ([0-9a-f]{16,})")
 
 
 def auth_headers(token: str) -> dict[str, str]:
@@ -128,7 +131,12 @@ class Dashboard:
         return list(by_ip.values())
 
     def _state_list(
-        self, resource: str, filters: list[tuple[str, str, str]], detail: bool = False, timeout: int = TIMEOUT
+        self,
+        resource: str,
+        filters: list[tuple[str, str, str]],
+        detail: bool = False,
+        timeout: int = TIMEOUT,
+        limit: int | None = None,
     ) -> list[Any]:
         from ray.util.state.api import StateApiClient
         from ray.util.state.common import ListApiOptions, StateResource
@@ -137,11 +145,10 @@ class Dashboard:
             client = StateApiClient(address=self.url, headers=auth_headers(self.token))
             # NOTE: StateApiClient takes no `verify` (its base class, SubmissionClient, does).
             client._verify = self.verify
-            return client.list(
-                StateResource(resource),
-                options=ListApiOptions(filters=filters, detail=detail, timeout=timeout),  # type: ignore[arg-type]
-                raise_on_missing_output=False,
-            )
+            options = ListApiOptions(filters=filters, detail=detail, timeout=timeout)  # type: ignore[arg-type]
+            if limit:
+                options.limit = limit
+            return client.list(StateResource(resource), options=options, raise_on_missing_output=False)
         except Exception as exc:
             raise RayApiError(f"State API at {self.url} did not answer: {self._why(exc)}") from exc
 
@@ -152,6 +159,77 @@ class Dashboard:
         return [f"actor {a.actor_id} ({a.class_name})" for a in actors] + [
             f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
         ]
+
+    def pending_demands(self, ray_job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        """What a Ray job waits for: its actors pending creation (outside placement groups), its
+        placement groups pending (each bundle, and whether Ray's scheduler marked it INFEASIBLE)
+        and its tasks waiting for a node. Each: {kind, name, bundles, ray_infeasible, pg_id}."""
+        from ray.util.state.common import ActorState, PlacementGroupState, TaskState
+
+        found: list[dict[str, Any]] = []
+        job = ("job_id", "=", ray_job_id)
+        for a in self._state_list(
+            "actors", [job, ("state", "=", "PENDING_CREATION")], detail=True, limit=limit
+        ):
+            if isinstance(a, ActorState) and not a.placement_group_id and a.required_resources:
+                found.append(_demand("actor", a.class_name or "actor", [a.required_resources]))
+        for g in self._state_list(
+            "placement_groups",
+            [("creator_job_id", "=", ray_job_id), ("state", "=", "PENDING")],
+            detail=True,
+            limit=limit,
+        ):
+            if isinstance(g, PlacementGroupState):
+                bundles = [
+                    dict(b.get("unit_resources") or {}) for b in g.bundles or [] if isinstance(b, dict)
+                ]
+                stats = g.stats if isinstance(g.stats, dict) else {}
+                demand = _demand("placement group", g.name or g.placement_group_id[:12], bundles)
+                demand.update(
+                    pg_id=g.placement_group_id, ray_infeasible=stats.get("scheduling_state") == "INFEASIBLE"
+                )
+                found.append(demand)
+        for t in self._state_list(
+            "tasks", [job, ("state", "=", "PENDING_NODE_ASSIGNMENT")], detail=True, limit=limit
+        ):
+            if (
+                isinstance(t, TaskState)
+                and t.type == "NORMAL_TASK"
+                and not t.placement_group_id
+                and t.required_resources
+            ):
+                found.append(
+                    _demand("task", t.func_or_class_name or t.name or "task", [t.required_resources])
+                )
+        return found
+
+    def log_bounded(self, submission_id: str, limit: int) -> str | None:
+        """A job's whole log, unless Ray's answer is over `limit` bytes (then None, and never more
+        than `limit` bytes are read: a lagging stream must not pull a multi-GB log into memory)."""
+        import json
+        import ssl
+
+        import httpx
+
+        verify = (
+            ssl.create_default_context(cafile=self.verify) if isinstance(self.verify, str) else self.verify
+        )
+        url = f"{self.url}/api/jobs/{submission_id}/logs"
+        try:
+            with httpx.stream(
+                "GET", url, headers=auth_headers(self.token), verify=verify, timeout=TIMEOUT
+            ) as resp:
+                resp.raise_for_status()
+                if int(resp.headers.get("content-length") or 0) > limit:
+                    return None
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        return None
+            return str(json.loads(bytes(body)).get("logs") or "")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise RayApiError(f"the log of {submission_id} was not fetched: {self._why(exc)}") from exc
 
     def job_errors(self, ray_job_id: str) -> list[dict[str, Any]]:
         """What Ray recorded of a job's failures, each with its node's address, pid and time: the
@@ -172,9 +250,12 @@ class Dashboard:
             if isinstance(t, TaskState) and t.error_message:
                 name = t.func_or_class_name or t.name or "task"
                 ran_at = RAN_AT.search(str(t.error_message))
+                died_on = NODE_ID.search(str(t.error_message))
                 found.append(
                     {
-                        "ip": nodes.get(t.node_id or "") or (ran_at and ran_at[2]),
+                        "ip": nodes.get(t.node_id or "")
+                        or (ran_at and ran_at[2])
+                        or (died_on and nodes.get(died_on[1])),
                         "pid": t.worker_pid or (ran_at and int(ran_at[1])),
                         "actor": name.split(".")[0] if t.actor_id else f"task {name}",
                         "error": str(t.error_message),
@@ -188,9 +269,12 @@ class Dashboard:
                 continue
             context = (a.death_cause or {}).get("actor_died_error_context", {})
             if context.get("reason") in DEATHS:
+                died_on = NODE_ID.search(str(context.get("error_message") or ""))
                 found.append(
                     {
-                        "ip": context.get("node_ip_address") or nodes.get(a.node_id or ""),
+                        "ip": context.get("node_ip_address")
+                        or nodes.get(a.node_id or "")
+                        or (died_on and nodes.get(died_on[1])),
                         "pid": a.pid or context.get("pid"),
                         "actor": a.class_name,
                         "error": str(context.get("error_message") or context.get("reason")),
@@ -257,6 +341,22 @@ class Dashboard:
 
     def list_jobs(self) -> list[Any]:
         return list(self.jobs.list_jobs())
+
+
+def _demand(kind: str, name: str, bundles: list[dict[str, float]]) -> dict[str, Any]:
+    return {"kind": kind, "name": name, "bundles": bundles, "ray_infeasible": False, "pg_id": None}
+
+
+def pg_strategies(gcs_address: str) -> dict[str, str]:
+    """Placement group id -> strategy (STRICT_SPREAD, ...) of the groups the GCS's autoscaler
+    state lists as pending (the State API does not report a group's strategy)."""
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    try:
+        status = get_cluster_status(gcs_address, timeout=TIMEOUT)
+    except Exception as exc:
+        raise RayApiError(f"GCS at {gcs_address} did not report its demands: {short(exc)}") from exc
+    return {d.pg_id: str(d.strategy) for d in status.resource_demands.placement_group_demand if d.pg_id}
 
 
 def ray_state(info: Any) -> str:

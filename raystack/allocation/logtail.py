@@ -1,35 +1,50 @@
-"""A running job's log streamed into the cluster folder, appending only new bytes.
+"""A running job's log streamed into the cluster folder, appending only new bytes, capped.
 
 One thread per attempt follows Ray's log stream (`JobSubmissionClient.tail_job_logs`, a
 websocket) and appends what arrives, so a multi-GB GRPO log costs the runner O(new bytes) and
 flat memory. Ray replays the stream from the start: after a runner restart the bytes already
-on disk are skipped. If streaming fails, the whole log is fetched once when the attempt ends.
+taken in are skipped. The copy is capped (profile `job_log_cap`, default 1 GB per attempt) the
+way Ray's own logs are (store/raylogs.CappedCopy): its start, then the two newest segments of
+its end (<id>.log, <id>.log.tail.1, <id>.log.tail). If streaming fails, the rest of the log is
+fetched once when the attempt ends, never more than FETCH_LIMIT bytes into memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
+from raystack.store.raylogs import CappedCopy, newest_part, original_end
+
 log = logging.getLogger("raystack.runner")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray relays to the driver
 JOIN_TIMEOUT = 10.0  # seconds to wait for the stream's last lines once the job has ended
 # Ray closes a finished job's log stream only seconds after the end (its tail polls once a
 # second, then relays through the dashboard): below this size one fetch of the whole log is
 # quicker, and the next job of the queue need not wait for the stream.
 FETCH_WHOLE_BELOW = 8 << 20
+FETCH_LIMIT = 64 << 20  # the most one fetch of a whole log may pull into the runner's memory
+JOB_LOG_CAP = int(os.environ.get("RAYSTACK_JOB_LOG_CAP") or 1 << 30)
+NO_CAP = 1 << 62
 
 
 class LogTail:
-    """Streams submission `sid`'s log into `path` (appending) on a daemon thread."""
+    """Streams submission `sid`'s log into `path` (appending, capped) on a daemon thread."""
 
-    def __init__(self, api: Any, sid: str, path: Path, start: bool = True):
+    def __init__(self, api: Any, sid: str, path: Path, start: bool = True, cap: int = JOB_LOG_CAP):
         self.api, self.sid, self.path = api, sid, path
         self.failed: str | None = None
         self.closed = False
         self.lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.copy = CappedCopy(path, cap)
+        self.at = original_end(path)  # bytes of Ray's log taken in (a restarted runner's too)
         self.thread = threading.Thread(target=self._run, name=f"log-{sid}", daemon=True)
         if start:
             self.thread.start()
@@ -37,29 +52,28 @@ class LogTail:
     def _run(self) -> None:
         try:
             asyncio.run(self._stream())
-        except Exception as exc:  # any failure falls back to one full fetch at the end
+        except Exception as exc:  # any failure falls back to one fetch at the end
             self.failed = f"{type(exc).__name__}: {exc}"
 
     async def _stream(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        skip = self.path.stat().st_size if self.path.exists() else 0
-        with open(self.path, "ab") as out:
-            async for chunk in self.api.jobs.tail_job_logs(self.sid):
-                data = chunk.encode(errors="replace")
-                if skip:
-                    cut = min(skip, len(data))
-                    data, skip = data[cut:], skip - cut
-                with self.lock:
-                    if self.closed:
-                        return
-                    if data:
-                        out.write(data)
-                        out.flush()
+        seen = 0  # bytes of the replayed stream received
+        async for chunk in self.api.jobs.tail_job_logs(self.sid):
+            data = chunk.encode(errors="replace")
+            with self.lock:
+                if self.closed:
+                    return
+                new = data[max(0, self.at - seen) :] if seen + len(data) > self.at else b""
+                seen += len(data)
+                if new:
+                    self._append(new)
+
+    def _append(self, data: bytes) -> None:
+        self.copy.append(data, self.at, NO_CAP)
+        self.at += len(data)
 
     def complete(self) -> None:
-        """Called once the attempt has ended: the file then holds its whole log."""
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if self.thread.is_alive() and size < FETCH_WHOLE_BELOW:
+        """Called once the attempt has ended: the copy then holds its whole log (capped)."""
+        if self.thread.is_alive() and self.at < FETCH_WHOLE_BELOW:
             with self.lock:
                 self.closed = True  # the stream writes nothing more; the fetch appends the rest
                 if self._fetch_rest():
@@ -69,20 +83,41 @@ class LogTail:
             self.thread.join(JOIN_TIMEOUT)
         with self.lock:
             self.closed = True  # a stream still running writes nothing more
-        if self.thread.is_alive() or self.failed or not self.thread.ident:
-            if self.failed:
-                log.warning("log stream of %s failed (%s); fetching it whole", self.sid, self.failed)
-            self._fetch_rest()
+            if self.thread.is_alive() or self.failed or not self.thread.ident:
+                if self.failed:
+                    log.warning("log stream of %s failed (%s); fetching the rest", self.sid, self.failed)
+                if not self._fetch_rest():
+                    self._append(
+                        b"\n[raystack: the rest of this log was not fetched (over %d MB, or the "
+                        b"dashboard did not answer); Ray's own copy: logs/ray/<head>/job-driver-%s.log]\n"
+                        % (FETCH_LIMIT >> 20, self.sid.encode())
+                    )
 
     def _fetch_rest(self) -> bool:
-        """Append what the file lacks of the whole log (one request); False if it failed."""
+        """Append what the copy lacks of the whole log (one bounded request); False if it failed
+        or the log is over FETCH_LIMIT (then the stream, or Ray's own copy, has it)."""
         try:
-            data = self.api.logs(self.sid).encode(errors="replace")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            have = self.path.stat().st_size if self.path.exists() else 0
-            if len(data) > have:
-                with open(self.path, "ab") as out:
-                    out.write(data[have:])
+            text = self.api.log_bounded(self.sid, FETCH_LIMIT)
+            if text is None:
+                return False
+            data = text.encode(errors="replace")
+            if len(data) > self.at:
+                self._append(data[self.at :])
         except Exception:  # (any failure of Ray's client or the disk: the caller decides)
             return False
         return True
+
+
+def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
+    """The last non-empty line of a log (read from its end: logs can be large), without colour
+    codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second."""
+    try:
+        with open(newest_part(Path(path)), "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 8192))
+            text = ANSI.sub("", fh.read().decode(errors="replace"))
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    own = [ln for ln in lines if not RELAYED.match(ln)]
+    return (own or lines or [""])[-1][:limit]

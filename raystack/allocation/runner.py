@@ -15,37 +15,40 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import re
 import secrets
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
+from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held
 from raystack.allocation.lease import Lease
-from raystack.allocation.logtail import LogTail
+from raystack.allocation.logtail import LogTail, last_line
+from raystack.allocation.watchdog import Watchdog
 from raystack.errors import ClusterError, ConfigError, RayApiError
+from raystack.spec import workdir
 from raystack.spec.submission import submit_options
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs
+from raystack.store import paths, raylogs, stacks
 from raystack.store import queue as store
 from raystack.store.files import make_private_dirs
-from raystack.store.ledger import Attempt, JobRecord, JobState, read_job, update_job
+from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
 from raystack.store.queue import Entry
+from raystack.waiting import Clock, within
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
-FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray relays to the driver
 SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
+RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
+STACK_WAIT = 20.0  # seconds a hung job waits for the nodes' stack dumps before it is stopped
+SUBMIT_TIMEOUT = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT", "600"))  # packaging + upload
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
 RAY_STATES = {
@@ -55,33 +58,6 @@ RAY_STATES = {
     "FAILED": JobState.FAILED,
     "STOPPED": JobState.STOPPED,
 }
-
-
-def gpu_memory_held(name: str, since: float) -> list[str] | None:
-    """GPU memory still held on any node by leftover processes of the cluster's jobs.
-
-    Each node program reports, where nvidia-smi exists, the processes among its descendants
-    that hold GPU memory (vLLM is known to leave some behind). Only reports taken after `since`
-    (the job's end) count: None means some GPU node has not reported since, so wait.
-    """
-    held = []
-    for host, entry in records.read_node_entries(name).items():
-        if "gpu_checked" not in entry:
-            continue  # no nvidia-smi on that node: no real GPUs to check
-        if float(entry["gpu_checked"]) < since:
-            return None
-        held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in entry.get("gpu_procs", [])]
-    return held
-
-
-@dataclass
-class Drain:
-    """After a job ends: wait until its actors, placement groups and GPUs are released."""
-
-    job_id: str
-    ray_job_id: str | None
-    deadline: float
-    ended: float = field(default_factory=time.time)  # wall clock: GPU reports must be newer
 
 
 class Runner:
@@ -124,6 +100,12 @@ class Runner:
         self.interrupting = self.cluster.ending is not None and self.cluster.slurm_job_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
         self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
+        self.watchdog = Watchdog(
+            name, api, self.allocation, self.cluster.gcs_address, Clock(clock, time.sleep)
+        )
+        self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
+        self.leaving = False  # SIGTERM: finish this pass, then leave
+        self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
 
     # ------------------------------------------------------------------ the loop
     def run_forever(self, lease: Lease | None = None) -> None:
@@ -131,7 +113,9 @@ class Runner:
         log.info("queue runner for cluster %s started (pid %d)", self.name, os.getpid())
         for job_id in store.settle_orphans(self.name, self.allocation, "found by the queue runner"):
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
-        while True:
+        for job_id in store.recover(self.name):
+            log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
+        while not self.leaving:
             if lease is not None:
                 lease.beat()
             try:
@@ -140,6 +124,11 @@ class Runner:
                 log.warning("runner pass failed, retrying: %s", exc)
                 time.sleep(1)
             time.sleep(TICK)
+        log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
+
+    def leave(self, *_: object) -> None:
+        """SIGTERM (the head's teardown): finish the pass in progress, then exit."""
+        self.leaving = True
 
     def refresh(self) -> None:
         """Bring the in-memory queue up to date: the journal's new lines, or a full rescan."""
@@ -167,6 +156,10 @@ class Runner:
         for job_id in sorted(self.active):
             try:
                 record = read_job(self.name, job_id)
+            except Unreadable as exc:  # (EIO, ESTALE, a torn copy: read again next pass)
+                log.warning("%s", exc)
+                line_busy = True
+                continue
             except ClusterError as exc:
                 log.warning("%s", exc)
                 self.active.discard(job_id)
@@ -178,6 +171,10 @@ class Runner:
                 line_busy = True
         if not self.interrupting:
             self.start_what_may(line_busy)
+        for sid in list(self.abandoned):  # (a submit that timed out but went through after all)
+            if self.api.info(sid) is not None:
+                self.api.stop(sid)
+                self.abandoned.discard(sid)
         if self.drain and self.resources_free(self.drain):
             log.info("resources of %s are free", self.drain.job_id)
             self.drain = None
@@ -241,11 +238,21 @@ class Runner:
         log.info("submitting %s as %s%s", record.id, attempt.id, f" (resume {resumes})" if resumes else "")
         try:
             options = submit_options(request, cluster, resumes)
-        except ConfigError as exc:  # its plan does not fit this allocation
+            if request.working_dir:  # (it may have changed while the job waited: a FIFO blocks Ray)
+                workdir.check(Path(request.working_dir), request.excludes, f"job {record.id}")
+        except ConfigError as exc:  # its plan does not fit this allocation, or its working_dir
             self.finish(record, JobState.FAILED, str(exc))
             return
         try:
-            self.api.submit(attempt.id, **options)
+            if not within(SUBMIT_TIMEOUT, self.api.submit, attempt.id, **options):
+                self.abandoned.add(attempt.id)
+                self.finish(
+                    record,
+                    JobState.FAILED,
+                    f"packaging and uploading its working_dir took over {SUBMIT_TIMEOUT:.0f}s "
+                    "(a hung filesystem, or a file that blocks when read?); not submitted",
+                )
+                return
         except Exception as exc:
             if rayapi.is_connection_error(exc):
                 raise  # transient: the next pass finds the id unknown to Ray and submits again
@@ -270,6 +277,11 @@ class Runner:
         if record.state.is_terminal():
             store.finish(self.name, record.id)
             return True
+        if not record.state.known:
+            log.warning("job %s is %s (another raystack version?): not followed", record.id, record.state)
+            return True
+        if record.state in (JobState.QUEUED, JobState.INTERRUPTED) and self.waits(record):
+            return True  # a start or requeue cut short: the queue has it, `start` clears the marker
         attempt = record.attempts[-1] if record.attempts else None
         if attempt is None:  # an active marker without an attempt: never submitted
             self.finish(record, JobState.FAILED, "lost before it was submitted")
@@ -301,15 +313,26 @@ class Runner:
             )
         if state is not JobState.SUBMITTED:
             self.tail(record)
+        if not state.is_terminal() and not record.fault and not record.stop_requested:
+            fault = self.watchdog.check(record, info, running=state is JobState.RUNNING)
+            if fault:
+                record = self.fault(record, attempt.id, fault)
         self.enforce_stop_and_timeout(record, attempt.id)
         if not state.is_terminal():
             return False
+        self.watchdog.forget(attempt.id)
         if self.interrupting and state is not JobState.SUCCEEDED and not record.stop_requested:
             self.close_tail(record, attempt.id)
             store.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
             return True
         return self.ended(record, state, info)
+
+    def waits(self, record: JobRecord) -> bool:
+        """The job is in the queue (its file is there) and its current start was not recorded."""
+        sid = f"{record.id}-r{record.interruptions}" if record.interruptions else record.id
+        started = bool(record.attempts) and record.attempts[-1].id == sid
+        return bool(record.entry) and (self.paths.queue / str(record.entry)).exists() and not started
 
     def interrupted_message(self) -> str:
         why = records.read(self.name).ending or "the allocation is ending"
@@ -322,13 +345,47 @@ class Runner:
         if sid not in self.tails:
             self.tails[sid] = LogTail(self.api, sid, self.paths.job_log(record.id, n))
 
+    def fault(self, record: JobRecord, sid: str, fault: str) -> JobRecord:
+        """The watchdog found the attempt stuck: say so in the ledger at once; a hung job's
+        stacks are asked for from every node before it is stopped (enforce_stop_and_timeout)."""
+        log.warning("%s %s", record.id, fault)
+        if fault.startswith("hung"):
+            where = stacks.folder(self.name, record.id)
+            fault = f"{fault}; stacks in {where}"
+            asked = stacks.request(self.name, record.id)
+            entries = records.read_node_entries(self.name)
+            hosts = {h for h, e in entries.items() if e.get("job_id") == self.allocation}
+            self.stacks_asked[sid] = (asked, self.clock() + STACK_WAIT, hosts)
+        return update_job(self.name, record.id, fault=fault, message=f"{fault} (stopping it)")
+
+    def stacks_pending(self, sid: str, job_id: str) -> bool:
+        """A hung job's stack dumps are still awaited (until every node answered, or STACK_WAIT)."""
+        if sid not in self.stacks_asked:
+            return False
+        asked, deadline, hosts = self.stacks_asked[sid]
+        if self.clock() < deadline and hosts - set(stacks.answered(self.name, job_id, asked)):
+            return True
+        del self.stacks_asked[sid]
+        return False
+
     def enforce_stop_and_timeout(self, record: JobRecord, sid: str) -> None:
         timeout = record.request.timeout
         overdue = (
             timeout is not None and record.started is not None and time.time() - record.started > timeout
         )
-        if (record.stop_requested or overdue or self.interrupting) and sid not in self.stop_sent:
-            why = "stop" if record.stop_requested else "timeout" if overdue else "the allocation is ending"
+        wanted = record.stop_requested or overdue or self.interrupting or record.fault
+        if wanted and sid not in self.stop_sent:
+            if record.fault and not record.stop_requested and self.stacks_pending(sid, record.id):
+                return
+            why = (
+                "stop"
+                if record.stop_requested
+                else "timeout"
+                if overdue
+                else record.fault.split(":")[0]
+                if record.fault
+                else "the allocation is ending"
+            )
             log.info("stopping %s (%s)", sid, why)
             self.api.stop(sid)
             self.stop_sent.add(sid)
@@ -339,23 +396,23 @@ class Runner:
         self.close_tail(record, sid)
         if not record.now:
             self.drain = Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT)
-        if (
-            state is JobState.FAILED
-            and len(record.attempts) <= record.request.retries
-            and not record.stop_requested
-        ):
+        if self.retries(record, state, info):
+            n = len(record.attempts)
+            outcome = f"FAILED: {self.failure_text(record, info)}"[:500]
             update_job(
                 self.name,
                 record.id,
-                message=f"attempt {len(record.attempts)} failed, retrying: {info.message}",
+                message=f"attempt {n} failed, retry {n} of {record.request.retries}: {outcome[8:]}"[:1000],
+                attempts=[*record.attempts[:-1], record.attempts[-1].model_copy(update={"outcome": outcome})],
             )
-            # The retry is submitted by a later pass, once the resources are free.
-            store.add_attempt(
-                self.name, record.id, f"{record.id}-retry{len(record.attempts)}", self.allocation
-            )
+            # The retry is submitted by a later pass, once the resources are free: ahead of every
+            # job of the queue (it stays the job in flight).
+            store.add_attempt(self.name, record.id, f"{record.id}-retry{n}", self.allocation)
             return False
         timeout = record.request.timeout
-        if state is JobState.STOPPED and not record.stop_requested and timeout is not None:
+        if record.fault and not record.stop_requested:
+            state, message = JobState.FAILED, record.fault
+        elif state is JobState.STOPPED and not record.stop_requested and timeout is not None:
             state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
         elif state is JobState.FAILED and info.driver_exit_code is not None:
             # Ray's message is the start of the log; the end says more (e.g. which rank failed).
@@ -373,7 +430,7 @@ class Runner:
             later = threading.Thread(target=self.gather, args=(record,), name=f"gather-{record.id}")
             later.daemon = True
             later.start()
-        if error:
+        if error and not record.fault:  # (a stuck job's actors died because it was stopped)
             message = f"{error} ({message})"[:1000]
         self.finish(
             record,
@@ -388,6 +445,33 @@ class Runner:
             at=end,
         )
         return True
+
+    def retries(self, record: JobRecord, state: JobState, info: Any) -> bool:
+        """A FAILED attempt is retried while retries are left, if it failed within the retry
+        window of its start (a flaky start, not a crash hours in); never after a stop, a
+        timeout, or a fault the watchdog found (infeasible, hung)."""
+        req = record.request
+        if state is not JobState.FAILED or record.stop_requested or record.fault:
+            return False
+        if len(record.attempts) > req.retries:
+            return False
+        window = RETRY_WINDOW if req.retry_window is None else req.retry_window
+        start = (info.start_time or 0) / 1000 or record.attempts[-1].at
+        end = (info.end_time or 0) / 1000 or time.time()
+        if window and end - start > window:
+            log.info(
+                "%s failed %.0fs after its start, beyond its retry window: not retried",
+                record.id,
+                end - start,
+            )
+            return False
+        return True
+
+    def failure_text(self, record: JobRecord, info: Any) -> str:
+        last = last_line(self.paths.job_log(record.id, len(record.attempts)))
+        if info.driver_exit_code is not None:
+            return f"exit code {info.driver_exit_code}: {last}" if last else str(info.message or "")
+        return str(info.message or "")
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
         """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,
@@ -452,21 +536,6 @@ def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:
     return [*record.attempts[:-1], last]
 
 
-def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
-    """The last non-empty line of a log (read from its end: logs can be large), without colour
-    codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - 8192))
-            text = ANSI.sub("", fh.read().decode(errors="replace"))
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    own = [ln for ln in lines if not RELAYED.match(ln)]
-    return (own or lines or [""])[-1][:limit]
-
-
 def _hm(seconds: float) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
@@ -483,8 +552,10 @@ def main() -> None:
     if holder is not None:
         log.error("another queue runner holds cluster %s (%s); exiting", name, holder)
         sys.exit(LEASE_HELD)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request otherwise)
     runner = Runner(name)
     signal.signal(signal.SIGUSR1, runner.interrupt)  # sent by the head at the walltime warning
+    signal.signal(signal.SIGTERM, runner.leave)  # sent by the head at its end (SIGKILL follows)
     runner.run_forever(lease)
 
 

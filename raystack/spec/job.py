@@ -119,7 +119,12 @@ class JobSpec(BaseModel):
     entrypoint_resources: dict[str, float] = Field(default_factory=dict)
     needs: Needs = Field(default_factory=Needs)
     timeout: float | None = None  # seconds; the job is stopped after it
-    retries: int = Field(default=0, ge=0, le=100)
+    retries: int = Field(default=0, ge=0, le=100)  # FAILED within retry_window: run again
+    retry_window: float | None = None  # seconds after its start (default 5m; off: any failure)
+    # Stopped when it prints nothing and uses no CPU or GPU this long (default: the profile's;
+    # off: never), and when a demand of it cannot fit any node this long (the profile's: 60 s)
+    hang_timeout: float | None = None
+    infeasible_grace: float | None = None
     stop_grace: float = 30.0  # seconds between SIGTERM and kill on `raystack stop`
     outputs: dict[str, str] = Field(default_factory=dict)  # name -> path (absolute once resolved)
     uv: bool = False  # let Ray manage workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)
@@ -163,6 +168,21 @@ class JobSpec(BaseModel):
     @classmethod
     def _timeout(cls, value: Any) -> float | None:
         return None if value is None else parse_duration(value)
+
+    @field_validator("hang_timeout", "retry_window", mode="before")
+    @classmethod
+    def _off_or_duration(cls, value: Any) -> float | None:
+        """A duration, or off/none/never/0 (kept as 0: off, unlike an unset field)."""
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", "never"):
+            return 0.0
+        return parse_duration(value)
+
+    @field_validator("infeasible_grace", mode="before")
+    @classmethod
+    def _infeasible_grace(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value, limit=86400)
 
     @field_validator("stop_grace", mode="before")
     @classmethod

@@ -4,12 +4,15 @@ Ray packages a working_dir by walking it (following symlinks), skipping what its
 match (relative to the working_dir) and what each folder's `.gitignore` and `.rayignore` match
 (relative to that folder), with gitwildmatch patterns (pathspec). This walk applies the same
 rules with the same public library, but stops as soon as the upload is over the dashboard's
-limit, refuses a symlink loop instead of following it forever, and reports where the bytes are.
+limit, refuses a symlink loop instead of following it forever, refuses what is neither a file nor
+a folder (a FIFO, a socket, a device, a link to /dev/zero: Ray's packager blocks reading those),
+and reports where the bytes are.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,12 +105,16 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
             if any(m(path) for m in matchers):
                 continue
             try:
-                is_dir = entry.is_dir(follow_symlinks=True)
-                is_file = not is_dir and entry.is_file(follow_symlinks=True)
-                size = entry.stat(follow_symlinks=True).st_size if is_file else 0
+                st = entry.stat(follow_symlinks=True)
             except OSError:
                 continue  # a broken symlink: Ray skips it too
+            is_dir, is_file, size = stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode), st.st_size
             rel = path.relative_to(root)
+            if not is_dir and not is_file:
+                raise ConfigError(
+                    f"working_dir {root}: {rel} is {_kind(st.st_mode, entry.is_symlink(), path)}; Ray's "
+                    f"packager would block reading it: remove it, or add '{rel}' to excludes or to .rayignore"
+                )
             if is_dir:
                 real = os.path.realpath(path)
                 if real in above:
@@ -130,9 +137,25 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
     return up
 
 
+def _kind(mode: int, link: bool, path: Path) -> str:
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    return f"a link to {kind} ({os.path.realpath(path)})" if link else kind
+
+
 def check(root: Path, excludes: list[str], source: str) -> Upload:
     """Refuse, in one line, a working_dir that Ray's dashboard would refuse (or choke on)."""
-    up = scan(root, excludes)
+    try:
+        up = scan(root, excludes)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if up.stopped is None:
         return up
     parts = [f"{name} ({size / 2**20:.0f} MiB)" for name, size in up.biggest()]

@@ -40,6 +40,8 @@ INDEX = "actors.json"  # in logs/jobs/<id>/: the job's workers, their files and 
 WORKER = re.compile(r"^worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)$")  # id, job (or nil), pid
 CORE = "python-core-worker-{wid}_{pid}.log"
 MARKERS = (":job_id:", ":actor_name:", ":task_name:")  # lines Ray starts a worker's output with
+# Ray's words for an actor whose worker process went away (no exception of its own to report)
+DIED = re.compile(r"worker process has died|ActorDiedError|actor is dead|connection error code", re.I)
 # What counts as an error in a worker's output: the exception line that ends a traceback, or a
 # line that says so on its own (CUDA/NCCL errors, fatal signals, the OOM killer's trace).
 EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\b.*)$")
@@ -170,6 +172,59 @@ def read_copy(path: Path) -> str:
     return data.decode(errors="replace")
 
 
+def original_end(path: Path) -> int:
+    """Bytes of the original that a copy has taken in so far (where the next append starts)."""
+    tail = _with(path, TAIL)
+    try:
+        with open(tail, "rb") as fh:
+            match = OFFSET.match(fh.readline())
+            if match:
+                return int(match.group(1)) + os.fstat(fh.fileno()).st_size - match.end()
+    except FileNotFoundError:
+        pass
+    return _size(path)
+
+
+def read_from(path: Path, pos: int) -> tuple[bytes, int]:
+    """What a copy holds of its original from byte `pos` on (a line for bytes not kept), and the
+    original's offset after it: how `raystack logs -f` follows a capped log."""
+    out = bytearray()
+    size = _size(path)
+    if pos < size:
+        with open(path, "rb") as fh:
+            fh.seek(pos)
+            chunk = fh.read(size - pos)
+        out += chunk
+        pos += len(chunk)
+    for part in (_with(path, PREV), _with(path, TAIL)):
+        try:
+            fh = open(part, "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:
+            continue
+        with fh:
+            header = fh.readline()
+            match = OFFSET.match(header)
+            if not match:
+                continue
+            start, body = int(match.group(1)), os.fstat(fh.fileno()).st_size - len(header)
+            if start + body <= pos:
+                continue
+            if pos < start:
+                out += b"\n[... %d bytes of the original not kept ...]\n" % (start - pos)
+                pos = start
+            fh.seek(len(header) + pos - start)
+            chunk = fh.read(start + body - pos)
+        out += chunk
+        pos += len(chunk)
+    return bytes(out), pos
+
+
+def newest_part(path: Path) -> Path:
+    """The part of a copy that holds its original's end (the main file until a tail exists)."""
+    tail = _with(path, TAIL)
+    return tail if tail.exists() else path
+
+
 def copy_parts(folder: Path) -> list[Path]:
     """Every file of the copies in a folder (for size accounting)."""
     return [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
@@ -255,6 +310,7 @@ class WorkerLog:
     files: list[str] = field(default_factory=list)  # relative to logs/jobs/<id>/
     error: str | None = None  # its first error line (from its output, or the error Ray recorded)
     at: float | None = None  # when that error happened (Ray's time) or was copied (its log's)
+    last_err: list[str] = field(default_factory=list)  # its stderr's last lines (Ray's markers aside)
 
     @property
     def label(self) -> str:
@@ -337,8 +393,17 @@ def gather(
         if rel not in worker.files:
             worker.files.append(rel)
         at = event.get("at")
-        if worker.error is None or (at and (worker.at is None or at < worker.at)):
-            worker.error, worker.at = last_exception(str(event["error"])), at
+        said = last_exception(str(event["error"]))
+        if DIED.search(str(event["error"])) and (worker.error or worker.last_err):
+            # A worker that died hard (os._exit, a signal): Ray knows only that its process went;
+            # what it said last on its stderr says why.
+            own = worker.error or " | ".join(worker.last_err[-3:])
+            if "process died" not in own:
+                own = f"{own} (then its process died: {said[:120]})"
+            worker.error = own
+            worker.at = at or worker.at
+        elif worker.error is None or (at and (worker.at is None or at < worker.at)):
+            worker.error, worker.at = said, at
     for rel, texts in recorded.items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / rel, "".join(texts))
@@ -367,6 +432,8 @@ def _gather_host(folder: Path, host: str, attempts: dict[str, int], out_dir: Pat
         _, actor = _markers(texts.get("err", "") + "\n" + texts.get("out", ""))
         worker = WorkerLog(host, actor, pid, job, attempts[job], wid)
         worker.error = first_error(texts.get("err", "")) or first_error(texts.get("out", ""))
+        err_lines = texts.get("err", "").splitlines()
+        worker.last_err = [ln.strip() for ln in err_lines if ln.strip() and not ln.startswith(MARKERS)][-5:]
         if worker.error:
             worker.at = min(_mtime(files.get(k)) for k in ("err", "out") if files.get(k))
         target = out_dir / host

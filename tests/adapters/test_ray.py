@@ -46,3 +46,16 @@ def test_a_failed_task_with_its_node_and_pid_keeps_them() -> None:
                                             func_or_class_name="f")]}  # fmt: skip
     (event,) = Recorded(rows).job_errors("02000000")
     assert (event["ip"], event["pid"], event["actor"]) == ("10.200.0.14", 7, "task f")
+
+
+def test_a_task_whose_node_died_is_placed_on_that_node() -> None:
+    # As the soak test saw it (Ray 2.60): a task of an actor on a SIGKILLed node, no node or pid of
+    # its own, Ray's message naming the node by its id.
+    dead = "cc07f81ac8a142c967f07dd7dfc3de6ba9f51e676276d7d021ef5d8b"
+    node = NodeState(node_id=dead, node_ip="10.200.0.14", is_head_node=False, state="DEAD",
+                     state_message=None, node_name="node4", resources_total={}, labels={})  # fmt: skip
+    text = f"The actor died because its node has died. Node Id: {dead}"
+    (event,) = Recorded({"nodes": [node], "tasks": [task(worker_pid=0, error_message=text)]}).job_errors(
+        "02000000"
+    )
+    assert event["ip"] == "10.200.0.14"

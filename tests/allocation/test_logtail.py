@@ -30,11 +30,11 @@ class SlowStream:
             await asyncio.sleep(0.01)
         yield self.whole[len(self.first) :]
 
-    def logs(self, sid: str) -> str:
+    def log_bounded(self, sid: str, limit: int) -> str | None:
         self.fetches += 1
         if self.fetch_fails:
             raise RuntimeError("dashboard busy")
-        return self.whole
+        return self.whole if len(self.whole.encode()) <= limit else None
 
 
 def started(api: SlowStream, path: Path) -> LogTail:
@@ -74,3 +74,32 @@ def test_a_long_log_waits_for_its_stream(tmp_path: Path, monkeypatch) -> None:  
     threading.Timer(0.3, api.release.set).start()
     tail.complete()
     assert api.fetches == 0 and path.read_text() == api.whole
+
+
+def test_a_log_over_its_cap_keeps_its_start_and_its_end(tmp_path: Path) -> None:
+    from raystack.store.raylogs import read_copy, read_from
+
+    lines = "".join(f"line {i:06d}\n" for i in range(20000))  # 240 KB
+    api = SlowStream(lines, lines)
+    api.release.set()
+    path = tmp_path / "job.log"
+    tail = LogTail(api, "s1", path, cap=64 << 10)
+    tail.thread.join(10)
+    tail.complete()
+    parts = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert parts <= 64 << 10  # the copy stays within its cap
+    text = read_copy(path)
+    assert text.startswith("line 000000\n") and text.endswith("line 019999\n") and "not kept" in text
+    assert logtail.last_line(path) == "line 019999"
+    whole, end = read_from(path, 0)
+    assert whole.decode() == text and end == len(lines)  # followed the same way, to the end
+
+
+def test_a_lagging_stream_never_pulls_a_huge_log_into_memory(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(logtail, "FETCH_LIMIT", 1000)
+    monkeypatch.setattr(logtail, "JOIN_TIMEOUT", 0.2)
+    api = SlowStream("line 1\n", "line 1\n" + "x" * 5000 + "\n")  # the stream never sends the rest
+    path = tmp_path / "job.log"
+    tail = started(api, path)
+    tail.complete()
+    assert api.fetches >= 1 and "was not fetched" in path.read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.runner import gpu_memory_held
+from raystack.allocation.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir
@@ -353,8 +353,12 @@ def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
     end = 1000.0
     clusters.write_node_entry("c4", "node1", {"ip": "x"})  # no nvidia-smi there: not a GPU node
     assert gpu_memory_held("c4", since=end) == []
+    clusters.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": [[42, 4110]]})
+    assert gpu_memory_held("c4", since=end, now=end + 60) is None  # held before the end: wait
     clusters.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": []})
-    assert gpu_memory_held("c4", since=end) is None  # stale: wait for a fresh report
+    assert gpu_memory_held("c4", since=end, now=end + 1) is None  # a change may not be reported yet
+    assert gpu_memory_held("c4", since=end, now=end + 5) == []  # written on change: none since
+    assert gpu_memory_held("c4", since=end, now=end + 120) is None  # that node stopped reporting
     clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 1, "gpu_procs": [[42, 4110]]})
     assert gpu_memory_held("c4", since=end) == ["node2 pid 42 (4110 MiB)"]
     clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})

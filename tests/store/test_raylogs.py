@@ -174,3 +174,43 @@ def test_an_error_ray_recorded_without_a_pid_names_no_pid(home: Path) -> None:
     event = {"ip": "10.0.0.9", "pid": None, "actor": "Learner", "error": "RuntimeError: lost", "at": None}
     (worker,) = raylogs.gather("c", record, [event], {"10.0.0.9": "node9"})
     assert raylogs.summary([worker]) == "node9 Learner: RuntimeError: lost"
+
+
+def test_a_worker_that_died_hard_is_named_by_its_last_stderr_lines(home: Path) -> None:
+    """cde9410: an actor that wrote `RuntimeError: KAPUTT-node3` to its stderr and then called
+    os._exit(1) was named only by Ray's "The actor is dead because its worker process has died
+    ... connection error code 2" (Ray's time of death is earlier than the copy of the stderr)."""
+    logs = ray_logs(home)
+    (logs / f"worker-{21:056x}-ffffffff-21.err").write_text(
+        ":job_id:04000000\n:actor_name:Worker\nloading shard 3\nRuntimeError: KAPUTT-node3\n"
+    )
+    (logs / f"worker-{22:056x}-ffffffff-22.err").write_text(":job_id:04000000\n:actor_name:Quiet\nbye\n")
+    LogSync("c", "node3", "77", home / "ray", Caps(every=0)).start().final()
+    request = JobRequest(id="j4", name="j4", cluster="c", entrypoint="python x.py")
+    record = JobRecord(
+        id="j4",
+        name="j4",
+        request=request,
+        attempts=[Attempt(id="j4", allocation="77", ray_job_id="04000000")],
+    )
+    died = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."
+    )
+    events = [
+        {
+            "ip": "10.0.0.3",
+            "pid": 21,
+            "actor": "Worker",
+            "error": f"ray.exceptions.ActorDiedError: {died}",
+            "at": 1.0,
+        },
+        {"ip": "10.0.0.3", "pid": 22, "actor": "Quiet", "error": died, "at": 2.0},
+    ]
+    workers = raylogs.gather("c", record, events, {"10.0.0.3": "node3"})
+    first = raylogs.summary(workers)
+    assert first is not None and first.startswith(
+        "node3 Worker pid 21: RuntimeError: KAPUTT-node3 (then its process died"
+    )
+    quiet = next(w for w in workers if w.actor == "Quiet")
+    assert quiet.error is not None and quiet.error.startswith("bye (then its process died")

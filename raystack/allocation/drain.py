@@ -1,0 +1,48 @@
+"""After a job ends, before the next one starts: its actors, placement groups and GPUs must be
+released (vLLM is known to leave processes holding GPU memory behind)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from raystack.allocation.context import GPU_REFRESH
+from raystack.store import cluster as records
+
+FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
+SETTLE = 2.0  # seconds after a job's end by which every node has reported a change of its GPUs
+ALIVE = GPU_REFRESH + 15.0  # a node whose report is older than this does not report: wait
+
+
+@dataclass
+class Drain:
+    """After a job ends: wait until its actors, placement groups and GPUs are released."""
+
+    job_id: str
+    ray_job_id: str | None
+    deadline: float
+    ended: float = field(default_factory=time.time)  # wall clock: GPU reports must be newer
+
+
+def gpu_memory_held(name: str, since: float, now: float | None = None) -> list[str] | None:
+    """GPU memory still held on any node by leftover processes of the cluster's jobs.
+
+    Each node program reports, where nvidia-smi exists, the processes among its descendants that
+    hold GPU memory, written when what it sees changes (and every GPU_REFRESH seconds). So a
+    report from after `since` (the job's end) counts, and so does an empty report from before it
+    once SETTLE seconds have passed (nothing changed since: nothing is held). None means wait:
+    a node whose last report held memory, or that has not reported for ALIVE seconds.
+    """
+    now = time.time() if now is None else now
+    held = []
+    for host, entry in records.read_node_entries(name).items():
+        if "gpu_checked" not in entry:
+            continue  # no nvidia-smi on that node: no real GPUs to check
+        checked, procs = float(entry["gpu_checked"]), entry.get("gpu_procs") or []
+        if checked < since:
+            if procs or now - since < SETTLE or now - checked > ALIVE:
+                return None
+            continue
+        held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in procs]
+    return held

@@ -1,0 +1,128 @@
+"""Stack dumps on a node: every node program answers the requests in logs/stacks.request
+(store/stacks.py) by running py-spy on each process of the job that descends from it.
+
+The node program is the ancestor (and subreaper) of every Ray process on its node, so py-spy
+may attach to them where the kernel allows tracing one's own descendants only (Yama
+ptrace_scope 1, the default on most distributions). Every process of a job carries the job's
+RAYSTACK_JOB_ID in its environment (Ray's drivers and workers, and what they start: SPMD ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+from raystack.store import stacks as store
+from raystack.waiting import REAL, Clock, Every
+
+log = logging.getLogger("raystack.node")
+DUMP_TIMEOUT = 20.0  # seconds one py-spy dump may take
+MAX_PROCESSES = 64  # per node and request
+POLL = 5.0  # seconds between looks at the request file (one stat per node: O(N) in all)
+NOT_PYTHON = {"bash", "sh", "dash", "sleep", "tee", "cat", "srun", "nvidia-smi"}
+
+
+def py_spy() -> str | None:
+    """py-spy from this Python's environment (ray[default] installs it), else from PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """This node program's descendants that belong to raystack job `job_id`."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if proc.name() in NOT_PYTHON:
+                continue
+            if proc.environ().get("RAYSTACK_JOB_ID") == job_id:
+                found.append(proc)
+    return found[:MAX_PROCESSES]
+
+
+def dump(proc: psutil.Process, exe: str | None) -> str:
+    """One process's Python stacks (py-spy dump), or why there are none."""
+    try:
+        head = f"# pid {proc.pid} {proc.name()}: {' '.join(proc.cmdline())[:500]}\n"
+    except psutil.Error as exc:
+        return f"# pid {proc.pid}: gone ({type(exc).__name__})\n"
+    if exe is None:
+        return head + "py-spy not found (it comes with ray[default]): no stacks\n"
+    try:
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=DUMP_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
+    except OSError as exc:
+        return head + f"py-spy could not run: {exc}\n"
+    return head + (out.stdout or "") + (f"[py-spy: {out.stderr.strip()}]\n" if out.returncode else "")
+
+
+def dump_job(cluster: str, host: str, job_id: str, asked: float) -> int:
+    """Dump every process of `job_id` on this node into logs/jobs/<id>/stacks/; answer the request."""
+    where = store.folder(cluster, job_id)
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    procs, exe = job_processes(job_id), py_spy()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        texts = list(pool.map(lambda p: (p.pid, dump(p, exe)), procs))
+    for pid, text in texts:
+        (where / f"{host}-{pid}.txt").write_text(text)
+    store.answer(cluster, job_id, host, asked, len(texts))
+    log.info("stacks of job %s: %d process(es) on %s dumped into %s", job_id, len(texts), host, where)
+    return len(texts)
+
+
+class StackRequests:
+    """A duty of the node program's loop: one stat of the request file every POLL seconds; each
+    new request is answered on a thread of its own (py-spy takes seconds), one at a time."""
+
+    def __init__(self, cluster: str, host: str, clock: Clock = REAL, every: float = POLL):
+        self.cluster, self.host = cluster, host
+        self.path = store.request_file(cluster)
+        self.gate = Every(every, clock)
+        self.mtime = 0.0
+        self.started = time.time()  # (requests older than this node program are not answered)
+        self.done: dict[str, float] = {}
+        self.busy: threading.Thread | None = None
+
+    def _mtime(self) -> float:
+        try:
+            return os.stat(self.path).st_mtime
+        except OSError:
+            return 0.0
+
+    def __call__(self) -> None:
+        if not self.gate() or (self.busy is not None and self.busy.is_alive()):
+            return
+        mtime = self._mtime()
+        if mtime == self.mtime:
+            return
+        self.mtime = mtime
+        todo = {
+            j: t
+            for j, t in store.requests(self.cluster).items()
+            if t > max(self.done.get(j, 0.0), self.started)
+        }
+        if not todo:
+            return
+        self.done.update(todo)
+        self.busy = threading.Thread(target=self._answer, args=(todo,), name="stacks", daemon=True)
+        self.busy.start()
+
+    def _answer(self, todo: dict[str, float]) -> None:
+        for job_id, asked in todo.items():
+            try:
+                dump_job(self.cluster, self.host, job_id, asked)
+            except Exception as exc:  # (a full filesystem, a vanished process: the next request)
+                log.warning("stacks of job %s not dumped: %s", job_id, exc)

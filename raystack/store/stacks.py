@@ -1,0 +1,96 @@
+"""Stack dumps of a live job, asked through the cluster folder (`raystack stacks ID`, and the queue
+runner before it stops a hung job).
+
+    logs/stacks.request                {job id: time asked}: every node program looks at it every
+                                       second (one stat) and dumps the Python stacks of that job's
+                                       processes on its node (allocation/stacks.py)
+    logs/jobs/<id>/stacks/<host>-<pid>.txt   one process's dump (py-spy), with a header line
+    logs/jobs/<id>/stacks/.done-<host>       the node's answer: {"asked": t, "count": n}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raystack.store import paths
+from raystack.store.files import atomic_write, locked
+
+REQUEST = "stacks.request"
+KEEP = 600.0  # seconds a request stays in the request file
+DONE = ".done-"
+
+
+def request_file(cluster: str) -> Path:
+    return paths.cluster(cluster).logs / REQUEST
+
+
+def folder(cluster: str, job_id: str) -> Path:
+    return paths.cluster(cluster).job_files(job_id) / "stacks"
+
+
+def requests(cluster: str) -> dict[str, float]:
+    """The jobs whose stacks were asked for, with when (those of the last KEEP seconds)."""
+    try:
+        data = json.loads(request_file(cluster).read_text())
+    except (OSError, ValueError):
+        return {}
+    return (
+        {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+        if isinstance(data, dict)
+        else {}
+    )
+
+
+def request(cluster: str, job_id: str) -> float:
+    """Ask every node of the cluster for the stacks of job `job_id`'s processes; the time asked."""
+    p = paths.cluster(cluster)
+    paths.validate_job_id(job_id)
+    asked = time.time()
+    with locked(p):
+        pending = {k: v for k, v in requests(cluster).items() if asked - v < KEEP}
+        pending[job_id] = asked
+        atomic_write(request_file(cluster), json.dumps(pending))
+    return asked
+
+
+@dataclass
+class Dumps:
+    """What the nodes answered to one request."""
+
+    folder: Path
+    files: list[Path] = field(default_factory=list)  # one per process, <host>-<pid>.txt
+    answered: list[str] = field(default_factory=list)  # hosts that answered
+    late: list[str] = field(default_factory=list)  # hosts that did not within the time given
+
+
+def answer(cluster: str, job_id: str, host: str, asked: float, count: int) -> None:
+    atomic_write(folder(cluster, job_id) / f"{DONE}{host}", json.dumps({"asked": asked, "count": count}))
+
+
+def answered(cluster: str, job_id: str, asked: float) -> list[str]:
+    """Hosts that answered the request made at `asked` (or a later one)."""
+    found = []
+    for path in folder(cluster, job_id).glob(f"{DONE}*"):
+        try:
+            if float(json.loads(path.read_text()).get("asked", 0)) >= asked - 1e-3:
+                found.append(path.name.removeprefix(DONE))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return sorted(found)
+
+
+def wait(cluster: str, job_id: str, asked: float, hosts: list[str], timeout: float) -> Dumps:
+    """Wait (at most `timeout` s: a dead node never answers) until every host in `hosts` answered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = answered(cluster, job_id, asked)
+        late = [h for h in hosts if h not in done]
+        if not late or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    where = folder(cluster, job_id)
+    files = sorted(p for p in where.glob("*.txt") if p.stat().st_mtime >= asked - 1) if where.is_dir() else []
+    return Dumps(where, files, done, late)
