@@ -19,8 +19,10 @@ app = typer.Typer(
 )
 # Without a terminal rich assumes 80 columns; tables of paths and URLs need more.
 _WIDTH = None if sys.stdout.isatty() else 200
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# NOTE: markup off: everything printed holds data (a job's last log line `[rank0]: saved to
+# [/scratch/ckpt]` would be read as rich markup: lost, or a MarkupError). Style with Text.
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 NameArg = Annotated[str | None, typer.Argument(help="Cluster name; may be omitted when there is one.")]
 ClusterOpt = Annotated[

@@ -161,6 +161,31 @@ def logs(
 
 
 @app.command()
+def stacks(
+    job_id: JobArg,
+    cluster: ClusterOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every node's answer.")] = 30.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Dump the Python stacks of every process of a running job on every node (py-spy); the job
+    goes on. The dumps are kept in logs/jobs/<id>/stacks/."""
+    dumps = Job.get(job_id, cluster).stacks(timeout=timeout)
+    if as_json:
+        print_json({"folder": str(dumps.folder), "files": [str(f) for f in dumps.files], "late": dumps.late})
+        return
+    for path in dumps.files:
+        print(f"==> {path.name} <==")
+        print(path.read_text(errors="replace"), end="")
+    late = f"; no answer from {', '.join(dumps.late)}" if dumps.late else ""
+    err.print(
+        f"raystack: {len(dumps.files)} process(es) of job {job_id} on {len(dumps.answered)} node(s)"
+        f"{late}; in {dumps.folder}"
+    )
+    if not dumps.files:
+        raise typer.Exit(1)
+
+
+@app.command()
 def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is cancelled."""
     record = Job.get(job_id, cluster).stop()

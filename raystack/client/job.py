@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from raystack.adapters.ray import Dashboard
+from raystack.client.access import live_dashboard
 from raystack.client.reconcile import reconcile
 from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs
+from raystack.store import paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
 from raystack.store.queue import cancel, position
 
@@ -92,7 +92,7 @@ class Job:
         files = self.log_files(record)
         parts = []
         for n, path in enumerate(files, start=1):
-            text = path.read_text(errors="replace") if path.exists() else ""
+            text = raylogs.read_copy(path)  # (capped: its start, a line for what was not kept, its end)
             parts.append(_header(n, record) + text if len(files) > 1 else text)
         return "".join(parts)
 
@@ -124,6 +124,22 @@ class Job:
                 parts.append(f"--- {rel} ---\n" + "\n".join(kept[-lines:]) + "\n")
         return "".join(parts)
 
+    def stacks(self, timeout: float = 30.0) -> stacks.Dumps:
+        """The Python stacks of every process of this running job on every node (py-spy, by each
+        node program), into logs/jobs/<id>/stacks/; the job goes on. Waits up to `timeout` s for
+        every node of the allocation to answer."""
+        record = self.record()
+        if record.state not in (JobState.RUNNING, JobState.SUBMITTED):
+            raise ClusterError(
+                f"job {self.id} is {record.state.value}: stacks are taken of a running job "
+                f"(a hung job's, taken before it was stopped, are in {stacks.folder(self.cluster, self.id)})"
+            )
+        cluster = records.read(self.cluster)
+        entries = records.read_node_entries(self.cluster)
+        hosts = sorted(h for h, e in entries.items() if e.get("job_id") == cluster.slurm_job_id)
+        asked = stacks.request(self.cluster, self.id)
+        return stacks.wait(self.cluster, self.id, asked, hosts, timeout)
+
     def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:
         """Stream the log as it grows until the job ends (or its cluster does); the final record."""
         out = out or sys.stdout
@@ -141,13 +157,9 @@ class Job:
                 if len(files) > 1 and headed <= shown:
                     out.write(_header(shown + 1, record))
                     headed = shown + 1
-                chunk = b""
-                if path.exists():
-                    with path.open("rb") as fh:
-                        fh.seek(offset)
-                        chunk = fh.read()
+                chunk, after = raylogs.read_from(path, offset)
                 if chunk:
-                    offset += len(chunk)
+                    offset = after
                     out.write(chunk.decode(errors="replace"))
                     grew = True
                 if shown + 1 < len(files):  # a later attempt exists: this one is complete
@@ -178,9 +190,7 @@ class Job:
         record = update_job(self.cluster, self.id, stop_requested=time.time())
         if record.attempts:  # at once, rather than at the runner's next pass (which acts too)
             with contextlib.suppress(RaystackError, RuntimeError, OSError):
-                cluster = records.read(self.cluster)
-                if cluster.dashboard_url:
-                    Dashboard.of(self.cluster, cluster.dashboard_url).stop(record.attempts[-1].id)
+                live_dashboard(records.read(self.cluster)).stop(record.attempts[-1].id)
         if not wait:
             return self.record()
         return self.wait(timeout=record.request.stop_grace + 60)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raystack.adapters.ray import Dashboard
+from raystack.client.access import live_dashboard
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import cluster as records
 from raystack.store.ledger import read_job
@@ -118,7 +119,7 @@ def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
     view["running"], view["queue"], view["queued"] = jobs_view(name, now)
     if record.dashboard_url and not record.state.is_terminal():
         try:
-            view["nodes"] = nodes(Dashboard.of(name, record.dashboard_url), processes)
-        except RayApiError as exc:
+            view["nodes"] = nodes(live_dashboard(record), processes)
+        except (RayApiError, ClusterError) as exc:  # (ClusterError: no token sent to a stale address)
             view["ray_error"] = str(exc)
     return view
