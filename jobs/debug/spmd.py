@@ -4,7 +4,8 @@ Run by a launcher on every node (`kind: spmd`, e.g. torchrun): each rank prints 
 line (world size, rank, local rank, host, the GPUs it sees) and checks an all-reduce; then a few
 steps of a small model under DistributedDataParallel. NCCL with GPUs, gloo without.
 `--fail-rank R --fail-code C` makes rank R exit with code C (to test failure handling);
-`--sleep S` keeps every rank busy for S seconds (to test stopping).
+`--sleep S` keeps every rank busy for S seconds (to test stopping); `--chatter N` has every rank
+print() N lines at once (the job's log must hold them whole, each with its rank).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--allreduce-mb", type=float, default=0.0, help="measure the bus bandwidth of this size")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--chatter", type=int, default=0, help="print() this many lines per rank (whole lines?)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -64,6 +66,8 @@ def main() -> int:
         "t": time.time(),  # when this rank was up (bench/spmd_launch.py)
     }
     report("SPMD_RANK", info)
+    for i in range(args.chatter):  # plain print(): text and newline may be two writes (unbuffered)
+        print(f"SPMD_CHATTER rank={rank} i={i} " + "x" * 64)
     if rank == args.fail_rank:
         print(f"rank {rank} exits {args.fail_code} on purpose", flush=True)
         sys.exit(args.fail_code)

@@ -31,9 +31,11 @@ class Rendezvous:
 
 
 def argv(
-    launcher: str, rdv: Rendezvous, command: list[str], extra: list[str], hostfile: str = ""
+    launcher: str, rdv: Rendezvous, command: list[str], extra: list[str], hostfile: str = "", logdir: str = ""
 ) -> list[str]:
-    """The launcher's command line on node `rdv.node_rank`."""
+    """The launcher's command line on node `rdv.node_rank`; with `logdir`, each rank's output goes
+    to files of its own there (rank_log_args), read back line by line by the node's launcher actor."""
+    extra = [*rank_log_args(launcher, logdir, extra), *extra] if logdir else extra
     if launcher == "torchrun":
         return [
             "torchrun",
@@ -73,6 +75,40 @@ def argv(
             *command,
         ]
     raise ValueError(f"unknown launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
+
+
+# The launcher options that send each rank's stdout and stderr to its own files: the ranks of a
+# node otherwise share one pipe, and a print() written as text and newline (Python unbuffered, as
+# Ray runs jobs) glues one rank's partial line to another's. A user's own choice is kept.
+_RANK_LOGS = {
+    "torchrun": (
+        ("--redirects", "-r", "--tee", "-t", "--log-dir", "--log_dir"),
+        ["--redirects=3", "--log-dir={d}"],
+    ),
+    "deepspeed": (("--enable_each_rank_log",), ["--enable_each_rank_log={d}"]),
+    "accelerate": (("--tee", "-t", "--log_dir"), ["--tee=3", "--log_dir={d}"]),
+}
+RANK_FILE = re.compile(r"(?:attempt_\d+/(?P<local>\d+)/(?:stdout|stderr)\.log|_rank(?P<rank>\d+)\.log)$")
+CONSOLE_COPY = re.compile(r"^\[\w+?\d+\]:")  # torchrun's --tee copy of a rank's line: [default0]:
+
+
+def rank_log_args(launcher: str, logdir: str, extra: list[str]) -> list[str]:
+    """The launcher's own options that write each rank's output into `logdir`."""
+    given, args = _RANK_LOGS[launcher]
+    if any(a.split("=", 1)[0] in given for a in extra):
+        return []
+    return [a.format(d=logdir) for a in args]
+
+
+def rank_of(path: str, node_rank: int, procs: int) -> int | None:
+    """The global rank whose output a file under the log dir holds (torchrun: by local rank,
+    DeepSpeed: by global rank), None for another file."""
+    match = RANK_FILE.search(path.replace("\\", "/"))
+    if not match:
+        return None
+    if match["rank"] is not None:
+        return int(match["rank"])
+    return node_rank * procs + int(match["local"])
 
 
 # An accelerate argument that already says how to distribute: `--multi_gpu` would override it

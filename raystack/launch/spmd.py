@@ -6,11 +6,14 @@ GPUs and CPUs), starts one NodeLauncher actor in each, and each runs the launche
 rendezvous (node 0's address and a free port there) and the GPUs Ray assigned it
 (CUDA_VISIBLE_DEVICES). No hostfile to write and no ssh: this replaces both.
 
-Every line a launcher prints reaches the job's log prefixed with its node rank, like
-`srun --label`. When one launcher exits non-zero the others are stopped at once and the job fails
-naming the node, the rank and the exit code, with that node's last lines. SIGTERM (`raystack
-stop`, a timeout, the walltime warning) stops every node's processes; and a launcher whose actor
-dies is killed by a watchdog process beside it, so nothing is left holding a GPU.
+Every line a launcher prints reaches the job's log prefixed with its node rank, like `srun
+--label`, and every line of a rank with its rank too (`[node 1 rank 3] ...`): each rank writes
+to files of its own (the launcher's option for it), read back as whole lines, so two ranks of a
+node never glue their lines together. When one launcher exits non-zero the others are stopped at
+once and the job fails naming the node, the rank and the exit code, with that node's last lines.
+SIGTERM (`raystack stop`, a timeout, the walltime warning) stops every node's processes; and a
+launcher whose actor dies is killed by a watchdog process beside it, so nothing is left holding
+a GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from raystack.launch.launchers import LAUNCHERS, Rendezvous, argv, failure, hostfile
+from raystack.launch.launchers import CONSOLE_COPY, LAUNCHERS, Rendezvous, argv, failure, hostfile, rank_of
 from raystack.launch.process import die_with_parent
 
 POLL = 0.2  # seconds between reads of the launchers' output
@@ -38,14 +41,20 @@ TAIL = 20  # lines of a failed node shown in the job's failure
 
 
 class NodeLauncherImpl:
-    """Runs one node's launcher in its own process group and keeps its output for the driver."""
+    """Runs one node's launcher in its own process group and keeps its output for the driver:
+    the launcher's own lines from its pipe, and each rank's from the files the launcher writes
+    for it (launchers.rank_log_args), always whole lines, each with its rank."""
 
     def __init__(self, node_rank: int):
         self.node_rank = node_rank
         self.proc: subprocess.Popen | None = None
-        self.lines: collections.deque[str] = collections.deque()
+        self.lines: collections.deque[tuple[int | None, str]] = collections.deque()
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self.lock = threading.Lock()
+        self.logdir = tempfile.mkdtemp(prefix="rs-ranks-")  # (node-local: this actor's node)
+        self.procs = 1
+        self.files: dict[str, tuple[int, bytes]] = {}  # path -> (offset read, partial line)
+        self.seen_rank_files = False
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -58,9 +67,11 @@ class NodeLauncherImpl:
             "ip": ray.util.get_node_ip_address(),
             "port": port,
             "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "logdir": self.logdir,
         }
 
-    def start(self, command: list[str], files: dict[str, str]) -> int:
+    def start(self, command: list[str], files: dict[str, str], procs: int = 1) -> int:
+        self.procs = procs
         for path, text in files.items():
             with open(path, "w") as fh:
                 fh.write(text)
@@ -79,33 +90,67 @@ class NodeLauncherImpl:
         # the launcher's whole process group goes too. PDEATHSIG alone would spare its children.
         watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
         subprocess.Popen(
-            f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null",
+            f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}",
             shell=True,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._follow_ranks, daemon=True).start()
         return self.proc.pid
+
+    def _add(self, rank: int | None, text: str) -> None:
+        with self.lock:
+            self.lines.append((rank, text))
+            self.tail.append(text if rank is None else f"[rank{rank}] {text}")
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            with self.lock:
-                self.lines.append(line.rstrip("\n"))
-                self.tail.append(line.rstrip("\n"))
+            if self.seen_rank_files and CONSOLE_COPY.match(line):
+                continue  # (accelerate's --tee copy of a line the rank files give whole)
+            self._add(None, line.rstrip("\n"))
 
-    def poll(self) -> tuple[list[str], int | None]:
-        """New output lines, and the launcher's exit code once it has ended (and been read out)."""
+    def _follow_ranks(self) -> None:
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            self._scan(final=False)
+            time.sleep(POLL)
+
+    def _scan(self, final: bool) -> None:
+        """Append the rank files' new complete lines (at the end, their last partial line too)."""
+        for folder, _, names in os.walk(self.logdir):
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                rank = rank_of(path, self.node_rank, self.procs)
+                if rank is None:
+                    continue
+                self.seen_rank_files = True
+                offset, partial = self.files.get(path, (0, b""))
+                try:
+                    with open(path, "rb") as fh:
+                        fh.seek(offset)
+                        data = fh.read()
+                except OSError:
+                    continue
+                *whole, partial = (partial + data).split(b"\n")
+                if final and partial:
+                    whole, partial = [*whole, partial], b""
+                for line in whole:
+                    self._add(rank, line.decode(errors="replace").rstrip("\r"))
+                self.files[path] = (offset + len(data), partial)
+
+    def poll(self) -> tuple[list[tuple[int | None, str]], int | None]:
+        """New output lines (rank or None for the launcher's own, text), and the launcher's exit
+        code once it has ended (and every line of it and its ranks has been read)."""
         code = self.proc.poll() if self.proc else None
+        if code is not None and self.proc and self.proc.stdout and not self.proc.stdout.closed:
+            time.sleep(0.05)  # the reader thread catches the launcher's last lines
+            self._scan(final=True)
         with self.lock:
             out = list(self.lines)
             self.lines.clear()
-        if code is not None and self.proc and self.proc.stdout and not self.proc.stdout.closed:
-            time.sleep(0.05)  # the reader thread catches the last lines
-            with self.lock:
-                out += list(self.lines)
-                self.lines.clear()
         return out, code
 
     def last_lines(self) -> list[str]:
@@ -196,9 +241,9 @@ def main(args: list[str] | None = None) -> int:
         if ns.launcher == "deepspeed":
             hf = os.path.join(work, f"raystack-hostfile-{os.getpid()}-{r}")
             files[hf] = hostfile(rdv)
-        line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf)
+        line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
         print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)
-        starts.append(actor.start.remote(line, files))
+        starts.append(actor.start.remote(line, files, procs))
     ray.get(starts)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
@@ -222,9 +267,9 @@ def follow(actors: list, hosts: tuple[str, ...], ns: argparse.Namespace, t0: flo
             )
             return 143
         for r, (lines, code) in enumerate(ray.get([a.poll.remote() for a in actors])):
-            for line in lines:
+            for rank, line in lines:
                 first_line.setdefault(r, time.time() - t0)
-                print(f"[node {r}] {line}", flush=True)
+                print(f"[node {r}] {line}" if rank is None else f"[node {r} rank {rank}] {line}", flush=True)
             if code is not None and r not in codes:
                 codes[r] = code
                 if code != 0:

@@ -80,3 +80,63 @@ def test_failure_reads_torchruns_root_cause() -> None:
 def test_failure_reads_deepspeeds_return_code_and_falls_back_to_the_launchers() -> None:
     assert failure(["[rank5] boom", "exits with return code = 7"], 1) == (5, 7)
     assert failure(["nothing useful"], 2) == (None, 2)
+
+
+def test_each_rank_writes_its_own_files_unless_the_user_chose() -> None:
+    line = argv("torchrun", rdv(), ["t.py"], ["--max_restarts=0"], logdir="/tmp/r")
+    assert line[6:9] == ["--redirects=3", "--log-dir=/tmp/r", "--max_restarts=0"]
+    assert "--enable_each_rank_log=/tmp/r" in argv("deepspeed", rdv(), ["t.py"], [], "/h", "/tmp/r")
+    assert "--tee=3" in argv("accelerate", rdv(), ["t.py"], [], logdir="/tmp/r")
+    mine = argv("torchrun", rdv(), ["t.py"], ["--tee", "1"], logdir="/tmp/r")
+    assert not any(a.startswith(("--redirects", "--log-dir")) for a in mine)
+
+
+def test_rank_files_name_their_global_rank() -> None:
+    from raystack.launch.launchers import rank_of
+
+    torch_file = "/tmp/r/none_abc/attempt_0/1/stdout.log"
+    assert rank_of(torch_file, node_rank=2, procs=4) == 9
+    assert rank_of("/tmp/r/20261124031500_rank5.log", node_rank=1, procs=4) == 5
+    assert rank_of("/tmp/r/none_abc/attempt_0/1/error.json", 0, 4) is None
+
+
+def test_a_node_launcher_passes_whole_lines_of_ranks_that_write_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """cde9410: torchrun with 2 processes per node: `... ok=TrueSPMD rank=1 ...` in the job's log
+    (two ranks' prints, each written as text then newline, met in one pipe)."""
+    import sys
+
+    from raystack.launch.spmd import NodeLauncherImpl
+    from raystack.waiting import poll_until
+
+    script = tmp_path / "fake_launcher.py"
+    script.write_text(
+        "import os, sys, subprocess\n"
+        "d = sys.argv[1]\n"
+        "procs = []\n"
+        "for k in range(2):\n"
+        "    out = os.path.join(d, 'run', 'attempt_0', str(k))\n"
+        "    os.makedirs(out, exist_ok=True)\n"
+        "    code = ('import os\\nfor i in range(300):\\n'\n"
+        "            '    os.write(1, b\"SPMD rank=%d i=%d ok=True\" % (' + str(k) + ', i))\\n'\n"
+        "            '    os.write(1, b\"\\\\n\")\\n')\n"
+        "    procs.append(subprocess.Popen([sys.executable, '-c', code],"
+        " stdout=open(os.path.join(out, 'stdout.log'), 'wb')))\n"
+        "print('launcher says hello', flush=True)\n"
+        "sys.exit(max(p.wait() for p in procs))\n"
+    )
+    node = NodeLauncherImpl(node_rank=1)
+    node.start([sys.executable, str(script), node.logdir], {}, procs=2)
+    got: list = []
+
+    def done() -> bool:
+        lines, code = node.poll()
+        got.extend(lines)
+        return code is not None
+
+    poll_until(done, 30, "the fake launcher to end")
+    got.extend(node.poll()[0])
+    ranks = [(rank, text) for rank, text in got if rank is not None]
+    assert (None, "launcher says hello") in got
+    assert len(ranks) == 600 and {r for r, _ in ranks} == {2, 3}  # node 1, 2 per node: ranks 2 and 3
+    for rank, text in ranks:  # whole lines, each with the rank that wrote it
+        assert text == f"SPMD rank={rank - 2} i={text.split('i=')[1].split()[0]} ok=True"

@@ -48,9 +48,18 @@ def launched(alloc: str) -> list[str]:
 
 
 def test_torchrun_across_four_nodes(sp: dict) -> None:
-    job = sp["cluster"].submit(DEBUG / "spmd.yaml", sets=["procs_per_node=2"])
+    job = sp["cluster"].submit(
+        DEBUG / "spmd.yaml", sets=["procs_per_node=2", "command=spmd.py --steps 3 --chatter 200"]
+    )
     record = job.wait(timeout=600)
     assert record.state is JobState.SUCCEEDED, job.logs()[-3000:]
+    # cde9410: `... ok=TrueSPMD rank=1 ...`: two ranks of a node glued their lines in one pipe.
+    chatter = [ln for ln in job.logs().splitlines() if "SPMD_CHATTER" in ln]
+    assert len(chatter) == 8 * 200
+    for ln in chatter:
+        prefix, text = ln.split("] ", 1)
+        rank = int(prefix.rsplit(" ", 1)[1])
+        assert text.startswith(f"SPMD_CHATTER rank={rank} ") and text.endswith("x" * 64), ln
     ranks = lines(job, "SPMD_RANK")
     assert sorted(r["rank"] for r in ranks) == list(range(8)) and {r["world"] for r in ranks} == {8}
     assert all(r["allreduce_ok"] for r in ranks)
