@@ -4,6 +4,11 @@ One actor per alive node (pinned to it), then one of:
   raise --on node3           node3's actor raises ValueError in a method: the job fails
   spam --on node2 --mb 100   node2's actor writes that many MB to its stdout, then the job ends
   tick --on node4 --seconds 120   node4's actor prints "tick N" every 0.1 s for that long
+  kaputt --on node3          node3's actor writes `RuntimeError: KAPUTT-node3` to its stderr and
+                             dies at once (os._exit(1)), without the driver seeing its output
+  hang                       every actor and the driver wait forever, printing nothing and using
+                             no CPU (what an NCCL hang looks like from outside)
+  big --gpus 5               an actor asks for more GPUs than a node has (it can never start)
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import os
 import socket
 import sys
+import threading
 import time
 
 import ray
@@ -36,6 +42,11 @@ class Worker:
                 sys.stdout.buffer.write(line)
             sys.stdout.write(f"spam done on {me}\n")
             sys.stdout.flush()
+        if mode == "kaputt":
+            os.write(2, f"RuntimeError: KAPUTT-{socket.gethostname()}\n".encode())
+            os._exit(1)
+        if mode == "hang":
+            threading.Event().wait()
         if mode == "tick":
             for n in range(int(seconds * 10)):
                 print(f"tick {n} at {time.time():.2f}", flush=True)
@@ -45,18 +56,25 @@ class Worker:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["raise", "spam", "tick"])
-    parser.add_argument("--on", required=True, help="the node (host name) whose actor does it")
+    parser.add_argument("mode", choices=["raise", "spam", "tick", "kaputt", "hang", "big"])
+    parser.add_argument("--on", default="", help="the node (host name) whose actor does it")
+    parser.add_argument("--gpus", type=float, default=5)
     parser.add_argument("--mb", type=float, default=100)
     parser.add_argument("--seconds", type=float, default=120)
     args = parser.parse_args()
-    ray.init(log_to_driver=args.mode != "spam")  # (100 MB through the driver's log too: no)
+    ray.init(log_to_driver=args.mode not in ("spam", "kaputt"))  # (100 MB through the driver's log: no)
+    if args.mode == "big":
+        print(f"asking for an actor with {args.gpus:g} GPUs", flush=True)
+        big = Worker.options(num_gpus=args.gpus).remote()
+        return 0 if ray.get(big.host.remote()) else 1  # (never: it cannot be placed)
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     workers = [
         Worker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
         for n in nodes
     ]
     hosts = ray.get([w.host.remote() for w in workers])
+    if args.mode == "hang":
+        args.on = hosts[0]
     if args.on not in hosts:
         print(f"no node {args.on} among {hosts}", file=sys.stderr)
         return 2

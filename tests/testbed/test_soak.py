@@ -1,0 +1,39 @@
+"""A queue that runs all night: 40+ jobs on one cluster while faults are injected (the scenario:
+tests/testbed/soak.py; the longer run with figures: bench/soak.py).
+
+Pass: every job reaches exactly one terminal state, none runs twice, none is lost; the readers
+never fail; the allocation of a SIGKILLed head is released within a minute; nothing is left in
+SLURM or on the nodes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .soak import cleanup, prepare, summary
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+
+
+@pytest.mark.timeout(1800)
+def test_a_queue_survives_a_night_of_faults(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    soak = prepare(testbed / f"soak-{os.getpid()}", setenv=monkeypatch.setenv)
+    try:
+        figures = soak.run()
+    finally:
+        cleanup(soak)
+    print("SOAK " + summary(figures))
+    problems = figures["problems"]
+    assert figures["lost"] == 0 and figures["queue_left"] == 0, problems
+    assert figures["terminal_twice"] == 0 and figures["ran_twice"] == 0, problems
+    assert figures["reader_failures"] == 0 and figures["corrupt"] == [], problems
+    assert figures["left_in_slurm"] == [] and figures["left_on_nodes"] == {}
+    assert figures["head_kill_release_s"] <= 60
+    messages = figures["messages"]
+    assert messages["big"].startswith("infeasible: actor Worker wants {GPU: 5"), messages
+    assert messages["hang"].startswith("hung: no output or activity for 15s; stacks in"), messages
+    assert "FIFO" in messages["fifo"], messages
+    states = figures["by_state"]
+    assert states["SUCCEEDED"] >= 30 and states["FAILED"] >= 9, states
