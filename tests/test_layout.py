@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "raystack"
 # Lower layers never import higher ones. A module may import its own layer's modules.
 LAYERS = [
-    ["errors", "waiting"],
+    ["errors", "waiting", "slurmtime"],
     ["store"],
     ["adapters"],
     ["plan"],

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from raystack import slurmtime
 from raystack.adapters import local
 from raystack.errors import SlurmError
 
@@ -156,17 +157,11 @@ def parse_timestamp(text: str) -> int:
 
 
 def parse_duration(text: str) -> int:
-    """SLURM's [D-]HH:MM:SS, MM:SS or minutes as seconds; 0 for UNLIMITED, INVALID, N/A."""
-    text = text.strip()
-    days, _, rest = text.rpartition("-")
-    parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()):
+    """SLURM's time limit as seconds; 0 for UNLIMITED, INVALID, N/A (anything not a time)."""
+    try:
+        return slurmtime.seconds(text)
+    except ValueError:
         return 0
-    numbers = [int(p) for p in parts]
-    seconds = {1: lambda n: n[0] * 60, 2: lambda n: n[0] * 60 + n[1]}.get(
-        len(numbers), lambda n: n[-3] * 3600 + n[-2] * 60 + n[-1]
-    )(numbers)
-    return int(days or 0) * 86400 + seconds
 
 
 def parse_squeue(text: str) -> dict[str, JobInfo]:

@@ -29,6 +29,7 @@ from raystack.spec.planning import PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
     ENV_NAME,
+    RAW_TEXT_PATHS,
     load_yaml,
     one_line_error,
     parse_duration,
@@ -211,12 +212,12 @@ class JobSpec(BaseModel):
 # ---------------------------------------------------------------------------- overrides
 def parse_set(item: str) -> tuple[list[str], Any]:
     """'needs.gpus=8' -> (['needs', 'gpus'], 8): the value is read as YAML (so 8 is an int),
-    except under env, where it is kept as written (env.LR=1e-6 is "1e-6")."""
+    except under env and resume.env, where it is kept as written (env.LR=1e-6 is "1e-6")."""
     key, sep, raw = item.partition("=")
     path = key.split(".")
     if not sep or not key or any(not part for part in path):
         raise ConfigError(f"--set {quote(item)}: use --set key.sub=value, e.g. --set env.LR=1e-6")
-    if (path[0] == "env" and len(path) == 2) or raw == "":
+    if tuple(path[:-1]) in RAW_TEXT_PATHS or raw == "":
         return path, raw
     return path, parse_yaml(raw, f"--set {quote(item)}", invalid_as_text=True)
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from raystack import slurmtime
 from raystack.errors import ConfigError
 
 # SLURM's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
@@ -25,22 +26,12 @@ _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 def time_to_seconds(value: str) -> int:
     """Seconds in a SLURM --time value (validated with `validate_time` first)."""
-    days, _, rest = value.rpartition("-") if "-" in value else ("0", "", value)
-    parts = [int(p) for p in rest.split(":")]
-    if "-" in value:  # D-H[:M[:S]]
-        h, m, s = [*parts, 0, 0][:3]
-    elif len(parts) == 1:  # M
-        h, m, s = 0, parts[0], 0
-    elif len(parts) == 2:  # M:S
-        h, m, s = 0, parts[0], parts[1]
-    else:
-        h, m, s = parts
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+    return slurmtime.seconds(value)
 
 
 def validate_time(value: str, field: str = "--time") -> str:
     value = str(value).strip()
-    if not _TIME.fullmatch(value) or time_to_seconds(value) <= 0:
+    if not _TIME.fullmatch(value) or slurmtime.seconds(value) <= 0:
         raise ConfigError(
             f"{field}: {value!r} is not a SLURM time; use minutes, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00)"
         )
@@ -175,7 +166,8 @@ def quote(value: Any) -> str:
 # ---------------------------------------------------------------------------- YAML
 MAX_FILE = 1 << 20  # bytes: a profile or job spec is a few lines
 MAX_NODES = 10_000  # YAML values after expanding aliases (a "billion laughs" spec stays small on disk)
-RAW_TEXT_KEYS = ("env",)  # mappings whose values are kept as written: LR: 1e-6 stays "1e-6"
+# mappings whose values are kept as written (LR: 1e-6 stays "1e-6", 010 stays "010", yes stays "yes")
+RAW_TEXT_PATHS = (("env",), ("resume", "env"))
 
 
 class _Loader(yaml.SafeLoader):
@@ -211,21 +203,22 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int
     return memo[id(node)]
 
 
-def _raw_text_values(node: yaml.Node) -> None:
-    """Make the scalar values of top-level RAW_TEXT_KEYS mappings plain strings, as written."""
+def _raw_text_values(node: yaml.Node, path: tuple[str, ...] = ()) -> None:
+    """Make the scalar values of the RAW_TEXT_PATHS mappings plain strings, as written."""
     if not isinstance(node, yaml.MappingNode):
         return
     for key, value in node.value:
-        if (
-            isinstance(key, yaml.ScalarNode)
-            and key.value in RAW_TEXT_KEYS
-            and isinstance(value, yaml.MappingNode)
-        ):
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        here = (*path, key.value)
+        if here in RAW_TEXT_PATHS and isinstance(value, yaml.MappingNode):
             for _, item in value.value:
                 if isinstance(item, yaml.ScalarNode):
                     if item.tag == "tag:yaml.org,2002:null":
                         item.value = ""
                     item.tag = "tag:yaml.org,2002:str"
+        elif any(p[: len(here)] == here for p in RAW_TEXT_PATHS):
+            _raw_text_values(value, here)
 
 
 def parse_yaml(text: str, source: str, raw_text: bool = True, invalid_as_text: bool = False) -> Any:

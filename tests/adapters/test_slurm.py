@@ -41,6 +41,9 @@ def test_squeue_format_states_times_and_names() -> None:
         ("1-00:00:00", 86400),
         ("2-03:04:05", 183845),
         ("5", 300),
+        ("1-2", 93600),
+        ("1-2:30", 95400),
+        ("10:30", 630),
         ("UNLIMITED", 0),
         ("INVALID", 0),
         ("N/A", 0),
@@ -48,6 +51,15 @@ def test_squeue_format_states_times_and_names() -> None:
 )
 def test_slurm_durations(text: str, seconds: int) -> None:
     assert slurm.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1-2", "1-2:30", "1-02:03:04", "45", "10:30", "2:00:00", "0-12"])
+def test_one_reading_of_slurm_time(text: str) -> None:
+    """squeue's limit and a user's --time are read the same way (`1-2` was 1 day 2 hours in one
+    parser and 1 day 2 minutes in the other)."""
+    from raystack.spec.values import time_to_seconds, validate_time
+
+    assert slurm.parse_duration(text) == time_to_seconds(validate_time(text))
 
 
 def test_timestamps() -> None:

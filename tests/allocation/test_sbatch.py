@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ from raystack.allocation import sbatch as allocation
 from raystack.allocation.sbatch import AllocationPlan
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile
+
+from ..conftest import wait_until
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -186,12 +187,12 @@ def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: P
     body = script.split('\nlogs="', 1)[1]
     fake = (
         f"RAYSTACK_HOME={tmp_path}; RAYSTACK_CLUSTER=c; SLURM_JOB_ID=42; SLURM_JOB_NUM_NODES=1\n"
-        "srun() { sleep 1.5; return 3; }\n"
+        f"srun() {{ touch {tmp_path}/srun-started; sleep 1.5; return 3; }}\n"
         f'logs="{tmp_path}/logs"\n' + body.split("\n", 1)[1]
     )
     (tmp_path / "clusters" / "c").mkdir(parents=True)
     proc = subprocess.Popen(["bash", "-c", fake], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    wait_until(lambda: (tmp_path / "srun-started").exists(), 10, "the script to reach srun")
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=10)
     assert "walltime warning" in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from raystack.allocation import worker
 from raystack.allocation.context import NodeContext
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.waiting import FakeClock
 
 
 @pytest.fixture
@@ -53,16 +53,20 @@ def test_the_first_window_starts_at_once_the_rest_wait_for_their_turn(home: Path
     worker.wait_turn(ctx(home, node_id=9, window=0))  # no window: all at once
     assert time.monotonic() - t0 < 0.5
 
-    done = threading.Event()
-    waiter = threading.Thread(target=lambda: (worker.wait_turn(ctx(home, node_id=6, window=4)), done.set()))
-    waiter.start()
-    for joined in (2, 2, 2):  # the head and one worker: worker 6 needs 6 - 4 + 1 = 3 nodes
-        clusters.update("c", nodes_joined=joined)
-        time.sleep(0.1)
-        assert not done.is_set()
-    clusters.update("c", nodes_joined=3)
-    assert done.wait(5)
-    waiter.join()
+    # Worker 6 of window 4 needs 6 - 4 + 1 = 3 nodes (the head and two workers). On a fake clock
+    # each poll is one sleep: it waits through every read that counts 2, and goes at the first 3.
+    clock, seen = FakeClock(), []
+
+    def sleep(seconds: float) -> None:
+        seen.append(clusters.read("c").nodes_joined)
+        clock.advance(seconds)
+        if len(seen) == 3:
+            clusters.update("c", nodes_joined=3)
+
+    clock.sleep = sleep
+    clusters.update("c", nodes_joined=2)
+    worker.wait_turn(ctx(home, node_id=6, window=4), clock=clock)
+    assert seen == [2, 2, 2]
 
 
 def test_a_stalled_wave_or_an_ended_cluster_lets_the_waiter_go(

@@ -20,11 +20,11 @@ from raystack.allocation.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec
+from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec, resumed_spec
 from raystack.spec.resolve import resolve
 from raystack.spec.values import parse_duration
 from raystack.store import cluster as clusters
-from raystack.store import ledger, paths, queue
+from raystack.store import ledger, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -343,9 +343,16 @@ def test_stopped_cluster_refuses_jobs(home: Path) -> None:
 
 def test_resolve_is_pure_and_checks_before_writing(home: Path) -> None:
     spec = JobSpec(name="x", entrypoint="true", needs={"gpus": 17})  # type: ignore[arg-type]
+    before = sorted((p, p.stat().st_mtime_ns) for p in home.rglob("*"))
     with pytest.raises(ConfigError, match=r"needs\.gpus=17"):
         resolve(spec, clusters.read("c4"), home, "job spec x")
-    assert not paths.cluster("c4").queue.exists() or queue.waiting("c4") == []
+    resolve(
+        spec.model_copy(update={"needs": spec.needs.model_copy(update={"gpus": 4})}),
+        clusters.read("c4"),
+        home,
+        "x",
+    )
+    assert sorted((p, p.stat().st_mtime_ns) for p in home.rglob("*")) == before  # nothing written
 
 
 def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
@@ -381,6 +388,15 @@ def test_numbers_in_env_stay_as_written(home: Path) -> None:
     done = submit(home, "--set", "env.SEED=42", "--set", "env.LR=1e-6", "--", "true")
     assert done.returncode == 0, done.stderr
     assert ledger.all_jobs("c4")[-1].request.env == {"SEED": "42", "LR": "1e-6"}
+
+
+def test_resume_env_stays_as_written(home: Path) -> None:
+    """resume.env is an env like the spec's own: 010 is not 8, yes is not true."""
+    path = write(home, GOOD + "resume: {env: {STEP: 010, FLAG: yes, LR: 1.0e-6, NONE: }}\n")
+    spec = load_spec(path, ["resume.env.SEED=0x10"])
+    assert spec.resume.env == {"STEP": "010", "FLAG": "yes", "LR": "1.0e-6", "NONE": "", "SEED": "0x10"}
+    resumed = resumed_spec(spec, str(path))
+    assert resumed is not None and resumed.env["STEP"] == "010" and resumed.env["FLAG"] == "yes"
 
 
 def test_non_utf8_spec_is_one_line(home: Path) -> None:

@@ -195,6 +195,7 @@ def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
         "--parsable",
         "--nodes=1",
         "--job-name=raystack-dup",
+        f"--output={rs_home / 'dup-%j.out'}",  # not slurm-%j.out in the working directory
         str(REPO / "slurm" / "raystack.sbatch"),
     ]
     first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()

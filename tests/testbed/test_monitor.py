@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.ray import Dashboard
+from raystack.errors import RayApiError
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterState
 from raystack.store.ledger import JobState, read_job
@@ -93,7 +94,10 @@ def test_prometheus_on_the_head_scrapes_every_node(mon: dict) -> None:
     wait_until(scraped, 45, "Prometheus to hold Ray's node metrics of both nodes", interval=2)
     # The dashboard was started pointing at it (its Metrics features query it server-side).
     dash = Dashboard.of(NAME, str(record.dashboard_url))
-    assert dash._get("/api/prometheus_health") is not None
+    try:  # HTTP 500 ("prometheus healthcheck failed.") unless the dashboard's query reached it
+        dash._get("/api/prometheus_health")
+    except RayApiError as exc:
+        pytest.fail(f"the dashboard does not reach the head's Prometheus: {exc}")
     status = raystack("status", NAME)
     assert f"Prometheus on the head at {record.prometheus}" in status.stdout
 
