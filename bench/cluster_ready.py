@@ -98,7 +98,6 @@ class Failed(Exception):
 def wait_running(job: str) -> float:
     """Epoch time at which squeue first shows the job RUNNING (50 ms polling)."""
     while True:
-        slurm.forget(job)
         info = slurm.job_info(job)
         if info and info.state is slurm.SlurmState.RUNNING:
             return time.time()
@@ -163,7 +162,6 @@ def run_baseline(kind: str, nodes: int, workdir: Path) -> float:
     )
     try:
         running = wait_running(job)
-        slurm.forget(job)
         info = slurm.job_info(job)
         assert info is not None
         head = slurm.hostnames(info.nodes)[0]
@@ -182,7 +180,7 @@ def run_raystack(nodes: int, name: str, window: int | None, actors: int, extra: 
     if window is not None:
         profile = profile.model_copy(update={"join_window": window})
     cluster = Cluster.up(nodes, profile=profile, name=name, wait=False)
-    job = str(cluster.record().slurm_job_id)
+    job = str(cluster.record().allocation_id)
     try:
         running = wait_running(job)
         try:

@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS, publish
 
-from raystack.allocation import context as node_context
+from raystack.allocation import duties as node_duties
 from raystack.allocation import head as head_mod
 from raystack.allocation import worker as worker_mod
-from raystack.allocation.context import GpuReport, Heartbeat, NodeContext
+from raystack.allocation.context import NodeContext
+from raystack.allocation.duties import GpuReport, Heartbeat
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.logsync import LogSync
 from raystack.allocation.stacks import StackRequests
@@ -113,7 +114,7 @@ class LegacyGpuReport:
 def node(i: int, n: int, temp: Path) -> NodeContext:
     ctx = NodeContext(
         cluster="b",
-        job_id="100",
+        alloc_id="100",
         node_id=i,
         num_nodes=n,
         host=f"node{i + 1}",
@@ -125,7 +126,7 @@ def node(i: int, n: int, temp: Path) -> NodeContext:
         join_timeout=300,
         ray_logs=Caps(every=30),
     )
-    ctx.entry = {"ip": ctx.ip, "node_id": i, "gpus": 4, "cpus": 64, "job_id": "100"}
+    ctx.entry = {"ip": ctx.ip, "node_id": i, "gpus": 4, "cpus": 64, "alloc_id": "100"}
     records.write_node_entry("b", ctx.host, ctx.entry)
     return ctx
 
@@ -152,7 +153,7 @@ def simulate(n: int, seconds: int, legacy: bool) -> dict[str, float]:
         ClusterRecord(
             name="b",
             state=ClusterState.READY,
-            slurm_job_id="100",
+            allocation_id="100",
             nodes=[f"node{i + 1}" for i in range(n)],
             nodes_expected=n,
             gcs_address="10.1.0.1:6379",
@@ -161,8 +162,8 @@ def simulate(n: int, seconds: int, legacy: bool) -> dict[str, float]:
     )
     clock = FakeClock()
     ctxs = [node(i, n, home / "tmp") for i in range(n)]
-    node_context.has_nvidia_smi = lambda: True  # type: ignore[assignment]
-    node_context.gpu_processes = lambda: []  # type: ignore[assignment]
+    node_duties.has_nvidia_smi = lambda: True  # type: ignore[assignment]
+    node_duties.gpu_processes = lambda: []  # type: ignore[assignment]
     duties: list[Callable[[], object]] = []
     for c in ctxs:
         sampler = UsageSampler("b", "100", c.host, clock=clock)

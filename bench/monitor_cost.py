@@ -31,12 +31,13 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 from _report import publish  # noqa: E402
 
-from raystack.allocation.usage import UsageSampler, read_samples  # noqa: E402
+from raystack.allocation.usage import UsageSampler  # noqa: E402
 from raystack.client import report  # noqa: E402
 from raystack.store import cluster as clusters  # noqa: E402
 from raystack.store import paths  # noqa: E402
 from raystack.store.cluster import ClusterRecord, ClusterState  # noqa: E402
 from raystack.store.ledger import JobRecord, JobRequest  # noqa: E402
+from raystack.store.usage import read_samples  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
@@ -86,8 +87,8 @@ def synthetic(nodes: int = 16, gpus: int = 4, hours: float = 24, every: float = 
             t += every
         (p.usage / f"1-node{n:02d}.jsonl").write_text("\n".join(lines) + "\n")
     record = ClusterRecord(
-        name="bench", state=ClusterState.STOPPED, slurm_job_id="1", nodes_expected=nodes,
-        allocations=[{"job_id": "1", "started": t0, "ready": t0 + 60, "ended": end, "nodes": nodes}],
+        name="bench", state=ClusterState.STOPPED, allocation_id="1", nodes_expected=nodes,
+        allocations=[{"alloc_id": "1", "started": t0, "ready": t0 + 60, "ended": end, "nodes": nodes}],
     )  # fmt: skip
     clusters.write(record)
     records = []

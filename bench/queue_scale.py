@@ -88,7 +88,7 @@ def measure(cluster: Cluster, n: int, window: float) -> dict:
             [sys.executable, "-m", "raystack.cli", "queue", cluster.name], capture_output=True, check=True
         )
         queue_s.append(time.perf_counter() - t0)
-    pid = runner_pid(str(cluster.record().slurm_job_id))
+    pid = runner_pid(str(cluster.record().allocation_id))
     c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(window)
     cpu_pct = 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0)

@@ -78,7 +78,7 @@ def through_srun(cluster: Cluster, i: int) -> float:
     )
     t0 = time.time()
     proc = subprocess.run(
-        ["srun", f"--jobid={record.slurm_job_id}", "--overlap", f"--nodes={NODES}", f"--ntasks={NODES}",
+        ["srun", f"--jobid={record.allocation_id}", "--overlap", f"--nodes={NODES}", f"--ntasks={NODES}",
          "--ntasks-per-node=1", "bash", "-c", inner],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -1,11 +1,14 @@
-"""The package layout is the architecture: imports point down the layers, never in a circle, and
-no module grows past 600 lines. `python tests/test_layout.py` prints the tree and the graph.
+"""The package layout is the architecture: imports point down the layers, never in a circle, the
+CLI speaks only to the Python API, no module grows past 600 lines and no function past 60, and
+the README's table of folders lists the layers in this order. `python tests/test_layout.py`
+prints the tree and the graph.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raystack"
@@ -14,6 +17,7 @@ LAYERS = [
     ["errors", "waiting", "slurmtime"],
     ["store"],
     ["adapters"],
+    ["walltime"],  # how an allocation ends and the chain goes on: the head, workers and clients
     ["plan"],
     ["launch"],
     ["spec"],
@@ -22,6 +26,10 @@ LAYERS = [
     ["cli", "__init__", "__main__"],
 ]
 MAX_LINES = 600
+MAX_FUNCTION = 60
+# What the CLI may import: the Python API, and the pure layers it shows (specs, plans, errors).
+CLI_MAY_USE = {"cli", "client", "spec", "plan", "errors", "__init__"}
+README = PACKAGE.parent / "README.md"
 
 
 def layer_of(module: str) -> int:
@@ -102,6 +110,51 @@ def test_no_import_circles() -> None:
 def test_modules_stay_small() -> None:
     big = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
     assert {n: c for n, c in big.items() if c > MAX_LINES} == {}
+
+
+def test_functions_stay_short() -> None:
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == [], "functions over 60 lines: " + ", ".join(long)
+
+
+def folder(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def imports_from(src: str, allowed: Callable[[str], bool]) -> list[str]:
+    """Imports of folder `src`'s modules whose target folder is not `allowed`."""
+    return [
+        f"{a} -> {b}"
+        for a, targets in graph().items()
+        if folder(a) == src
+        for b in targets
+        if not allowed(folder(b))
+    ]
+
+
+def test_cli_speaks_only_to_the_python_api() -> None:
+    outside = imports_from("cli", lambda f: f in CLI_MAY_USE)
+    assert outside == [], "the CLI goes around raystack.client: " + ", ".join(outside)
+
+
+def test_allocation_runs_on_the_nodes_only() -> None:
+    """allocation/ is what runs inside the allocation: nothing of it imports the login side."""
+    assert imports_from("allocation", lambda f: f not in ("client", "cli")) == []
+
+
+def test_the_readme_lists_the_layers_in_order() -> None:
+    """The README's table of folders, top to bottom, is LAYERS from the top down."""
+    rows = [ln for ln in README.read_text().splitlines() if ln.startswith("| `raystack/")]
+    folders = [row.split("`")[1].removeprefix("raystack/").rstrip("/").removesuffix(".py") for row in rows]
+    listed = [layer_of(f"raystack.{f}") for f in folders if f != "profiles"]
+    assert listed == sorted(listed, reverse=True), f"README lists the layers out of order: {folders}"
+    assert len(set(listed)) == len(LAYERS)  # every layer
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ small launch script, detached from the terminal. Such an allocation is named
 `local-<host>-<random>`; that id travels in the node program's environment as RAYSTACK_LOCAL_ID
 and is how it is found again: a process of this user on this host whose command is the node
 program and whose environment carries the id. Nothing is kept by pid, so a reused pid is never
-taken for it. The rest of raystack asks about it through `slurm.job_info` and `slurm.scancel`,
-which hand local ids to this module.
+taken for it. The rest of raystack asks about it through `allocator.LocalAllocator` (chosen by
+the record's `backend`, never by the id's shape).
 """
 
 from __future__ import annotations
@@ -48,10 +48,6 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def is_local(job_id: str | None) -> bool:
-    return bool(job_id) and str(job_id).startswith(PREFIX)
-
-
 def this_host() -> str:
     return socket.gethostname().split(".")[0]
 
@@ -60,17 +56,17 @@ def new_id() -> str:
     return f"{PREFIX}{this_host()}-{secrets.token_hex(4)}"
 
 
-def host_of(job_id: str) -> str:
-    return job_id[len(PREFIX) :].rsplit("-", 1)[0]
+def host_of(alloc_id: str) -> str:
+    return alloc_id[len(PREFIX) :].rsplit("-", 1)[0]
 
 
-def pids(job_id: str, everything: bool = False) -> list[int] | None:
+def pids(alloc_id: str, everything: bool = False) -> list[int] | None:
     """The node program's processes of this local allocation ([] when it has ended; with
     `everything`, every process that inherited its id: Ray's daemons, workers, jobs); None when
     it runs on another host, where this one cannot look."""
-    if host_of(job_id) != this_host():
+    if host_of(alloc_id) != this_host():
         return None
-    needle = f"{ENV_ID}={job_id}\0".encode()
+    needle = f"{ENV_ID}={alloc_id}\0".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -86,11 +82,11 @@ def pids(job_id: str, everything: bool = False) -> list[int] | None:
     return found
 
 
-def alive(job_id: str, confirm: int = 3) -> bool | None:
+def alive(alloc_id: str, confirm: int = 3) -> bool | None:
     """Whether the node program runs. "No" is said only after `confirm` looks 0.2 s apart: while
     the launch script execs the node program, its command line reads empty for a moment."""
     for attempt in range(confirm):
-        found = pids(job_id)
+        found = pids(alloc_id)
         if found is None or found:
             return None if found is None else True
         if attempt + 1 < confirm:
@@ -98,13 +94,13 @@ def alive(job_id: str, confirm: int = 3) -> bool | None:
     return False
 
 
-def start(job_id: str, script: Path, log: Path) -> None:
-    """Run a launch script detached (its own session: the terminal may close), named `job_id`."""
+def start(alloc_id: str, script: Path, log: Path) -> None:
+    """Run a launch script detached (its own session: the terminal may close), named `alloc_id`."""
     with open(log, "ab") as out:
         subprocess.Popen(
             [LAUNCHER, str(script)],
             executable=shutil.which("bash") or "/bin/bash",
-            env={**os.environ, ENV_ID: job_id},
+            env={**os.environ, ENV_ID: alloc_id},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -113,19 +109,19 @@ def start(job_id: str, script: Path, log: Path) -> None:
         )
 
 
-def stop(job_id: str, sig: int = signal.SIGTERM) -> None:
+def stop(alloc_id: str, sig: int = signal.SIGTERM) -> None:
     """Signal the node program (it stops its Ray processes and jobs itself); no-op once ended."""
-    for pid in pids(job_id) or []:
+    for pid in pids(alloc_id) or []:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
-def sweep(job_id: str) -> list[int]:
+def sweep(alloc_id: str) -> list[int]:
     """Once the node program is gone: SIGKILL whatever it left (a SIGKILLed node program cannot
     stop its Ray; SLURM would kill the step's cgroup, here nothing else will). The pids killed."""
-    if alive(job_id):
+    if alive(alloc_id):
         return []
-    left = pids(job_id, everything=True) or []
+    left = pids(alloc_id, everything=True) or []
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

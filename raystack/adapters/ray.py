@@ -11,9 +11,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raystack.errors import RayApiError
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails
+
+from raystack.errors import AlreadyExists, AuthRejected, NotFound, RayApiError, RayUnreachable
 
 TIMEOUT = 10  # seconds for one State API call
 
@@ -39,24 +42,24 @@ def short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def is_auth_error(exc: BaseException) -> bool:
-    text = str(exc)
-    return type(exc).__name__ == "AuthenticationError" or "401" in text or "Unauthorized" in text
-
-
-def is_not_found(exc: BaseException) -> bool:
-    text = str(exc)
-    return "does not exist" in text or "404" in text
-
-
-def is_already_exists(exc: BaseException) -> bool:
-    return "already exists" in str(exc)
-
-
-def is_connection_error(exc: BaseException) -> bool:
+def translate(exc: BaseException) -> RayApiError:
+    """What Ray's SDK raised (a RuntimeError carrying the HTTP status and body, requests' own
+    errors) as the typed error callers act on: the one place Ray's texts are read."""
     import requests
 
-    return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError)
+    if isinstance(exc, RayApiError):
+        return exc
+    text = str(exc)
+    kind: type[RayApiError] = RayApiError
+    if isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError):
+        kind = RayUnreachable
+    elif type(exc).__name__ == "AuthenticationError" or "401" in text or "Unauthorized" in text:
+        kind = AuthRejected
+    elif "already exists" in text:
+        kind = AlreadyExists
+    elif "does not exist" in text or "404" in text:
+        kind = NotFound
+    return kind(text)
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,11 @@ class Dashboard:
         try:
             return JobSubmissionClient(self.url, headers=auth_headers(self.token), verify=self.verify)
         except Exception as exc:
-            raise RayApiError(f"Jobs API at {self.url} did not answer: {self._why(exc)}") from exc
+            kind = type(translate(exc))
+            raise kind(f"Jobs API at {self.url} did not answer: {self._why(exc)}") from exc
 
     def _why(self, exc: BaseException) -> str:
-        if is_auth_error(exc):
+        if isinstance(translate(exc), AuthRejected):
             return "401 from the Jobs API: the token was refused (is it this cluster's token file?)"
         return short(exc)
 
@@ -319,17 +323,24 @@ class Dashboard:
     def submit(
         self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], **options: Any
     ) -> None:
-        """Submit a job. Raises Ray's own exception (callers tell 'already exists' apart)."""
-        self.jobs.submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, **options
-        )
+        """Submit a job. Raises a RayApiError (AlreadyExists, RayUnreachable, ...) for Ray's refusal;
+        what the packaging of its working_dir raises (OSError, ValueError) passes unchanged."""
+        try:
+            self.jobs.submit_job(
+                entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, **options
+            )
+        except (RuntimeError, OSError) as exc:
+            translated = translate(exc)
+            if type(translated) is RayApiError and not isinstance(exc, RuntimeError):
+                raise  # (a local file error while packaging, not Ray's answer)
+            raise translated from exc
 
-    def info(self, submission_id: str) -> Any | None:
+    def info(self, submission_id: str) -> JobDetails | None:
         """Ray's JobDetails, or None when Ray does not know this submission id."""
         try:
             return self.jobs.get_job_info(submission_id)
         except RuntimeError as exc:
-            if is_not_found(exc):
+            if isinstance(translate(exc), NotFound):
                 return None
             raise
 

@@ -9,6 +9,7 @@ Parsers are pure functions tested against outputs recorded on the testbed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,8 +20,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 from raystack import slurmtime
-from raystack.adapters import local
-from raystack.errors import SlurmError
+from raystack.errors import (
+    AccountingDisabled,
+    JobEnding,
+    JobNotFound,
+    SlurmError,
+    SlurmMissing,
+    SlurmUnavailable,
+)
 
 CACHE_TTL = 1.0  # seconds a job's state is reused within one process
 
@@ -107,30 +114,39 @@ class NodeShape:
 
 
 # ---------------------------------------------------------------------------- command runner
-CALLS: list[str] = []  # every SLURM command this process ran (read by tests and benchmarks)
 
 
 def _run(argv: Sequence[str], *, timeout: float = 60) -> str:
     """Run one SLURM command; return stdout or raise SlurmError with its stderr."""
     if shutil.which(argv[0]) is None:
-        raise SlurmError(
+        raise SlurmMissing(
             f"`{argv[0]}` is not on PATH: run raystack on a SLURM login node "
             "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
         )
-    CALLS.append(argv[0])
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise SlurmError(f"`{' '.join(argv)}` did not answer within {timeout:.0f}s") from exc
+        raise SlurmUnavailable(f"`{' '.join(argv)}` did not answer within {timeout:.0f}s") from exc
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip().replace("\n", " ")
-        raise SlurmError(f"`{' '.join(argv[:2])}` failed: {message or f'exit {proc.returncode}'}")
+        raise refusal(message)(f"`{' '.join(argv[:2])}` failed: {message or f'exit {proc.returncode}'}")
     return proc.stdout
 
 
-def _invalid_job_id(exc: SlurmError) -> bool:
-    """slurmctld answered that it does not know the job (unlike a failure to ask it)."""
-    return "Invalid job id" in str(exc)
+# What SLURM's commands print when they refuse, as the error type callers act on (the only place
+# their texts are read).
+REFUSALS: tuple[tuple[str, type[SlurmError]], ...] = (
+    ("Invalid job id", JobNotFound),
+    ("already completing", JobEnding),
+    ("accounting storage is disabled", AccountingDisabled),
+    ("Unable to contact slurm controller", SlurmUnavailable),
+    ("Socket timed out", SlurmUnavailable),
+)
+
+
+def refusal(message: str) -> type[SlurmError]:
+    """The error type of a SLURM command's complaint."""
+    return next((kind for text, kind in REFUSALS if text in message), SlurmError)
 
 
 # ---------------------------------------------------------------------------- parsers (pure)
@@ -254,64 +270,29 @@ def sbatch(options: Sequence[str], script: str) -> str:
     return parse_sbatch_parsable(_run(["sbatch", "--parsable", *options, script]))
 
 
-_cache: dict[str, tuple[float, JobInfo | None]] = {}
-
-
-def forget(job_id: str | None = None) -> None:
-    """Drop cached answers (all, or one job's), so the next query asks SLURM again."""
-    if job_id is None:
-        _cache.clear()
-    else:
-        _cache.pop(job_id, None)
-
-
 def job_info(job_id: str) -> JobInfo | None:
-    """One job's state: `squeue --jobs=ID`, then sacct for a job slurmctld has forgotten.
+    """One job's state: `squeue --jobs=ID`, then sacct for a job slurmctld has forgotten (asked
+    every time; SlurmAllocator keeps answers for CACHE_TTL).
 
     GONE only when SLURM says so: squeue answers "Invalid job id" AND accounting has no row
     (or is disabled). None when SLURM could not be asked: an error is never an answer.
     """
-    if local.is_local(job_id):
-        return local_info(job_id)
-    cached = _cache.get(job_id)
-    if cached and time.monotonic() - cached[0] < CACHE_TTL:
-        return cached[1]
-    info = _job_info(job_id)
-    _cache[job_id] = (time.monotonic(), info)
-    return info
-
-
-def _job_info(job_id: str) -> JobInfo | None:
     try:
         out = _run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={SQUEUE_FORMAT}"])
         found = parse_squeue(out).get(job_id)
         if found is not None:
             return found
-    except SlurmError as exc:
-        if not _invalid_job_id(exc):
-            return None
+    except JobNotFound:
+        pass
+    except SlurmError:
+        return None
     try:
         out = _run(["sacct", "--parsable2", "--noheader", "-j", job_id, "--format=" + ",".join(SACCT_FIELDS)])
         return parse_sacct(out).get(job_id) or JobInfo(job_id, SlurmState.GONE)
-    except SlurmError as exc:
-        if "accounting storage is disabled" in str(exc):
-            return JobInfo(job_id, SlurmState.GONE)
+    except AccountingDisabled:
+        return JobInfo(job_id, SlurmState.GONE)
+    except SlurmError:
         return None
-
-
-LOCAL_ENDED = "the local node program is no longer running"
-
-
-def local_info(job_id: str) -> JobInfo | None:
-    """A local cluster's allocation (`raystack up --local`) in SLURM's terms: RUNNING while its
-    node program lives, COMPLETED once it has gone; None from another host (it cannot be asked)."""
-    alive = local.alive(job_id)
-    if alive is None:
-        return None
-    host = local.host_of(job_id)
-    if alive:
-        return JobInfo(job_id, SlurmState.RUNNING, name="raystack-local", nodes=host, node_count=1)
-    return JobInfo(job_id, SlurmState.COMPLETED, reason=LOCAL_ENDED, nodes=host, node_count=1)
 
 
 def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
@@ -328,15 +309,8 @@ def node_shape(partition: str | None) -> NodeShape:
 
 def scancel(job_id: str) -> None:
     """Cancel a job; cancelling a finished job is not an error."""
-    if local.is_local(job_id):
-        local.stop(job_id)
-        return
-    forget(job_id)
-    try:
+    with contextlib.suppress(JobNotFound, JobEnding):
         _run(["scancel", job_id])
-    except SlurmError as exc:
-        if "Invalid job id" not in str(exc) and "already completing" not in str(exc):
-            raise
 
 
 def hostnames(nodelist: str) -> list[str]:

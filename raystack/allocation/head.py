@@ -19,49 +19,42 @@ import sys
 import time
 from collections.abc import Callable
 
-from raystack.adapters import local, slurm
+from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard, NodeSummary
 from raystack.allocation import prometheus
 from raystack.allocation.context import (
     POLL,
-    GpuReport,
-    Heartbeat,
     NodeContext,
-    Reaper,
     Stop,
     ignore_signals,
-    metrics_on,
     node_log,
     parse_cpus_per_node,
-    ray_env,
-    ray_start_argv,
-    stop_ray,
     wait_for,
 )
+from raystack.allocation.duties import GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
+from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
 from raystack.allocation.runner import LEASE_HELD
 from raystack.allocation.stacks import StackRequests
 from raystack.allocation.tlsfront import TlsFront
 from raystack.allocation.usage import UsageSampler
-from raystack.allocation.walltime import (
-    NODE_LOST,
-    WARNING,
+from raystack.errors import RaystackError
+from raystack.launch.process import die_with_parent
+from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store.cluster import ClusterState, EndKind
+from raystack.store.files import locked
+from raystack.store.growth import prune
+from raystack.store.queue import active, settle_orphans
+from raystack.waiting import REAL, Clock, Every, Guarded
+from raystack.walltime import (
     Ending,
     classify,
     end_allocation,
     ending,
     submit_follow_on,
 )
-from raystack.errors import RaystackError
-from raystack.launch.process import die_with_parent
-from raystack.store import cluster as records
-from raystack.store import paths
-from raystack.store.cluster import ClusterState
-from raystack.store.files import locked
-from raystack.store.growth import prune
-from raystack.store.queue import active, settle_orphans
-from raystack.waiting import REAL, Clock, Every, Guarded
 
 log = logging.getLogger("raystack.node")
 METRIC_PORTS = ("autoscaler_metrics", "dashboard_metrics")  # Ray's own counters, no auth
@@ -84,21 +77,24 @@ def claim(ctx: NodeContext) -> bool:
     p = paths.cluster(ctx.cluster)
     with locked(p):
         record = records.read(ctx.cluster) if records.exists(ctx.cluster) else None
-        other = record.slurm_job_id if record else None
-        if other and other != ctx.job_id:
-            info = slurm.job_info(other)
+        other = record.allocation_id if record else None
+        if other and other != ctx.alloc_id:
+            holder = allocator(record.backend) if record else ctx.allocator
+            info = holder.info(other)
             if info is None or not info.state.is_terminal():
                 state = info.state.value if info else "state unknown: SLURM did not answer"
                 raise Displaced(
-                    f"cluster {ctx.cluster} is already run by SLURM job {other} ({state}); "
-                    f"allocation {ctx.job_id} leaves it alone and exits"
+                    f"cluster {ctx.cluster} is already run by {holder.where(other)} ({state}); "
+                    f"allocation {ctx.alloc_id} leaves it alone and exits"
                 )
         record = record or records.ClusterRecord(name=ctx.cluster)
-        follow_on = record.next_job_id == ctx.job_id or (other == ctx.job_id and record.chain_index > 1)
-        if record.next_job_id == ctx.job_id:  # the last head could not hand over (SIGKILL)
-            records.apply_changes(record, {"chain_index": record.chain_index + 1, "next_job_id": None})
-        records.apply_changes(record, {"slurm_job_id": ctx.job_id, "ending": None})
-        records.note_allocation(record, ctx.job_id, started=time.time(), nodes=ctx.num_nodes)
+        follow_on = record.next_allocation_id == ctx.alloc_id or (
+            other == ctx.alloc_id and record.chain_index > 1
+        )
+        if record.next_allocation_id == ctx.alloc_id:  # the last head could not hand over (SIGKILL)
+            records.apply_changes(record, {"chain_index": record.chain_index + 1, "next_allocation_id": None})
+        records.apply_changes(record, {"allocation_id": ctx.alloc_id, "backend": ctx.backend, "ending": None})
+        records.note_allocation(record, ctx.alloc_id, started=time.time(), nodes=ctx.num_nodes)
         records.write(record)
         return follow_on
 
@@ -115,16 +111,19 @@ def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
 
 
 def wait_ready(
-    ctx: NodeContext, url: str, ray: RayProcess, beat: Callable[[], object] = lambda: None
+    ctx: NodeContext,
+    dashboard: Dashboard,
+    ray: RayProcess,
+    beat: Callable[[], object] = lambda: None,
+    clock: Clock = REAL,
 ) -> None:
     """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
-    dashboard = Dashboard.of(ctx.cluster, url)
     cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
     want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
     want_gpus = ctx.gpus * ctx.num_nodes
     # NOTE: the deadline moves with progress: a large start on a slow GCS may take longer than
     # join_timeout in all, but it fails only after join_timeout without a node joining.
-    deadline = time.monotonic() + ctx.join_timeout
+    deadline = clock.now() + ctx.join_timeout
     nodes: list[NodeSummary] = []
     joined, why = -1, "the State API has not answered yet"
     while True:
@@ -139,7 +138,7 @@ def wait_ready(
             cpus = sum(n.resources.get("CPU", 0) for n in nodes)
             if len(nodes) != joined:
                 if len(nodes) > joined >= 0:
-                    deadline = time.monotonic() + ctx.join_timeout
+                    deadline = clock.now() + ctx.join_timeout
                 joined = len(nodes)
                 log.info("%d/%d nodes joined (%g GPUs, %g CPUs)", joined, ctx.num_nodes, gpus, cpus)
                 records.update(
@@ -154,9 +153,9 @@ def wait_ready(
                 why = f"{joined}/{ctx.num_nodes} nodes, {gpus:g}/{want_gpus} GPUs, {cpus:g}/{want_cpus} CPUs"
         except RaystackError as exc:
             why = str(exc)
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             raise RaystackError(_not_ready_message(ctx, nodes, why))
-        time.sleep(POLL)
+        clock.sleep(POLL)
 
 
 def _not_ready_message(ctx: NodeContext, nodes: list[NodeSummary], why: str) -> str:
@@ -171,19 +170,19 @@ def _not_ready_message(ctx: NodeContext, nodes: list[NodeSummary], why: str) -> 
 
 
 def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
-    info = slurm.job_info(ctx.job_id)
+    info = ctx.allocator.info(ctx.alloc_id)
     nodelist = os.environ.get("SLURM_JOB_NODELIST", ctx.host)
     return dict(
         state=ClusterState.STARTING,
         message=f"Ray head starting on {ctx.host}; waiting for nodes",
-        slurm_job_id=ctx.job_id,
+        allocation_id=ctx.alloc_id,
         head_host=ctx.host,
         head_ip=ctx.ip,
         ports=ports,
         gcs_address=f"{ctx.ip}:{ports['gcs']}",
         dashboard_url=f"{'https' if ctx.tls else 'http'}://{ctx.ip}:{ports['dashboard']}",
         tls=ctx.tls is not None,
-        nodes=[ctx.host] if local.is_local(ctx.job_id) else slurm.hostnames(nodelist),
+        nodes=ctx.allocator.hosts(ctx.alloc_id, nodelist),
         nodes_expected=ctx.num_nodes,
         nodes_joined=0,
         gpus_per_node=ctx.gpus,
@@ -216,7 +215,7 @@ def run_head(ctx: NodeContext) -> int:
         reason = (
             "found when the next allocation of the chain started" if follow_on else "found at the next start"
         )
-        for job_id in settle_orphans(ctx.cluster, ctx.job_id, reason, requeue=follow_on):
+        for job_id in settle_orphans(ctx.cluster, ctx.alloc_id, reason, requeue=follow_on):
             log.warning(
                 "job %s was in flight in an allocation that ended: %s",
                 job_id,
@@ -235,9 +234,9 @@ def run_head(ctx: NodeContext) -> int:
         if not isinstance(exc, RaystackError | OSError):
             log.exception("the head's node program failed")
         end = (
-            ending("crashed", f"the head's node program failed: {exc}")
+            ending(EndKind.CRASHED, f"the head's node program failed: {exc}")
             if ready
-            else ending("failed", str(exc))
+            else ending(EndKind.FAILED, str(exc))
         )
     try:
         if head is not None:
@@ -246,18 +245,17 @@ def run_head(ctx: NodeContext) -> int:
         # An ended cluster must not hold its nodes until the walltime: the other nodes' tasks
         # would otherwise keep the allocation alive. (A local cluster ends with this program.)
         cancel_allocation(ctx)
-    return 1 if end.kind in ("failed", "crashed") else 0
+    return 1 if end.kind in (EndKind.FAILED, EndKind.CRASHED) else 0
 
 
 def prune_log(ctx: NodeContext) -> None:
-    for gone in prune(ctx.cluster, ctx.job_id, ctx.folder_cap):
+    for gone in prune(ctx.cluster, ctx.alloc_id, ctx.folder_cap):
         log.warning("cluster folder over its cap (profile folder_cap): removed %s", gone)
 
 
 def cancel_allocation(ctx: NodeContext) -> None:
-    if not local.is_local(ctx.job_id):
-        with contextlib.suppress(RaystackError):
-            slurm.scancel(ctx.job_id)
+    with contextlib.suppress(RaystackError):
+        ctx.allocator.release(ctx.alloc_id)
 
 
 class Head:
@@ -279,13 +277,13 @@ class Head:
         self.report = GpuReport(ctx, clock=clock)
         self.beat = Guarded("heartbeat", Heartbeat(ctx, clock), log, clock, cap=5.0)
         self.warned = False  # the walltime warning was passed on
-        self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.job_id)  # left by the batch shell
+        self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.alloc_id)  # left by the batch shell
         self.nodes = NodeWatch(ctx, clock=clock)
         self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
         self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
         self.prometheus: prometheus.Prometheus | None = None
         self.prometheus_exe: str | None = None
-        self.sample = UsageSampler(ctx.cluster, ctx.job_id, ctx.host, clock=clock)
+        self.sample = UsageSampler(ctx.cluster, ctx.alloc_id, ctx.host, clock=clock)
         self.idle: IdleWatch | None = None  # from READY on
         self.runner_started, self.runner_backoff, self.restarts = 0.0, 0.5, 0
         self.prune = Every(PRUNE_EVERY, clock, first=False)
@@ -319,17 +317,18 @@ class Head:
         fields = head_record_fields(ctx, ports)
         records.update(ctx.cluster, **fields)
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
-        wait_ready(ctx, str(fields["dashboard_url"]), self.ray, self.beat)  # (HTTPS front with TLS)
+        dashboard = Dashboard.of(ctx.cluster, str(fields["dashboard_url"]))  # (HTTPS front with TLS)
+        wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)
         records.update(
             ctx.cluster,
             state=ClusterState.READY,
             message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
         )
         log.info("cluster %s READY", ctx.cluster)
-        records.note(ctx.cluster, ctx.job_id, ready=time.time())
+        records.note(ctx.cluster, ctx.alloc_id, ready=time.time())
         if self.prometheus_exe:
             self.start_prometheus(self.prometheus_exe, ports["prometheus"])
-        submit_follow_on(ctx.cluster, ctx.job_id)
+        submit_follow_on(ctx.cluster, ctx.alloc_id)
 
     def dashboard(self) -> Dashboard | None:
         """The dashboard as the head reaches it (loopback on a TLS cluster), once published."""
@@ -342,7 +341,7 @@ class Head:
         """Prometheus on 127.0.0.1, scraping the nodes Ray's service-discovery file lists."""
         p = paths.cluster(self.ctx.cluster)
         folder = (self.ctx.temp_root or self.ctx.temp_dir) / "prometheus"
-        self.prometheus = prometheus.Prometheus(exe, port, folder, p.prometheus_log(self.ctx.job_id))
+        self.prometheus = prometheus.Prometheus(exe, port, folder, p.prometheus_log(self.ctx.alloc_id))
         session = (self.ctx.temp_dir / "session_latest").resolve()
         self.reap.owned.add(self.prometheus.start(session).pid)
 
@@ -387,7 +386,9 @@ class Head:
     def check_warning(self) -> None:
         if not self.warned and self.warning_flag.exists():
             self.warned = True
-            self.interrupt(WARNING, "walltime warning: the jobs in flight are stopped to resume later")
+            self.interrupt(
+                EndKind.WALLTIME, "walltime warning: the jobs in flight are stopped to resume later"
+            )
 
     def watch_nodes(self) -> None:
         lost = self.nodes()
@@ -426,18 +427,18 @@ class Head:
                 duty()
             why = idle()
             if why:
-                return ending("idle", f"{why}: autostop")
+                return ending(EndKind.IDLE, f"{why}: autostop")
             self.clock.sleep(POLL)
         code = self.ray.proc.returncode
         where = node_log(self.ctx, self.ctx.host)
-        return ending("failed", f"the Ray head exited with code {code}; see {where}")
+        return ending(EndKind.FAILED, f"the Ray head exited with code {code}; see {where}")
 
     def prune_folder(self) -> None:
         """Keep the cluster folder under its cap (profile `folder_cap`): every PRUNE_EVERY s."""
         if self.prune():
             prune_log(self.ctx)
 
-    def interrupt(self, why: str, message: str) -> None:
+    def interrupt(self, why: EndKind, message: str) -> None:
         """Tell the runner (and its successors, through the record) to stop the jobs in flight
         and start nothing more: this allocation is about to end."""
         log.warning("%s", message)
@@ -450,16 +451,17 @@ class Head:
         jobs in flight resume there, on healthy nodes); without one, it runs on, degraded."""
         record = records.read(self.ctx.cluster)
         names = ", ".join(lost)
-        if not record.next_job_id:
-            if record.ending is None and NODE_LOST not in record.message:
-                records.update(self.ctx.cluster, message=f"{NODE_LOST}: {names}; running on without it")
+        if not record.next_allocation_id:
+            if record.ending is None and self.nodes.reported != lost:
+                self.nodes.reported = lost
+                records.update(self.ctx.cluster, message=f"node lost: {names}; running on without it")
             return
-        if record.ending != NODE_LOST:
-            self.interrupt(NODE_LOST, f"{NODE_LOST}: {names}; ending this allocation for the next one")
+        if record.ending is not EndKind.NODE_LOST:
+            self.interrupt(EndKind.NODE_LOST, f"node lost: {names}; ending this allocation for the next one")
             self.nodes.giving_up = self.clock.now()
         if not active(self.ctx.cluster) or self.clock.now() - self.nodes.giving_up > self.nodes.drain_limit:
-            log.warning("jobs interrupted; cancelling allocation %s", self.ctx.job_id)
-            slurm.scancel(self.ctx.job_id)  # SIGTERM follows: end() hands over to the follow-on
+            log.warning("jobs interrupted; cancelling allocation %s", self.ctx.alloc_id)
+            self.ctx.allocator.cancel(self.ctx.alloc_id)  # SIGTERM follows: end() hands over to the follow-on
 
     def stop_runner(self) -> None:
         """SIGTERM the queue runner (it finishes its pass and leaves), SIGKILL after RUNNER_GRACE."""
@@ -483,10 +485,14 @@ class Head:
                 self.stop_runner()
             try:
                 record = records.read(self.ctx.cluster)
-                end = known or classify(record, self.ctx.job_id)
-                state = ClusterState.FAILED if end.kind in ("failed", "crashed") else ClusterState.STOPPED
-                log.info("allocation %s ended: %s (%s)", self.ctx.job_id, end.text, signal_text)
-                record = end_allocation(self.ctx.cluster, self.ctx.job_id, end, state)
+                end = known or classify(record, self.ctx.alloc_id)
+                state = (
+                    ClusterState.FAILED
+                    if end.kind in (EndKind.FAILED, EndKind.CRASHED)
+                    else ClusterState.STOPPED
+                )
+                log.info("allocation %s ended: %s (%s)", self.ctx.alloc_id, end.text, signal_text)
+                record = end_allocation(self.ctx.cluster, self.ctx.alloc_id, end, state)
                 log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
             except Exception as exc:  # (the record stays as it is: a client settles it later)
                 log.error("the cluster's end was not recorded: %s", exc)
@@ -507,6 +513,7 @@ class NodeWatch:
         self.missing_since = 0.0
         self.giving_up = 0.0
         self.drain_limit = 300.0  # seconds the interrupted jobs get to stop before the allocation ends
+        self.reported: list[str] = []  # the lost nodes last written into the record's message
         self.dashboard: Dashboard | None = None
 
     def __call__(self) -> list[str]:

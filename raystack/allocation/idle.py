@@ -1,6 +1,6 @@
 """Idle autostop: the head ends a cluster that has had nothing to do for `idle_timeout` seconds.
 
-Idle means, at every check (every CHECK_EVERY seconds): the queue is empty, no raystack job is
+Idle means, at every check (with every usage sample): the queue is empty, no raystack job is
 in flight, and Ray lists no job PENDING or RUNNING — neither a `ray job submit` job nor a driver
 attached with `ray.init(address=...)`. Anything else (or a check that fails) counts as busy, so
 the cluster never goes down under a job. The idle clock starts at READY and restarts at every
@@ -15,25 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from raystack.adapters.ray import Dashboard, ray_state
-from raystack.allocation.usage import SAMPLE_EVERY
-from raystack.allocation.walltime import IDLE
+from raystack.allocation.usage import sample_every
+from raystack.spec.values import duration_text
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.cluster import ClusterState
+from raystack.store.cluster import ClusterState, EndKind
 from raystack.store.files import locked
 from raystack.store.queue import active, waiting
 
 log = logging.getLogger("raystack.node")
-CHECK_EVERY = SAMPLE_EVERY  # seconds between checks (the usage samples carry their result)
+# Seconds between checks: the usage samples' period (they carry the result).
 LIVE_RAY_STATES = ("PENDING", "RUNNING")
-
-
-def duration_text(seconds: float) -> str:
-    """90 -> '1m30s', 1800 -> '30m', 5400 -> '1h30m'."""
-    s = round(seconds)
-    h, m, sec = s // 3600, s % 3600 // 60, s % 60
-    text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "")
-    return text or "0s"
 
 
 class IdleWatch:
@@ -44,10 +36,11 @@ class IdleWatch:
         cluster: str,
         timeout: float | None,
         dashboard: Callable[[], Dashboard | None],
-        every: float = CHECK_EVERY,
+        every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.cluster, self.timeout, self.every, self.clock = cluster, timeout, every, clock
+        self.cluster, self.timeout, self.clock = cluster, timeout, clock
+        self.every = sample_every() if every is None else every
         self.dashboard = dashboard
         self.checked = -1e18
         self.idle_from: float | None = clock()  # (monotonic) READY starts the clock
@@ -114,7 +107,7 @@ class IdleWatch:
                 record,
                 {
                     "state": ClusterState.STOPPING,
-                    "ending": IDLE,
+                    "ending": EndKind.IDLE,
                     "chain_ended": f"{text}: autostop",
                     "message": f"autostop: {text}",
                 },

@@ -18,8 +18,8 @@ import signal
 import sys
 import time
 
-from raystack.adapters import local, slurm
 from raystack.allocation.context import (
+    NodeContext,
     Stop,
     context_from_env,
     node_certificate,
@@ -38,7 +38,8 @@ from raystack.store.files import hold_probe, make_private_dirs
 log = logging.getLogger("raystack.node")
 
 
-def main() -> None:
+def setup_process() -> None:
+    """Logging, umask, subreaper and signals of the node program's own process."""
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stdout,
@@ -51,6 +52,28 @@ def main() -> None:
     # NOTE: the walltime warning goes to the batch shell only (--signal=B:USR1), which leaves a
     # flag file for the head; a USR1 sent to the whole step by hand must not end the node.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def announce(ctx: NodeContext) -> None:
+    """This node's entry in the cluster folder, and its first log line."""
+    ctx.entry = {
+        "ip": ctx.ip,
+        "node_id": ctx.node_id,
+        "pid": os.getpid(),
+        "gpus": ctx.gpus,
+        "cpus": ctx.cpus,
+        "alloc_id": ctx.alloc_id,
+        "started": time.time(),
+    }
+    records.write_node_entry(ctx.cluster, ctx.host, ctx.entry)
+    log.info(
+        "allocation %s: node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
+        *(ctx.alloc_id, ctx.host, ctx.ip, ctx.node_id, ctx.num_nodes, ctx.gpus, ctx.cpus, ctx.cluster),
+    )
+
+
+def main() -> None:
+    setup_process()
     ctx = None
     try:
         ctx = private_temp_dir(context_from_env(dict(os.environ)))
@@ -59,30 +82,10 @@ def main() -> None:
         records.ensure_token(ctx.cluster)
         # (the head holds it while it lives: a worker, or `up` on the login node, checks that it
         # sees the lock; where it does not, the folder uses link locks)
-        probe = hold_probe(p, ctx.job_id) if ctx.is_head else None
+        probe = hold_probe(p, ctx.alloc_id) if ctx.is_head else None
         ctx = node_certificate(ctx, dict(os.environ))
-        ctx.entry = {
-            "ip": ctx.ip,
-            "node_id": ctx.node_id,
-            "pid": os.getpid(),
-            "gpus": ctx.gpus,
-            "cpus": ctx.cpus,
-            "job_id": ctx.job_id,
-            "started": time.time(),
-        }
-        records.write_node_entry(ctx.cluster, ctx.host, ctx.entry)
-        log.info(
-            "allocation %s: node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
-            ctx.job_id,
-            ctx.host,
-            ctx.ip,
-            ctx.node_id,
-            ctx.num_nodes,
-            ctx.gpus,
-            ctx.cpus,
-            ctx.cluster,
-        )
-        ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.job_id, ctx.temp_dir, ctx.ray_logs).start()
+        announce(ctx)
+        ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.alloc_id, ctx.temp_dir, ctx.ray_logs).start()
         code = run_head(ctx) if ctx.is_head else run_worker(ctx)
         del probe
         sys.exit(code)
@@ -96,9 +99,9 @@ def main() -> None:
             log.error("%s", exc)
         else:
             log.exception("the node program failed")
-        if ctx is not None and ctx.is_head and not local.is_local(ctx.job_id):
+        if ctx is not None and ctx.is_head:
             with contextlib.suppress(RaystackError):
-                slurm.scancel(ctx.job_id)
+                ctx.allocator.release(ctx.alloc_id)
         sys.exit(1)
 
 

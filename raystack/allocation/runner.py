@@ -30,9 +30,9 @@ from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held
 from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import LogTail, last_line
 from raystack.allocation.watchdog import Watchdog
-from raystack.errors import ClusterError, ConfigError, RayApiError
+from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
 from raystack.spec import workdir
-from raystack.spec.submission import submit_options
+from raystack.spec.submission import DRIVER_PREFIX, submit_options
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs, stacks
 from raystack.store import queue as store
@@ -48,7 +48,7 @@ SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's 
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
 STACK_WAIT = 20.0  # seconds a hung job waits for the nodes' stack dumps before it is stopped
-SUBMIT_TIMEOUT = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT", "600"))  # packaging + upload
+SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
 RAY_STATES = {
@@ -70,6 +70,7 @@ class Runner:
         allocation: str | None = None,
         resources_free: Callable[[Drain], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.name = name
         self.paths = paths.cluster(name)
@@ -78,7 +79,7 @@ class Runner:
             allocation
             or os.environ.get("RAYSTACK_ALLOCATION")
             or os.environ.get("SLURM_JOB_ID")
-            or self.cluster.slurm_job_id
+            or self.cluster.allocation_id
         )
         if api is None:
             url = self.cluster.on_head_dashboard_url  # (the runner runs on the head node)
@@ -87,6 +88,7 @@ class Runner:
             api = Dashboard.of(name, url)
         self.api = api
         self.clock = clock
+        self.submit_timeout = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT") or SUBMIT_TIMEOUT)
         self.resources_free = resources_free or self._resources_free
         self.stop_sent: set[str] = set()
         self.tails: dict[str, LogTail] = {}
@@ -97,12 +99,11 @@ class Runner:
         self.min_times: dict[str, float | None] = {}
         self.deferred: set[str] = set()
         # Started again after a walltime warning of this allocation: keep interrupting.
-        self.interrupting = self.cluster.ending is not None and self.cluster.slurm_job_id == self.allocation
+        self.interrupting = self.cluster.ending is not None and self.cluster.allocation_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
         self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
-        self.watchdog = Watchdog(
-            name, api, self.allocation, self.cluster.gcs_address, Clock(clock, time.sleep)
-        )
+        self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
+        self.sleep = sleep
         self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
@@ -122,8 +123,8 @@ class Runner:
                 self.tick()
             except (RayApiError, OSError, RuntimeError, ClusterError) as exc:
                 log.warning("runner pass failed, retrying: %s", exc)
-                time.sleep(1)
-            time.sleep(TICK)
+                self.sleep(1)
+            self.sleep(TICK)
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
 
     def leave(self, *_: object) -> None:
@@ -244,28 +245,33 @@ class Runner:
             self.finish(record, JobState.FAILED, str(exc))
             return
         try:
-            if not within(SUBMIT_TIMEOUT, self.api.submit, attempt.id, **options):
+            if not within(self.submit_timeout, self.api.submit, attempt.id, **options):
                 self.abandoned.add(attempt.id)
                 self.finish(
                     record,
                     JobState.FAILED,
-                    f"packaging and uploading its working_dir took over {SUBMIT_TIMEOUT:.0f}s "
+                    f"packaging and uploading its working_dir took over {self.submit_timeout:.0f}s "
                     "(a hung filesystem, or a file that blocks when read?); not submitted",
                 )
                 return
-        except Exception as exc:
-            if rayapi.is_connection_error(exc):
-                raise  # transient: the next pass finds the id unknown to Ray and submits again
-            if not rayapi.is_already_exists(exc):
-                self.finish(record, JobState.FAILED, f"the Jobs API refused the job: {str(exc)[:400]}")
-                return
+        except RayUnreachable:
+            raise  # transient: the next pass finds the id unknown to Ray and submits again
+        except AlreadyExists:
             if not self.is_ours(attempt.id, record):
                 # NOTE: an id reused after its ledger was lost: never inherit the other job's state.
                 sid = f"{record.id}-{secrets.token_hex(3)}"
                 log.warning("submission id %s belongs to another job; using %s", attempt.id, sid)
                 store.add_attempt(self.name, record.id, sid, self.allocation)
                 return
-        update_job(self.name, record.id, state=JobState.SUBMITTED, message=f"submitted as {attempt.id}")
+        except Exception as exc:  # Ray's refusal, or what packaging the working_dir raised
+            self.finish(record, JobState.FAILED, f"the Jobs API refused the job: {str(exc)[:400]}")
+            return
+        ran = options["entrypoint"].removeprefix(DRIVER_PREFIX)
+        message = f"submitted as {attempt.id}"
+        if request.planned is not None and ran != request.planned:  # (a node lost since: fewer GPUs)
+            message += f"; its plan changed with the cluster since it was queued: {ran}"
+            log.warning("job %s: %s", record.id, message)
+        update_job(self.name, record.id, {"entrypoint": ran}, state=JobState.SUBMITTED, message=message)
 
     def is_ours(self, sid: str, record: JobRecord) -> bool:
         info = self.api.info(sid)
@@ -354,7 +360,7 @@ class Runner:
             fault = f"{fault}; stacks in {where}"
             asked = stacks.request(self.name, record.id)
             entries = records.read_node_entries(self.name)
-            hosts = {h for h, e in entries.items() if e.get("job_id") == self.allocation}
+            hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
             self.stacks_asked[sid] = (asked, self.clock() + STACK_WAIT, hosts)
         return update_job(self.name, record.id, fault=fault, message=f"{fault} (stopping it)")
 

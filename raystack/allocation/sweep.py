@@ -5,7 +5,7 @@ A head node program that was SIGKILLed (the OOM killer) could not stop what its 
 Ray's own clean-up misses some (a job's driver, whose supervisor and watcher were killed in the
 same instant, lives on as an orphan). SLURM's cgroup would take them on most sites; with
 proctrack/linuxproc (the testbed) nothing would. Every Ray process of an allocation carries
-RAYSTACK_ALLOCATION in its environment (allocation/context.ray_env), and so does what it starts.
+RAYSTACK_ALLOCATION in its environment (allocation/raystart.ray_env), and so does what it starts.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 
-def leftovers(job_id: str) -> list[int]:
-    """This user's processes on this node that belong to allocation `job_id` (not this one)."""
-    needle = f"RAYSTACK_ALLOCATION={job_id}\0".encode()
+def leftovers(alloc_id: str) -> list[int]:
+    """This user's processes on this node that belong to allocation `alloc_id` (not this one)."""
+    needle = f"RAYSTACK_ALLOCATION={alloc_id}\0".encode()
     mine = {os.getpid(), os.getppid()}
     found = []
     for proc in Path("/proc").iterdir():

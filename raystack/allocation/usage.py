@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -25,7 +26,11 @@ from raystack.store import paths
 from raystack.waiting import REAL, Clock, Every
 
 log = logging.getLogger("raystack.node")
-SAMPLE_EVERY = float(os.environ.get("RAYSTACK_SAMPLE_EVERY") or 10)
+SAMPLE_EVERY = 10.0  # seconds between samples (RAYSTACK_SAMPLE_EVERY, read when a sampler starts)
+
+
+def sample_every(env: Mapping[str, str] = os.environ) -> float:
+    return float(env.get("RAYSTACK_SAMPLE_EVERY") or SAMPLE_EVERY)
 
 
 class UsageSampler:
@@ -33,10 +38,10 @@ class UsageSampler:
     (a full shared filesystem) raises: the caller's guard logs it and backs off."""
 
     def __init__(
-        self, cluster: str, job_id: str, host: str, every: float = SAMPLE_EVERY, clock: Clock = REAL
+        self, cluster: str, alloc_id: str, host: str, every: float | None = None, clock: Clock = REAL
     ):
-        self.path = paths.cluster(cluster).usage_file(job_id, host)
-        self.gate = Every(every, clock)
+        self.path = paths.cluster(cluster).usage_file(alloc_id, host)
+        self.gate = Every(sample_every() if every is None else every, clock)
         self.procs: dict[int, psutil.Process] = {}
         self.job_of: dict[tuple[int, float], str | None] = {}  # (pid, started) -> RAYSTACK_JOB_ID
         self.extra: dict[str, Any] = {}  # the head's own figures (ray_jobs), set by its caller
@@ -98,18 +103,3 @@ class UsageSampler:
         line = json.dumps(self.sample(), separators=(",", ":"))
         with open(self.path, "a") as fh:
             fh.write(line + "\n")
-
-
-def read_samples(path: os.PathLike[str] | str) -> list[dict[str, Any]]:
-    """The samples of one file, oldest first; a torn last line (node killed mid-write) skipped."""
-    samples = []
-    try:
-        with open(path) as fh:
-            for line in fh:
-                with contextlib.suppress(ValueError):
-                    sample = json.loads(line)
-                    if isinstance(sample, dict) and isinstance(sample.get("t"), int | float):
-                        samples.append(sample)
-    except FileNotFoundError:
-        return []
-    return samples

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raystack.adapters import ray as rayapi
-from raystack.allocation.idle import duration_text
 from raystack.errors import RaystackError
 from raystack.plan.feasible import Demand, fmt, why_infeasible
+from raystack.spec.values import duration_text
 from raystack.store import paths
 from raystack.store.ledger import JobRecord
 from raystack.waiting import REAL, Clock

@@ -1,7 +1,7 @@
 """A worker node's program: join the head of this allocation, stay while it lives.
 
 A worker leaves at once when the head records that the cluster ended. It watches the head two
-ways: the head's GCS port, and the head's heartbeat file (allocation/context.Heartbeat). The
+ways: the head's GCS port, and the head's heartbeat file (allocation/duties.Heartbeat). The
 GCS alone unreachable for `head_grace` seconds (Ray's own GCS reconnect grace is 60 s) makes it
 leave: a GCS restart or a short network blip must not end the cluster. A head whose node
 program is gone (its heartbeat stopped and its GCS went with it: SIGKILL, the OOM killer) ends
@@ -16,26 +16,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from raystack.adapters import slurm
-from raystack.allocation.context import (
-    GpuReport,
-    NodeContext,
-    Reaper,
-    Stop,
-    ray_env,
-    ray_start_argv,
-    stop_ray,
-    wait_for,
-)
+from raystack.allocation.context import NodeContext, Stop, wait_for
+from raystack.allocation.duties import GpuReport, Reaper
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.raystart import ray_env, ray_start_argv, stop_ray
 from raystack.allocation.stacks import StackRequests
 from raystack.allocation.usage import UsageSampler
-from raystack.allocation.walltime import end_allocation, ending
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import files, paths
-from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
+from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.waiting import REAL, Backoff, Clock, Every, Guarded
+from raystack.walltime import end_allocation, ending
 
 log = logging.getLogger("raystack.node")
 PROBE = 1.0  # seconds between probes of the head's GCS port
@@ -52,7 +44,7 @@ def head_record(ctx: NodeContext) -> ClusterRecord | None:
     if not records.exists(ctx.cluster):
         return None
     record = records.read(ctx.cluster)
-    if record.slurm_job_id == ctx.job_id and (record.gcs_address or record.state.is_terminal()):
+    if record.allocation_id == ctx.alloc_id and (record.gcs_address or record.state.is_terminal()):
         return record
     return None
 
@@ -60,13 +52,13 @@ def head_record(ctx: NodeContext) -> ClusterRecord | None:
 def head_ended(ctx: NodeContext) -> bool:
     """The head recorded the end of this allocation's cluster (or another allocation took over)."""
     record = records.read(ctx.cluster)
-    return record.slurm_job_id != ctx.job_id or record.state.is_terminal()
+    return record.allocation_id != ctx.alloc_id or record.state.is_terminal()
 
 
 def joining(ctx: NodeContext) -> bool:
     """The head of this allocation is still waiting for its nodes (not READY, not ended)."""
     record = records.read(ctx.cluster)
-    return record.slurm_job_id == ctx.job_id and record.state is ClusterState.STARTING
+    return record.allocation_id == ctx.alloc_id and record.state is ClusterState.STARTING
 
 
 def backoff(attempt: int) -> float:
@@ -131,7 +123,7 @@ class HeadWatch:
                 if head_ended(self.ctx):
                     return "ended", "the head recorded the cluster's end"
             beat = self.beat(self.ctx.cluster)
-            if beat is not None and beat.get("allocation") == self.ctx.job_id and beat != self.last_beat:
+            if beat is not None and beat.get("allocation") == self.ctx.alloc_id and beat != self.last_beat:
                 self.last_beat, self.beat_changed = beat, now
         silent, unanswered = now - self.beat_changed, now - self.gcs_seen
         if silent > BEAT_STALE and unanswered >= GCS_GONE:
@@ -150,12 +142,11 @@ def end_for_lost_head(ctx: NodeContext, why: str) -> None:
     """The head's node program is gone: settle the jobs in flight (they resume in the next
     allocation) and the record, then cancel the allocation (every worker may do it: the first
     settles, scancel is idempotent)."""
-    log.error("%s: ending allocation %s", why, ctx.job_id)
+    log.error("%s: ending allocation %s", why, ctx.alloc_id)
     with contextlib.suppress(RaystackError, OSError):
-        end_allocation(ctx.cluster, ctx.job_id, ending("head lost", why), ClusterState.FAILED)
-    if not slurm.local.is_local(ctx.job_id):
-        with contextlib.suppress(RaystackError):
-            slurm.scancel(ctx.job_id)
+        end_allocation(ctx.cluster, ctx.alloc_id, ending(EndKind.HEAD_LOST, why), ClusterState.FAILED)
+    with contextlib.suppress(RaystackError):
+        ctx.allocator.release(ctx.alloc_id)
 
 
 class Worker:
@@ -180,7 +171,7 @@ class Worker:
             for name, duty in (
                 ("GPU report", GpuReport(ctx, clock=clock)),
                 ("reaping", self.reap),
-                ("usage sample", UsageSampler(ctx.cluster, ctx.job_id, ctx.host, clock=clock)),
+                ("usage sample", UsageSampler(ctx.cluster, ctx.alloc_id, ctx.host, clock=clock)),
                 ("stack dumps", StackRequests(ctx.cluster, ctx.host, clock=clock)),
             )
         ]
@@ -276,6 +267,6 @@ def check_shared_locks(ctx: NodeContext) -> None:
     """From a worker (another host than the head, which holds a lock on .lockprobe): where the
     head's lock is not seen here, locks are node-local and the cluster folder uses link locks."""
     p = paths.cluster(ctx.cluster)
-    if files.lock_seen(p, ctx.job_id) is False and not files.uses_link_locks(p):
+    if files.lock_seen(p, ctx.alloc_id) is False and not files.uses_link_locks(p):
         log.warning("the head's flock on %s is not seen from %s: using link locks", p.lock_probe, ctx.host)
         files.use_link_locks(p, f"flock taken on the head is not seen from node {ctx.host}")

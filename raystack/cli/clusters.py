@@ -3,84 +3,115 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from raystack.adapters import local
-from raystack.allocation import sbatch as allocation
-from raystack.allocation.idle import duration_text
 from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
-from raystack.client import Cluster
+from raystack.client import Cluster, allocate
+from raystack.client.cluster import where
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
+from raystack.spec.values import duration_text
+
+# The options of `up`, one alias each (the signature stays readable).
+NodesOpt = Annotated[int, typer.Option("--nodes", "-N", help="Number of nodes.")]
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Cluster profile.")]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Cluster name (default: default, local).")]
+TimeOpt = Annotated[str | None, typer.Option("--time", "-t", help="Walltime (SLURM format).")]
+PartitionOpt = Annotated[str | None, typer.Option("--partition")]
+AccountOpt = Annotated[str | None, typer.Option("--account")]
+GpusPerNodeOpt = Annotated[
+    int | None, typer.Option("--gpus-per-node", help="Default: every GPU of the node (sinfo).")
+]
+CpusPerTaskOpt = Annotated[
+    int | None, typer.Option("--cpus-per-task", help="Default: every CPU of the node (sinfo).")
+]
+SbatchOpt = Annotated[
+    list[str] | None,
+    typer.Option("--sbatch", help="Extra sbatch option, e.g. --sbatch=--exclusive (repeatable)."),
+]
+ChainOpt = Annotated[
+    int | None,
+    typer.Option("--chain", help="Allocations in all: the cluster and its queue live across K walltimes."),
+]
+SignalLeadOpt = Annotated[
+    str | None, typer.Option("--signal-lead", help="Warn this long before each walltime end (default 10m).")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the sbatch argv and script only.")]
+NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")]
+TimeoutOpt = Annotated[float | None, typer.Option(help="Give up waiting after this many seconds.")]
+LocalOpt = Annotated[bool, typer.Option("--local", help="A one-node cluster on this machine, without SLURM.")]
+GpusOpt = Annotated[
+    int | None, typer.Option("--gpus", help="With --local: GPUs to use (default: all visible).")
+]
+CpusOpt = Annotated[int | None, typer.Option("--cpus", help="With --local: CPUs to use (default: all).")]
+TlsOpt = Annotated[
+    bool, typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard.")
+]
+MetricsOpt = Annotated[
+    bool, typer.Option("--metrics", help="Ray's metrics, and Prometheus for the dashboard when found.")
+]
+IdleTimeoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--idle-timeout",
+        help="Go down after this long with no job queued, running or attached (e.g. 30m; off).",
+    ),
+]
 
 
 @app.command()
 def up(
-    nodes: Annotated[int, typer.Option("--nodes", "-N", help="Number of nodes.")] = 1,
-    profile: Annotated[str, typer.Option("--profile", "-p", help="Cluster profile.")] = "generic",
-    name: Annotated[
-        str | None, typer.Option("--name", help="Cluster name (default: default, local).")
-    ] = None,
-    time: Annotated[str | None, typer.Option("--time", "-t", help="Walltime (SLURM format).")] = None,
-    partition: Annotated[str | None, typer.Option("--partition")] = None,
-    account: Annotated[str | None, typer.Option("--account")] = None,
-    gpus_per_node: Annotated[
-        int | None, typer.Option("--gpus-per-node", help="Default: every GPU of the node (sinfo).")
-    ] = None,
-    cpus_per_task: Annotated[
-        int | None, typer.Option("--cpus-per-task", help="Default: every CPU of the node (sinfo).")
-    ] = None,
-    sbatch: Annotated[
-        list[str] | None,
-        typer.Option("--sbatch", help="Extra sbatch option, e.g. --sbatch=--exclusive (repeatable)."),
-    ] = None,
-    chain: Annotated[
-        int | None,
-        typer.Option(
-            "--chain", help="Allocations in all: the cluster and its queue live across K walltimes."
-        ),
-    ] = None,
-    signal_lead: Annotated[
-        str | None,
-        typer.Option("--signal-lead", help="Warn this long before each walltime end (default 10m)."),
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the sbatch argv and script only.")
-    ] = False,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Give up waiting after this many seconds.")] = None,
-    local_: Annotated[
-        bool, typer.Option("--local", help="A one-node cluster on this machine, without SLURM.")
-    ] = False,
-    gpus: Annotated[
-        int | None, typer.Option("--gpus", help="With --local: GPUs to use (default: all visible).")
-    ] = None,
-    cpus: Annotated[
-        int | None, typer.Option("--cpus", help="With --local: CPUs to use (default: all).")
-    ] = None,
-    tls: Annotated[
-        bool,
-        typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard."),
-    ] = False,
-    metrics: Annotated[
-        bool,
-        typer.Option("--metrics", help="Ray's metrics, and Prometheus for the dashboard when found."),
-    ] = False,
-    idle_timeout: Annotated[
-        str | None,
-        typer.Option(
-            "--idle-timeout",
-            help="Go down after this long with no job queued, running or attached (e.g. 30m; off).",
-        ),
-    ] = None,
+    nodes: NodesOpt = 1,
+    profile: ProfileOpt = "generic",
+    name: NameOpt = None,
+    time: TimeOpt = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    cpus_per_task: CpusPerTaskOpt = None,
+    sbatch: SbatchOpt = None,
+    chain: ChainOpt = None,
+    signal_lead: SignalLeadOpt = None,
+    dry_run: DryRunOpt = False,
+    no_wait: NoWaitOpt = False,
+    timeout: TimeoutOpt = None,
+    local_: LocalOpt = False,
+    gpus: GpusOpt = None,
+    cpus: CpusOpt = None,
+    tls: TlsOpt = False,
+    metrics: MetricsOpt = False,
+    idle_timeout: IdleTimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
-    prof = load_profile(profile)
+    prof = _profile_with(load_profile(profile), tls, metrics, idle_timeout)
+    slurm_options = {
+        "time": time,
+        "partition": partition,
+        "account": account,
+        "gpus_per_node": gpus_per_node,
+        "cpus_per_task": cpus_per_task,
+        "extra_sbatch": sbatch,
+        "chain": chain,
+        "signal_lead": signal_lead,
+    }
+    if local_:
+        _refuse_slurm_options(nodes, slurm_options)
+        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, timeout, as_json)
+        return
+    if gpus is not None or cpus is not None:
+        raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
+    plan = Cluster.plan(nodes, profile=prof, name=name or "default", **slurm_options)
+    _up_slurm(plan, dry_run, no_wait, timeout, as_json)
+
+
+def _profile_with(prof: Profile, tls: bool, metrics: bool, idle_timeout: str | None) -> Profile:
+    """The profile with `up`'s own switches applied."""
     changes: dict[str, object] = {"tls": True} if tls else {}
     if metrics:
         changes["metrics"] = True
@@ -89,55 +120,38 @@ def up(
             changes["idle_timeout"] = parse_idle_timeout(idle_timeout)
         except ValueError as exc:
             raise ConfigError(f"--idle-timeout: {exc}") from None
-    if changes:
-        prof = prof.model_copy(update=changes)
-    if local_:
-        slurm_only = {
-            "--nodes": nodes != 1,
-            "--time": time,
-            "--partition": partition,
-            "--account": account,
-            "--gpus-per-node": gpus_per_node is not None,
-            "--cpus-per-task": cpus_per_task is not None,
-            "--sbatch": sbatch,
-            "--chain": chain,
-            "--signal-lead": signal_lead,
-        }
-        given = [flag for flag, value in slurm_only.items() if value]
-        if given:
-            fix = "use --gpus/--cpus" if given[0] in ("--gpus-per-node", "--cpus-per-task") else "drop it"
-            raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
-        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, timeout, as_json)
-        return
-    if gpus is not None or cpus is not None:
-        raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
-    name = name or "default"
-    plan = Cluster.plan(
-        nodes,
-        profile=prof,
-        name=name,
-        time=time,
-        partition=partition,
-        account=account,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        extra_sbatch=sbatch,
-        chain=chain,
-        signal_lead=signal_lead,
-    )
+    return prof.model_copy(update=changes) if changes else prof
+
+
+def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
+    """A --local cluster is one node without SLURM: name the first SLURM option given."""
+    given = ["--nodes"] if nodes != 1 else []
+    counts = ("gpus_per_node", "cpus_per_task")  # (0 is a value given)
+    given += [
+        "--sbatch" if key == "extra_sbatch" else "--" + key.replace("_", "-")
+        for key, value in options.items()
+        if (value is not None if key in counts else value)
+    ]
+    if given:
+        fix = "use --gpus/--cpus" if given[0] in ("--gpus-per-node", "--cpus-per-task") else "drop it"
+        raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
+
+
+def _up_slurm(
+    plan: allocate.AllocationPlan, dry_run: bool, no_wait: bool, timeout: float | None, as_json: bool
+) -> None:
     if plan.note and not as_json:
         err.print(f"raystack: {plan.note}", markup=False)
     if dry_run:
         if as_json:
-            print_json({"argv": plan.sbatch_argv(), "script": allocation.render_script(plan)})
+            print_json({"argv": plan.sbatch_argv(), "script": allocate.render_script(plan)})
         else:
             print("# sbatch argv:\n" + shlex.join(plan.sbatch_argv()))
-            print(f"# script ({plan.script_path}):\n" + allocation.render_script(plan), end="")
+            print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
     cluster = Cluster.submit_plan(plan)
-    record = cluster.record()
     if not as_json:
-        err.print(f"submitted SLURM job {record.slurm_job_id} for cluster {name}")
+        err.print(f"submitted {where(cluster.snapshot())} for cluster {cluster.name}")
         warning = Cluster.space_warning(plan.profile)
         if warning:
             err.print(f"  warning: {warning}")
@@ -159,17 +173,17 @@ def _up_local(
 ) -> None:
     plan, gpu_ids = Cluster.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
     if dry_run:
-        script = allocation.render_local_script(plan, gpu_ids)
+        script = allocate.render_local_script(plan, gpu_ids)
         if as_json:
             print_json({"script": script})
         else:
             print(f"# script ({plan.script_path}):\n" + script, end="")
         return
     cluster = Cluster.start_local(plan, gpu_ids)
-    record = cluster.record()
+    record = cluster.snapshot()
     if not as_json:
         err.print(
-            f"started cluster {name} on this machine ({record.slurm_job_id}): "
+            f"started cluster {name} on this machine ({record.allocation_id}): "
             f"{plan.gpus_per_node} GPUs, {plan.cpus_per_task} CPUs"
         )
     if not no_wait:
@@ -179,7 +193,7 @@ def _up_local(
 
 
 def _show_ready(cluster: Cluster, as_json: bool) -> None:
-    record = cluster.record()
+    record = cluster.snapshot()
     if as_json:
         print_json(record.model_dump(mode="json"))
         return
@@ -187,9 +201,8 @@ def _show_ready(cluster: Cluster, as_json: bool) -> None:
         out.print(f"cluster {cluster.name}: {record.state.value} ({record.message})")
         out.print(f"follow it with: raystack status {cluster.name}")
         return
-    where = "on this machine" if local.is_local(record.slurm_job_id) else "SLURM job"
     out.print(
-        f"cluster {cluster.name} READY: {where} {record.slurm_job_id}, "
+        f"cluster {cluster.name} READY: {where(record)}, "
         f"{record.nodes_expected} nodes ({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
@@ -258,7 +271,7 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
             ("state", f"{st.state}  {st.message}"),
             (
                 "slurm",
-                f"job {st.slurm_job_id} {st.slurm_state or '?'}"
+                f"job {st.allocation_id} {st.slurm_state or '?'}"
                 + (f" ({st.slurm_reason})" if st.slurm_state == "PENDING" else ""),
             ),
             ("time left", left),
@@ -273,9 +286,9 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
         ]
         if st.chain_count > 1:
             nxt = (
-                f"; next: job {st.next_job_id} {st.next_state or '?'}"
+                f"; next: job {st.next_allocation_id} {st.next_state or '?'}"
                 + (f" ({st.next_reason})" if st.next_reason and st.next_reason != "None" else "")
-                if st.next_job_id
+                if st.next_allocation_id
                 else ""
             )
             rows.insert(4, ("chain", f"allocation {st.chain_index} of {st.chain_count}{nxt}"))
@@ -308,7 +321,7 @@ def list_(as_json: JsonOpt = False) -> None:
         table.add_row(
             r.name,
             r.state.value,
-            r.slurm_job_id or "-",
+            r.allocation_id or "-",
             str(r.nodes_expected),
             str(r.gpus_per_node),
             r.dashboard_url or "-",

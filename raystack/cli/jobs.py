@@ -11,10 +11,8 @@ import typer
 from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, err, out, print_json
-from raystack.client import Cluster, Job
+from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.spec.planning import PlanSpec, describe
-from raystack.store import paths, queue
-from raystack.store.ledger import JobRecord, JobState
 
 
 def _exit_for(record: JobRecord) -> None:
@@ -51,7 +49,7 @@ def submit(
         err.print(f"queued job {job.id} on cluster {job.cluster} ({where})", markup=False)
         if record.request.plan:
             plan = PlanSpec.model_validate(record.request.plan)
-            line = describe(plan, target.record(), f"job {job.id}", record.request.processes)
+            line = describe(plan, target.snapshot(), f"job {job.id}", record.request.processes)
             err.print(f"  plan: {line}", markup=False)
         if not follow:
             err.print(f"  follow it: raystack logs {job.id} -f    stop it: raystack stop {job.id}")
@@ -69,7 +67,7 @@ def queue_(
 ) -> None:
     """The cluster's jobs: running, the next queued and the last finished (--all: every job)."""
     cluster = Cluster.get(name)
-    view = queue.view(cluster.name, every=show_all)
+    view = cluster.queue(every=show_all)
     rows = [_job_row(cluster.name, r, view.positions) for r in view.records]
     if as_json:
         print_json(rows)
@@ -101,6 +99,7 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "duration_s": round(end - r.started, 3) if r.started and end else None,
         "attempts": len(r.attempts),
         "allocations": [a.allocation for a in r.attempts],
+        "commands": [a.entrypoint for a in r.attempts],  # what Ray ran, per attempt
         "exit_code": r.exit_code,
         "message": r.message,
         "actor_error": r.actor_error,
@@ -150,7 +149,7 @@ def logs(
     for w in shown:
         print(f"\n==> {w.label} (attempt {w.attempt}){': ' + w.error if w.error else ''} <==")
         print(job.worker_tail(w, lines), end="")
-    folder = paths.cluster(job.cluster).job_files(job.id)
+    folder = job.folder
     errors = sum(1 for w in found if w.error)
     nodes = len({w.host for w in found})
     err.print(

@@ -12,13 +12,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from raystack.allocation.idle import duration_text
 from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
 from raystack.client import Cluster
 from raystack.client import report as reports
 from raystack.client.top import snapshot
 from raystack.errors import ConfigError
-from raystack.store import paths
+from raystack.spec.values import duration_text
 
 GIB = 2**30
 
@@ -36,7 +35,7 @@ def render(view: dict[str, Any]) -> Group:
         if view["idle_timeout_s"]:
             idle += f" (autostop at {duration_text(view['idle_timeout_s'])})"
     head = Text(
-        f"cluster {view['cluster']}  {view['state']}  slurm {view['slurm_job_id'] or '-'}  "
+        f"cluster {view['cluster']}  {view['state']}  slurm {view['allocation_id'] or '-'}  "
         f"time left {left}{idle}   {time.strftime('%H:%M:%S', time.localtime(view['time']))}"
     )
     nodes = Table("node", "ip", "CPU %", "Ray cores", "mem GiB", "GPU util %", "GPU mem GiB", box=None)
@@ -120,7 +119,7 @@ def report(
     cluster = Cluster.get(name)
     record, jobs = cluster.record(), cluster.jobs()
     figures = reports.summarize(record, jobs, job)
-    default = paths.cluster(cluster.name).reports / f"{cluster.name}{'-' + job if job else ''}.png"
+    default = cluster.paths.reports / f"{cluster.name}{'-' + job if job else ''}.png"
     try:
         figures["png"] = str(reports.plot(figures, record, png or default))
     except ImportError:  # (a dependency of raystack; a hand-made environment may lack it)
@@ -129,10 +128,20 @@ def report(
     if as_json:
         print_json(figures)
         return
-    pct = lambda v: "-" if v is None else f"{v:.0f}%"  # noqa: E731
-    table = Table(show_header=False, box=None)
+    _print_report(figures, record.name, record.state.value, job)
+    if figures["png"]:
+        out.print(f"plot: {figures['png']}", markup=False, soft_wrap=True)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _report_rows(figures: dict[str, Any], name: str, state: str, job: str | None) -> list[tuple[str, str]]:
+    """The summary table of `raystack report`, one (key, value) per row."""
+    pct = _pct
     rows = [
-        ("cluster", f"{record.name} ({record.state.value}), {len(figures['allocations'])} allocation(s)"),
+        ("cluster", f"{name} ({state}), {len(figures['allocations'])} allocation(s)"),
         (
             "held",
             f"{duration_text(figures['held_s'])} x {figures['nodes']} nodes = "
@@ -161,9 +170,15 @@ def report(
     for a in figures["allocations"]:
         end = "running" if a["live"] else a["reason"] or "ended"
         rows.append(
-            ("allocation", f"{a['job_id']}: {a['nodes']} nodes, {duration_text(a['held_s'])} ({end})")
+            ("allocation", f"{a['alloc_id']}: {a['nodes']} nodes, {duration_text(a['held_s'])} ({end})")
         )
-    for key, value in rows:
+    return rows
+
+
+def _print_report(figures: dict[str, Any], name: str, state: str, job: str | None) -> None:
+    pct = _pct
+    table = Table(show_header=False, box=None)
+    for key, value in _report_rows(figures, name, state, job):
         table.add_row(key, value)
     out.print(table)
     jt = Table("job", "name", "state", "ran", "GPU util", "cores")
@@ -178,5 +193,3 @@ def report(
         )
     if figures["jobs"]:
         out.print(jt)
-    if figures["png"]:
-        out.print(f"plot: {figures['png']}", markup=False, soft_wrap=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from raystack.adapters import slurm
+from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.errors import ClusterError
@@ -18,22 +18,23 @@ from raystack.store.cluster import ClusterRecord
 
 def live_dashboard(record: ClusterRecord, info: JobInfo | None = None) -> Dashboard:
     """The dashboard of a cluster whose allocation runs now; ClusterError (nothing sent) else."""
-    if not record.dashboard_url or record.state.is_terminal() or not record.slurm_job_id:
+    if not record.dashboard_url or record.state.is_terminal() or not record.allocation_id:
         raise ClusterError(f"cluster {record.name} has no dashboard ({record.state.value})")
+    backend = allocator(record.backend)
     for delay in (0.5, 1.0, 2.0):  # (a slurmctld that is busy for a moment: ask again)
-        info = info or slurm.job_info(record.slurm_job_id)
+        info = info or backend.info(record.allocation_id)
         if info is not None:
             break
         time.sleep(delay)
-        slurm.forget(record.slurm_job_id)
+        backend.forget(record.allocation_id)
     if info is None:
         raise ClusterError(
-            f"SLURM did not say whether allocation {record.slurm_job_id} of cluster {record.name} still "
+            f"SLURM did not say whether allocation {record.allocation_id} of cluster {record.name} still "
             "runs: nothing was sent to its dashboard (try again)"
         )
     if info.state is not SlurmState.RUNNING:
         raise ClusterError(
-            f"allocation {record.slurm_job_id} of cluster {record.name} is {info.state.value} in SLURM: "
+            f"allocation {record.allocation_id} of cluster {record.name} is {info.state.value} in SLURM: "
             f"its dashboard address {record.dashboard_url} is stale; nothing was sent to it"
         )
     return Dashboard.of(record.name, record.dashboard_url)

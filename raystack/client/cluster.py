@@ -8,7 +8,6 @@ c.status(); c.env(); c.down()
 from __future__ import annotations
 
 import hashlib
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -16,26 +15,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack.adapters import local, slurm
+import raystack.client.allocate as allocate
+from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
-from raystack.allocation import sbatch as allocation
-from raystack.allocation.walltime import DOWN
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import reconcile
-from raystack.errors import ClusterError, ConfigError, RayApiError, SlurmError
+from raystack.errors import ClusterError, RayApiError
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
-from raystack.spec.profile import Profile, load_profile
+from raystack.spec.profile import Profile
 from raystack.spec.resolve import resolve
-from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
-from raystack.store import files, growth, paths, tls
-from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
-from raystack.store.files import atomic_write
+from raystack.store import files, paths, tls
+from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.ledger import JobRecord, all_jobs
-from raystack.store.queue import active, check_open, enqueue, interrupted, settle_orphans, waiting
+from raystack.store.paths import ClusterPaths
+from raystack.store.queue import QueueView, active, check_open, enqueue, interrupted, settle_orphans, waiting
+from raystack.store.queue import view as queue_view
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
@@ -52,7 +50,7 @@ class ClusterStatus:
     name: str
     state: str
     message: str
-    slurm_job_id: str | None
+    allocation_id: str | None
     slurm_state: str | None
     slurm_reason: str | None
     time_left_s: int | None
@@ -66,7 +64,7 @@ class ClusterStatus:
     queued_jobs: int = 0
     chain_index: int = 1
     chain_count: int = 1
-    next_job_id: str | None = None  # the chain's next allocation, pending on this one
+    next_allocation_id: str | None = None  # the chain's next allocation, pending on this one
     next_state: str | None = None
     next_reason: str | None = None
     resuming_jobs: list[str] | None = None  # INTERRUPTED: they resume in the next allocation
@@ -85,8 +83,9 @@ class ClusterStatus:
 class Cluster:
     """A handle on one named cluster in $RAYSTACK_HOME."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, record: ClusterRecord | None = None):
         self.name = paths.validate_name(name)
+        self.seen = record  # the record as this handle last read it
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r})"
@@ -104,11 +103,27 @@ class Cluster:
         return [cls(n).record() for n in records.list_names()]
 
     def record(self) -> ClusterRecord:
-        return reconcile(records.read(self.name))
+        """The record, read now and reconciled with SLURM (what every view starts from)."""
+        self.seen = reconcile(records.read(self.name))
+        return self.seen
+
+    def snapshot(self) -> ClusterRecord:
+        """The record as this handle last read it (read now if never): one command reads and
+        reconciles it once, and passes it along."""
+        return self.seen if self.seen is not None else self.record()
 
     @property
     def folder(self) -> Path:
         return paths.cluster(self.name).root
+
+    @property
+    def paths(self) -> ClusterPaths:
+        """Every path of the cluster folder (logs, reports, ...)."""
+        return paths.cluster(self.name)
+
+    def queue(self, every: bool = False) -> QueueView:
+        """What `raystack queue` shows: running, the next queued, the last finished (or every job)."""
+        return queue_view(self.name, every=every)
 
     # ------------------------------------------------------------------ up
     @classmethod
@@ -121,7 +136,7 @@ class Cluster:
         timeout: float | None = None,
         **options: Any,
     ) -> Cluster:
-        """Submit an allocation (see allocation.plan for options) and, by default, wait for READY."""
+        """Submit an allocation (see allocate.plan for options) and, by default, wait for READY."""
         plan = cls.plan(nodes, **options)
         cluster = cls.submit_plan(plan)
         if wait:
@@ -129,108 +144,20 @@ class Cluster:
         return cluster
 
     @classmethod
-    def plan(cls, nodes: int, **options: Any) -> allocation.AllocationPlan:
+    def plan(cls, nodes: int, **options: Any) -> allocate.AllocationPlan:
         """The allocation `up` would submit (nothing is submitted): counts left at "auto" become
         whole nodes of the partition, read from sinfo."""
-        profile = options.pop("profile", "generic")
-        prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        shape = None
-        if allocation.wants_node_shape(prof, options.get("gpus_per_node"), options.get("cpus_per_task")):
-            partition = options.get("partition") or prof.partition
-            try:
-                shape = slurm.node_shape(partition)
-            except SlurmError as exc:
-                if "is not on PATH" in str(exc):
-                    raise
-                raise ConfigError(
-                    f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
-                    "give --gpus-per-node and --cpus-per-task, or a profile that sets them"
-                ) from None
-        return allocation.plan(nodes, profile=prof, shape=shape, **options)
+        return allocate.plan_on_partition(nodes, **options)
 
     @classmethod
-    def submit_plan(cls, plan: allocation.AllocationPlan) -> Cluster:
+    def submit_plan(cls, plan: allocate.AllocationPlan) -> Cluster:
         """Perform a plan: create the folder and token, write the script, sbatch it."""
-        assert plan.name and plan.script_path
-        if shutil.which("sbatch") is None:
-            raise SlurmError(
-                "`sbatch` is not on PATH: run raystack on a SLURM login node "
-                "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
-            )
-        cls._check_name_free(plan.name)
-        # A live allocation of this name that the record does not know (submitted by hand, or
-        # its record lost) would run a second queue runner on the same queue.
-        twins = [i for i in slurm.jobs_named(f"raystack-{plan.name}").values() if i.state.is_active()]
-        if twins:
-            raise ClusterError(
-                f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "
-                f"'{plan.name}': `scancel {twins[0].job_id}` first, or choose another --name"
-            )
-        cls._prepare(
-            plan,
-            allocation.render_script(plan),
-            chain_count=plan.chain,
-            signal_lead=plan.signal_lead,
-            sbatch_options=plan.sbatch_options(),
-            message="submitting",
-        )
-        try:
-            job_id = slurm.sbatch(plan.sbatch_options(), str(plan.script_path))
-        except SlurmError as exc:
-            records.update(plan.name, state=ClusterState.FAILED, message=str(exc))
-            raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
-        records.update(plan.name, slurm_job_id=job_id, message=f"submitted as SLURM job {job_id}")
-        return cls(plan.name)
-
-    @staticmethod
-    def _prepare(plan: allocation.AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
-        """A fresh cluster folder for `plan`: its launch script and its first record."""
-        assert plan.name and plan.script_path
-        records.create(plan.name)
-        if plan.profile.tls:
-            tls.create_ca(plan.name)  # fresh, like the token: an earlier cluster's certificates fail
-        else:
-            shutil.rmtree(tls.folder(plan.name), ignore_errors=True)
-        records.clear_node_entries(plan.name)
-        atomic_write(plan.script_path, script, mode=0o700)
-        records.write(
-            ClusterRecord(
-                name=plan.name,
-                profile=plan.profile.name,
-                nodes_expected=plan.nodes or 0,
-                tls=plan.profile.tls,
-                gpus_per_node=plan.gpus_per_node,
-                cpus_per_node=plan.cpus_per_task or 0,
-                history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
-                **fields,
-            )
-        )
+        return cls(str(plan.name), allocate.submit(plan))
 
     @staticmethod
     def space_warning(profile: Profile) -> str | None:
-        """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder (the jobs'
-        logs, Ray's copied logs, usage samples), or None. Quotas are not visible to statvfs:
-        what a site's quota tool says (`quota`, `lfs quota`) is the truth."""
-        home = paths.home()
-        free = growth.free_bytes(home)
-        cap = size_to_mb(profile.folder_cap) * 2**20 if profile.folder_cap else 0
-        if free is None or (free >= growth.SMALL_FREE and free >= cap):
-            return None
-        return (
-            f"RAYSTACK_HOME ({home}) has {free / 2**30:.1f} GB free; the cluster folder may take up "
-            f"to {profile.folder_cap or 'any size'} (profile folder_cap): jobs' logs and Ray's copied "
-            "logs need room there; set RAYSTACK_HOME to a larger filesystem (it must be shared)"
-        )
-
-    @staticmethod
-    def _check_name_free(name: str) -> None:
-        if records.exists(name):
-            old = reconcile(records.read(name))
-            if not old.state.is_terminal():
-                raise ClusterError(
-                    f"name '{name}' is in use by a live cluster (allocation {old.slurm_job_id}, "
-                    f"{old.state.value}): `raystack down {name}` first, or choose another --name"
-                )
+        """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder, or None."""
+        return allocate.space_warning(profile)
 
     @classmethod
     def up_local(
@@ -260,42 +187,12 @@ class Cluster:
         cpus: int | None = None,
         profile: str | Profile = "generic",
         name: str = "local",
-    ) -> tuple[allocation.AllocationPlan, Argv]:
-        prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        ids, cores = local.gpu_ids(), local.cpu_count()
-        if cpus is not None and not 1 <= cpus <= cores:
-            raise ConfigError(
-                f"--cpus: {cpus} but this machine gives this process {cores} CPUs; use 1 to {cores}"
-            )
-        if gpus is not None and gpus < 0:
-            raise ConfigError(f"--gpus: {gpus} is negative; use 0 for a CPU-only cluster")
-        if gpus is not None and ids and gpus > len(ids):
-            raise ConfigError(
-                f"--gpus: {gpus} but this machine has {len(ids)} GPUs ({local.GPU_SOURCE}); "
-                f"use at most {len(ids)}"
-            )
-        count = len(ids) if gpus is None else gpus
-        # Without a GPU to see (a login node, CI), --gpus G gives Ray G logical GPUs, as the testbed
-        # does: placement and masking can be tested; CUDA cannot.
-        ids = ids[:count] if ids else [str(i) for i in range(count)]
-        plan = allocation.plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores)
-        return plan, ids
+    ) -> tuple[allocate.AllocationPlan, Argv]:
+        return allocate.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
 
     @classmethod
-    def start_local(cls, plan: allocation.AllocationPlan, gpu_ids: Argv) -> Cluster:
-        assert plan.name and plan.script_path and plan.cluster_paths
-        cls._check_name_free(plan.name)
-        job_id = local.new_id()
-        cls._prepare(
-            plan,
-            allocation.render_local_script(plan, gpu_ids),
-            note="local",
-            slurm_job_id=job_id,
-            message=f"started on this machine as {job_id}",
-        )
-        # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
-        local.start(job_id, plan.script_path, plan.cluster_paths.node_log(local.this_host()))
-        return cls(plan.name)
+    def start_local(cls, plan: allocate.AllocationPlan, gpu_ids: Argv) -> Cluster:
+        return cls(str(plan.name), allocate.start_local(plan, gpu_ids))
 
     def wait_ready(
         self,
@@ -315,19 +212,20 @@ class Cluster:
         while True:
             record = records.read(self.name)
             if record.state is ClusterState.READY:
-                if not local.is_local(record.slurm_job_id):
+                if allocator(record.backend).remote:
                     self.check_locks(record, say)
+                self.seen = record
                 return record
             if clock() - last_slurm >= interval:
                 last_slurm = clock()
                 interval = min(interval * 1.5, SLURM_POLL_MAX)
                 if record.state is ClusterState.STARTING:
                     interval = SLURM_POLL_MAX
-                info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
+                info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = reconcile(record, info)
                 if info is not None and info.state is SlurmState.PENDING:
                     reason = info.reason if info.reason not in ("", "None") else "not scheduled yet"
-                    said = f"PENDING in SLURM (job {record.slurm_job_id}, reason: {reason})"
+                    said = f"PENDING in SLURM (job {record.allocation_id}, reason: {reason})"
                     if said != last_said:
                         say(last_said := said)
             if record.state.is_terminal():
@@ -354,7 +252,7 @@ class Cluster:
         p = paths.cluster(self.name)
         beat = read_heartbeat(self.name)
         alive = beat is not None and time.time() - float(beat.get("t", 0)) < HEAD_SILENT
-        seen = files.lock_seen(p, record.slurm_job_id) if alive else None
+        seen = files.lock_seen(p, record.allocation_id) if alive else None
         if seen is False and not files.uses_link_locks(p):
             files.use_link_locks(p, f"flock taken on the head is not seen from {socket.gethostname()}")
             say(
@@ -366,10 +264,9 @@ class Cluster:
     # ------------------------------------------------------------------ inspect
     def status(self) -> ClusterStatus:
         record = self.record()
-        info = slurm.job_info(record.slurm_job_id) if record.slurm_job_id else None
-        time_left = None
-        if info and info.state is SlurmState.RUNNING and info.end_time:
-            time_left = max(0, int(info.end_time - time.time()))
+        backend = allocator(record.backend)
+        info = backend.info(record.allocation_id) if record.allocation_id else None
+        time_left = backend.time_left(info)
         nodes = gpus = cpus = None
         ray_error = None
         if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
@@ -383,7 +280,7 @@ class Cluster:
             except ClusterError as exc:  # (SLURM says it ended, or did not answer: no token sent)
                 ray_error = str(exc)
         running = active(self.name)
-        nxt = slurm.job_info(record.next_job_id) if record.next_job_id else None
+        nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
         state, message = record.state.value, record.message
         silent = self.head_silent(record)
         if silent is not None:
@@ -396,7 +293,7 @@ class Cluster:
             name=self.name,
             state=state,
             message=message,
-            slurm_job_id=record.slurm_job_id,
+            allocation_id=record.allocation_id,
             slurm_state=info.state.value if info else None,
             slurm_reason=info.reason if info else None,
             time_left_s=time_left,
@@ -410,7 +307,7 @@ class Cluster:
             queued_jobs=len(waiting(self.name)),
             chain_index=record.chain_index,
             chain_count=record.chain_count,
-            next_job_id=record.next_job_id,
+            next_allocation_id=record.next_allocation_id,
             next_state=nxt.state.value if nxt else None,
             next_reason=nxt.reason if nxt else None,
             resuming_jobs=interrupted(self.name),
@@ -427,7 +324,7 @@ class Cluster:
         if record.state is not ClusterState.READY:
             return None
         beat = read_heartbeat(self.name)
-        if beat is None or beat.get("allocation") != record.slurm_job_id:
+        if beat is None or beat.get("allocation") != record.allocation_id:
             return None  # (a head of an older raystack beats not at all: judge what can be judged)
         age = time.time() - float(beat.get("t", 0))
         return age if age > HEAD_SILENT else None
@@ -441,7 +338,7 @@ class Cluster:
         """How to open the dashboard from a laptop: an ssh tunnel on a loopback address of this
         cluster's own (127.0.0.x from its name), so two clusters' login cookies (scoped to the
         host) never mix, and how to get the token it asks for."""
-        record = self.record()
+        record = self.snapshot()
         port = record.ports.get("dashboard")
         if not record.head_ip or not port:
             raise ClusterError(f"cluster {self.name} has no dashboard yet ({record.state.value})")
@@ -487,7 +384,7 @@ class Cluster:
         Works while the allocation is still PENDING: the job starts once the cluster is READY.
         Bad input raises ConfigError before anything is written.
         """
-        record = self.record()
+        record = self.snapshot()
         check_open(self.name)
         if isinstance(spec, list):
             job_spec, base, source, file = specs.command_spec(spec, sets), Path.cwd(), "command", None
@@ -518,20 +415,21 @@ class Cluster:
         record = records.update(
             self.name,
             state=ClusterState.STOPPING,
-            ending=DOWN,
+            ending=EndKind.DOWN,
             chain_ended="raystack down",
             message="raystack down",
         )
         deadline = time.monotonic() + timeout
+        backend = allocator(record.backend)
         while True:
             # Re-read each time: the head may submit a follow-on just now (it cancels it itself
             # once it sees `down`, and so does this loop).
             record = records.read(self.name)
             live = []
-            for job in dict.fromkeys(j for j in (record.slurm_job_id, record.next_job_id) if j):
-                info = slurm.job_info(job)
+            for job in dict.fromkeys(j for j in (record.allocation_id, record.next_allocation_id) if j):
+                info = backend.info(job)
                 if info is None or not info.state.is_terminal():
-                    slurm.scancel(job)
+                    backend.cancel(job)
                     live.append(job)
             if not live:
                 break
@@ -541,11 +439,14 @@ class Cluster:
                     f"check `squeue -j {','.join(live)}`"
                 )
             sleep(0.5)
-            slurm.forget()
+            backend.forget()
         record = records.read(self.name)
         if not record.state.is_terminal():
             record = records.update(
-                self.name, state=ClusterState.STOPPED, next_job_id=None, message="stopped by raystack down"
+                self.name,
+                state=ClusterState.STOPPED,
+                next_allocation_id=None,
+                message="stopped by raystack down",
             )
         settle_orphans(self.name, None, "raystack down")
         self._sweep_local(record)
@@ -554,8 +455,13 @@ class Cluster:
     @staticmethod
     def _sweep_local(record: ClusterRecord) -> None:
         """A local cluster's leftovers (its node program was killed): gone after `down`."""
-        if local.is_local(record.slurm_job_id):
-            local.sweep(str(record.slurm_job_id))
+        if record.allocation_id:
+            allocator(record.backend).sweep(record.allocation_id)
+
+
+def where(record: ClusterRecord) -> str:
+    """Where the cluster's allocation runs, in words: "SLURM job 12", "on this machine as ..."."""
+    return allocator(record.backend).where(record.allocation_id)
 
 
 def loopback_for(name: str) -> str:

@@ -79,6 +79,11 @@ class Job:
             time.sleep(poll)
         return record
 
+    @property
+    def folder(self) -> Path:
+        """Its files in the cluster folder: gathered worker logs, stack dumps."""
+        return paths.cluster(self.cluster).job_files(self.id)
+
     def log_files(self, record: JobRecord | None = None) -> list[Path]:
         """The log file of every attempt, in order (one per Ray submission)."""
         record = record or self.record()
@@ -136,7 +141,7 @@ class Job:
             )
         cluster = records.read(self.cluster)
         entries = records.read_node_entries(self.cluster)
-        hosts = sorted(h for h, e in entries.items() if e.get("job_id") == cluster.slurm_job_id)
+        hosts = sorted(h for h, e in entries.items() if e.get("alloc_id") == cluster.allocation_id)
         asked = stacks.request(self.cluster, self.id)
         return stacks.wait(self.cluster, self.id, asked, hosts, timeout)
 

@@ -16,14 +16,15 @@ import math
 import statistics
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack.allocation.usage import read_samples
 from raystack.errors import ClusterError
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRecord, JobState
+from raystack.store.usage import read_samples
 
 Span = tuple[float, float]
 OPENS = {JobState.SUBMITTED.value, JobState.RUNNING.value}
@@ -83,27 +84,27 @@ def allocations(record: ClusterRecord, now: float) -> list[dict[str, Any]]:
     found = []
     p = paths.cluster(record.name)
     for entry in record.allocations:
-        if not entry.get("started"):
+        if not entry.started:
             continue
-        job_id = str(entry["job_id"])
+        alloc_id = entry.alloc_id
         samples = {
-            f.name.removeprefix(f"{job_id}-").removesuffix(".jsonl"): read_samples(f)
-            for f in sorted(p.usage.glob(f"{job_id}-*.jsonl"))
+            f.name.removeprefix(f"{alloc_id}-").removesuffix(".jsonl"): read_samples(f)
+            for f in sorted(p.usage.glob(f"{alloc_id}-*.jsonl"))
         }
         last = max((s[-1]["t"] for s in samples.values() if s), default=None)
-        live = record.slurm_job_id == job_id and not record.state.is_terminal() and not entry.get("ended")
-        end = now if live else entry.get("ended") or last or entry["started"]
+        live = record.allocation_id == alloc_id and not record.state.is_terminal() and not entry.ended
+        end = now if live else entry.ended or last or entry.started
         if not live and last is not None and end > last + 60:
             end = last  # recorded late (found ended by a later command): the samples know better
         found.append(
             {
-                "job_id": job_id,
-                "nodes": int(entry.get("nodes") or record.nodes_expected or 1),
-                "started": float(entry["started"]),
-                "ready": float(entry["ready"]) if entry.get("ready") else None,
+                "alloc_id": alloc_id,
+                "nodes": int(entry.nodes or record.nodes_expected or 1),
+                "started": float(entry.started),
+                "ready": float(entry.ready) if entry.ready else None,
                 "ended": float(end),
                 "live": live,
-                "reason": entry.get("reason"),
+                "reason": entry.reason,
                 "samples": samples,
             }
         )
@@ -144,39 +145,8 @@ def summarize(
             raise ClusterError(f"--job: no job '{job_id}' in cluster {record.name} (known: {known})")
         if not runs[job_id]:
             raise ClusterError(f"--job: job {job_id} never ran (state {_job(jobs, job_id).state.value})")
-    held = startup = busy_total = idle_total = node_hours = busy_node_h = idle_node_h = 0.0
-    busy_spans: list[Span] = []
-    others: list[Span] = []
-    per_alloc = []
-    for a in allocs:
-        ready = a["ready"] or a["ended"]  # never READY: all of it was startup
-        head: list[dict[str, Any]] = next(
-            (ss for ss in a["samples"].values() if ss and "other_jobs" in ss[-1]), []
-        )
-        other = merge(clip(other_ray_jobs(head), (ready, a["ended"])))
-        others += other
-        busy = merge(clip([s for r in runs.values() for s in r], (ready, a["ended"])) + other)
-        a_held, a_busy = a["ended"] - a["started"], length(busy)
-        a_startup = max(0.0, min(ready, a["ended"]) - a["started"])
-        held, startup, busy_total = held + a_held, startup + a_startup, busy_total + a_busy
-        idle_total += a_held - a_startup - a_busy
-        idle_node_h += (a_held - a_startup - a_busy) * a["nodes"] / 3600
-        node_hours += a_held * a["nodes"] / 3600
-        busy_node_h += a_busy * a["nodes"] / 3600
-        busy_spans += busy
-        per_alloc.append(
-            {
-                "job_id": a["job_id"],
-                "nodes": a["nodes"],
-                "started": a["started"],
-                "ready": a["ready"],
-                "ended": a["ended"],
-                "live": a["live"],
-                "reason": a["reason"],
-                "held_s": round(a_held, 1),
-            }
-        )
-    busy_spans = merge(busy_spans)
+    t, busy_spans, others, per_alloc = _time_use(allocs, runs)
+    held = t["held"]
     focus = merge(runs[job_id]) if job_id else busy_spans
     samples = [(host, s) for a in allocs for host, series in a["samples"].items() for s in series]
     in_focus = [s for _h, s in samples if inside(s["t"], focus)]
@@ -191,13 +161,13 @@ def summarize(
         "allocations": per_alloc,
         "nodes": max(a["nodes"] for a in allocs),
         "held_s": round(held, 1),
-        "startup_s": round(startup, 1),
-        "busy_s": round(busy_total, 1),
-        "idle_s": round(idle_total, 1),
-        "busy_fraction": round(busy_total / held, 3) if held else None,
-        "node_hours": round(node_hours, 3),
-        "busy_node_hours": round(busy_node_h, 3),
-        "idle_node_hours": round(idle_node_h, 3),
+        "startup_s": round(t["startup"], 1),
+        "busy_s": round(t["busy"], 1),
+        "idle_s": round(t["idle"], 1),
+        "busy_fraction": round(t["busy"] / held, 3) if held else None,
+        "node_hours": round(t["node_h"], 3),
+        "busy_node_hours": round(t["busy_node_h"], 3),
+        "idle_node_hours": round(t["idle_node_h"], 3),
         "gpu_util_busy": _mean([u for s in in_focus for u in _gpu_utils(s)]),
         "gpu_util_idle": _mean([u for s in idle_samples for u in _gpu_utils(s)]),
         "cpu_busy": _mean([float(s["cpu"]) for s in in_focus if "cpu" in s]),
@@ -213,6 +183,36 @@ def summarize(
 
 
 Series = dict[str, tuple[list[dict[str, Any]], list[float]]]  # host -> (samples by time, times)
+
+
+def _time_use(
+    allocs: list[dict[str, Any]], runs: dict[str, list[Span]]
+) -> tuple[dict[str, float], list[Span], list[Span], list[dict[str, Any]]]:
+    """Held, startup, busy and idle seconds and node-hours over the allocations (in all), the busy
+    spans, the spans of Ray jobs not raystack's, and each allocation's own figures."""
+    t = dict.fromkeys(("held", "startup", "busy", "idle", "node_h", "busy_node_h", "idle_node_h"), 0.0)
+    busy_spans: list[Span] = []
+    others: list[Span] = []
+    per_alloc = []
+    for a in allocs:
+        ready = a["ready"] or a["ended"]  # never READY: all of it was startup
+        head: list[dict[str, Any]] = next(
+            (ss for ss in a["samples"].values() if ss and "other_jobs" in ss[-1]), []
+        )
+        other = merge(clip(other_ray_jobs(head), (ready, a["ended"])))
+        others += other
+        busy = merge(clip([s for r in runs.values() for s in r], (ready, a["ended"])) + other)
+        a_held, a_busy = a["ended"] - a["started"], length(busy)
+        a_startup = max(0.0, min(ready, a["ended"]) - a["started"])
+        t["held"], t["startup"], t["busy"] = t["held"] + a_held, t["startup"] + a_startup, t["busy"] + a_busy
+        t["idle"] += a_held - a_startup - a_busy
+        t["idle_node_h"] += (a_held - a_startup - a_busy) * a["nodes"] / 3600
+        t["node_h"] += a_held * a["nodes"] / 3600
+        t["busy_node_h"] += a_busy * a["nodes"] / 3600
+        busy_spans += busy
+        keep = ("alloc_id", "nodes", "started", "ready", "ended", "live", "reason")
+        per_alloc.append({**{k: a[k] for k in keep}, "held_s": round(a_held, 1)})
+    return t, merge(busy_spans), others, per_alloc
 
 
 def pick(series: Series, spans: list[Span]) -> list[tuple[str, dict[str, Any]]]:
@@ -297,79 +297,118 @@ def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | 
         for host, samples in a["samples"].items():
             series.setdefault(host, []).extend(samples)
     gpus = any(s.get("gpus") for ss in series.values() for s in ss)
+    t0, window = _window(report, allocs)
+    unit, scale = ("h", 3600.0) if window[1] - window[0] > 3 * 3600 else ("min", 60.0)
+    panels = _panels(gpus)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.2 * len(panels) + 1), sharex=True, squeeze=False)
+    view = _View(t0, scale, window, many=len(series) > 8)
+    for ax, (title, value) in zip(axes[:, 0], panels, strict=True):
+        _draw_panel(ax, title, value, series, view)
+        _mark_jobs(ax, report, allocs, view, first=ax is axes[0, 0])
+    top = axes[0, 0]
+    for j in report["jobs"]:
+        if window[0] <= j["start"] <= window[1]:
+            top.annotate(
+                j["id"],
+                (view.x(j["start"]), 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=20,
+                va="bottom",
+            )
+    if not view.many and series:
+        top.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel(f"{unit} since the allocation started")
+    fig.suptitle(_title(report, gpus), fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+@dataclass(frozen=True)
+class _View:
+    """The plot's time axis: its origin, unit (seconds per tick) and the window shown."""
+
+    t0: float
+    scale: float
+    window: Span
+    many: bool  # too many nodes for a legend
+
+    def x(self, t: float) -> float:
+        return (t - self.t0) / self.scale
+
+    def shows(self, t: float) -> bool:
+        return self.window[0] <= t <= self.window[1]
+
+
+def _window(report: dict[str, Any], allocs: list[dict[str, Any]]) -> tuple[float, Span]:
+    """The plot's origin and window: the allocations, or one job with a margin."""
     t0 = min(a["started"] for a in allocs)
     window = (t0, max(a["ended"] for a in allocs))
     if report["job"]:
         job = next(j for j in report["jobs"] if j["id"] == report["job"])
         margin = max(30.0, 0.1 * (job["end"] - job["start"]))
         window = (max(t0, job["start"] - margin), job["end"] + margin)
-    unit, scale = ("h", 3600.0) if window[1] - window[0] > 3 * 3600 else ("min", 60.0)
+    return t0, window
 
-    def x(t: float) -> float:
-        return (t - t0) / scale
 
+def _panels(gpus: bool) -> list[tuple[str, Any]]:
     panels: list[tuple[str, Any]] = []
     if gpus:
         panels += [
             ("GPU utilisation %", lambda s: statistics.fmean(_gpu_utils(s)) if s.get("gpus") else None),
             ("GPU memory GiB", lambda s: sum(g[1] for g in s.get("gpus") or []) / 1024),
         ]
-    panels += [
+    return [
+        *panels,
         ("CPU % (node)", lambda s: s.get("cpu")),
         ("cores used by the cluster", lambda s: s.get("ours")),
         ("memory GiB (node)", lambda s: (s.get("mem") or 0) / 2**30),
     ]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.2 * len(panels) + 1), sharex=True, squeeze=False)
-    many = len(series) > 8
-    for ax, (title, value) in zip(axes[:, 0], panels, strict=True):
-        for host, samples in sorted(series.items()):
-            pts = [(x(s["t"]), value(s)) for s in samples if window[0] <= s["t"] <= window[1]]
-            pts = [(a, b) for a, b in pts if b is not None]
-            if pts:
-                xs, ys = _thin(pts)
-                ax.plot(xs, ys, lw=0.8 if many else 1.2, label=None if many else host)
-        ax.set_ylabel(title, fontsize=8)
-        ax.set_ylim(bottom=0, top=105 if "%" in title else None)
-        ax.grid(alpha=0.3)
-        for i, j in enumerate(report["jobs"]):
-            if j["end"] < window[0] or j["start"] > window[1]:
-                continue
-            ax.axvspan(x(j["start"]), x(j["end"]), color=f"C{i % 10}", alpha=0.12, lw=0)
-        for k, (a, b) in enumerate(report["other_ray_jobs"]):
-            label = "other Ray jobs" if k == 0 and ax is axes[0, 0] and not many else None
-            ax.axvspan(x(a), x(b), color="grey", alpha=0.12, lw=0, hatch="//", label=label)
-        for a in allocs:
-            for t in (a["started"], a["ended"]):
-                if window[0] <= t <= window[1]:
-                    ax.axvline(x(t), color="grey", ls="--", lw=0.8)
-    top = axes[0, 0]
-    for j in report["jobs"]:
-        if window[0] <= j["start"] <= window[1]:
-            top.annotate(
-                j["id"],
-                (x(j["start"]), 1.0),
-                xycoords=("data", "axes fraction"),
-                fontsize=7,
-                rotation=20,
-                va="bottom",
-            )
-    if not many and series:
-        top.legend(fontsize=7, loc="upper right")
-    axes[-1, 0].set_xlabel(f"{unit} since the allocation started")
+
+
+def _draw_panel(
+    ax: Any, title: str, value: Any, series: dict[str, list[dict[str, Any]]], view: _View
+) -> None:
+    """One figure per node over time."""
+    for host, samples in sorted(series.items()):
+        pts = [(view.x(s["t"]), value(s)) for s in samples if view.shows(s["t"])]
+        pts = [(a, b) for a, b in pts if b is not None]
+        if pts:
+            xs, ys = _thin(pts)
+            ax.plot(xs, ys, lw=0.8 if view.many else 1.2, label=None if view.many else host)
+    ax.set_ylabel(title, fontsize=8)
+    ax.set_ylim(bottom=0, top=105 if "%" in title else None)
+    ax.grid(alpha=0.3)
+
+
+def _mark_jobs(
+    ax: Any, report: dict[str, Any], allocs: list[dict[str, Any]], view: _View, first: bool
+) -> None:
+    """Jobs shaded, other Ray jobs hatched, allocation boundaries dashed."""
+    for i, j in enumerate(report["jobs"]):
+        if j["end"] < view.window[0] or j["start"] > view.window[1]:
+            continue
+        ax.axvspan(view.x(j["start"]), view.x(j["end"]), color=f"C{i % 10}", alpha=0.12, lw=0)
+    for k, (a, b) in enumerate(report["other_ray_jobs"]):
+        label = "other Ray jobs" if k == 0 and first and not view.many else None
+        ax.axvspan(view.x(a), view.x(b), color="grey", alpha=0.12, lw=0, hatch="//", label=label)
+    for a in allocs:
+        for t in (a["started"], a["ended"]):
+            if view.shows(t):
+                ax.axvline(view.x(t), color="grey", ls="--", lw=0.8)
+
+
+def _title(report: dict[str, Any], gpus: bool) -> str:
     if report["job"]:
         util = report["gpu_util_busy"] if gpus else report["cpu_busy"]
-        title = (
+        return (
             f"job {report['job']} on cluster {report['cluster']}: ran {report['job_s'] / 60:.1f} min, "
             f"mean {'GPU' if gpus else 'CPU'} utilisation {util or 0:.0f}%"
         )
-    else:
-        title = (
-            f"cluster {report['cluster']}: {report['node_hours']:.2f} node-hours held, busy "
-            f"{100 * (report['busy_fraction'] or 0):.0f}%, idle {report['idle_s'] / 60:.1f} min"
-        )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return (
+        f"cluster {report['cluster']}: {report['node_hours']:.2f} node-hours held, busy "
+        f"{100 * (report['busy_fraction'] or 0):.0f}%, idle {report['idle_s'] / 60:.1f} min"
+    )

@@ -108,7 +108,7 @@ def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
         "time": round(now, 2),
         "state": record.state.value,
         "message": record.message,
-        "slurm_job_id": record.slurm_job_id,
+        "allocation_id": record.allocation_id,
         "time_left_s": max(0, int(record.walltime_end - now)) if record.walltime_end else None,
         "nodes_expected": record.nodes_expected,
         "idle_s": round(now - record.idle_since, 1) if record.idle_since else None,

@@ -173,14 +173,6 @@ class NodeLauncherImpl:
         return self.proc.returncode
 
 
-stopping = False
-
-
-def _on_term(_signum: int, _frame: object) -> None:
-    global stopping
-    stopping = True
-
-
 def parse(args: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m raystack.launch.spmd", description=__doc__.splitlines()[0])
     p.add_argument("--launcher", choices=LAUNCHERS, required=True)
@@ -203,7 +195,8 @@ def main(args: list[str] | None = None) -> int:
 
     ns = parse(sys.argv[1:] if args is None else args)
     ray.init()
-    signal.signal(signal.SIGTERM, _on_term)  # NOTE: after ray.init, which installs one of its own
+    stopping = threading.Event()  # SIGTERM: `raystack stop`, a timeout, the walltime warning
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # NOTE: after ray.init (it sets one)
     t0 = time.time()
     alive = [n for n in ray.nodes() if n["Alive"]]
     nodes = ns.nodes or len(alive)
@@ -250,17 +243,19 @@ def main(args: list[str] | None = None) -> int:
         f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}",
         flush=True,
     )
-    return follow(actors, hosts, ns, t0)
+    return follow(actors, hosts, ns, t0, stopping)
 
 
-def follow(actors: list, hosts: tuple[str, ...], ns: argparse.Namespace, t0: float) -> int:
+def follow(
+    actors: list, hosts: tuple[str, ...], ns: argparse.Namespace, t0: float, stopping: threading.Event
+) -> int:
     """Print every node's lines with its rank until all end; stop all when one fails or on SIGTERM."""
     import ray
 
     codes: dict[int, int] = {}
     first_line: dict[int, float] = {}
     while len(codes) < len(actors):
-        if stopping:
+        if stopping.is_set():
             ray.get([a.stop.remote(ns.stop_grace) for a in actors])
             print(
                 f"raystack spmd: stopped; every node's processes ended ({time.time() - t0:.1f}s)", flush=True

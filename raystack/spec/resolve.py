@@ -66,9 +66,7 @@ def resolve(
 ) -> JobRequest:
     """Check and resolve a spec for a cluster; nothing is written."""
     check_needs(spec, cluster, source)
-    substitute(
-        spec.entrypoint, spec.plan, cluster, source, spmd_processes(spec, cluster)
-    )  # refused now if not
+    planned = substitute(spec.entrypoint, spec.plan, cluster, source, spmd_processes(spec, cluster))
     working_dir = None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     if spec.working_dir is not None:
@@ -108,6 +106,7 @@ def resolve(
         uv=spec.uv,
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
+        planned=planned if spec.plan else None,
         processes=spmd_processes(spec, cluster),
         spec_file=spec_file,
     )

@@ -49,6 +49,14 @@ def parse_duration(value: int | float | str, limit: float = MAX_DURATION) -> flo
     return seconds
 
 
+def duration_text(seconds: float) -> str:
+    """90 -> '1m30s', 1800 -> '30m', 5400 -> '1h30m'."""
+    s = round(seconds)
+    h, m, sec = s // 3600, s % 3600 // 60, s % 60
+    text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "")
+    return text or "0s"
+
+
 def _duration(value: int | float | str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")

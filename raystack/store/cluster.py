@@ -9,9 +9,9 @@ import secrets
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raystack.errors import ClusterError
 from raystack.store import paths
@@ -44,6 +44,25 @@ class ClusterState(str, Enum):
         return self in (ClusterState.STOPPED, ClusterState.FAILED)
 
 
+class EndKind(str, Enum):
+    """How an allocation ends: the record's `ending` while it ends, and the kind of every
+    recorded end (raystack/walltime.py's table says what follows each)."""
+
+    WALLTIME = "walltime"  # the USR1 warning, the time limit
+    NODE_LOST = "node lost"
+    PREEMPTED = "preempted"
+    DOWN = "down"  # raystack down
+    IDLE = "idle"  # idle autostop
+    SCANCEL = "scancel"  # cancelled by hand or an administrator
+    CRASHED = "crashed"  # the head's node program could not go on
+    HEAD_LOST = "head lost"  # a worker found the head's node program gone
+    FAILED = "failed"  # Ray or a node failed to start, or Ray's head exited
+
+    @classmethod
+    def _missing_(cls, value: object) -> EndKind | None:
+        return unknown_member(cls, value)
+
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -58,16 +77,36 @@ def unknown_member(cls: type[E], value: object) -> E | None:
     return member
 
 
+SCHEMA = 2  # 1: slurm_job_id/next_job_id, a local allocation told by its id's "local-" prefix
+SCHEMA_1_ENDINGS = {"walltime warning": "walltime", "raystack down": "down"}  # (the rest are the same)
+
+
+class Allocation(BaseModel):
+    """One allocation the cluster ran on (kept across the chain, for `report` and pruning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    alloc_id: str
+    index: int = 1  # its place in the chain
+    nodes: int | None = None
+    started: float | None = None
+    ready: float | None = None
+    ended: float | None = None
+    reason: str | None = None
+
+
 class ClusterRecord(BaseModel):
     """cluster.json: everything a client needs to find and judge a cluster."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)  # (another version's fields kept)
 
+    schema_version: int = SCHEMA
     name: str
     state: ClusterState = ClusterState.SUBMITTED
     message: str = ""
     profile: str = "generic"
-    slurm_job_id: str | None = None
+    backend: Literal["slurm", "local"] = "slurm"  # where allocations come from (adapters/allocator.py)
+    allocation_id: str | None = None  # SLURM's job id, or a local allocation's own id
     nodes_expected: int = 0
     gpus_per_node: int = 0
     cpus_per_node: int = 0
@@ -88,16 +127,37 @@ class ClusterRecord(BaseModel):
     chain_index: int = 1  # which of them runs (or is pending) now
     signal_lead: int = 600  # seconds before the walltime at which SLURM warns (USR1)
     sbatch_options: list[str] = Field(default_factory=list)  # what sbatch was given: the follow-on too
-    next_job_id: str | None = None  # the follow-on allocation, pending on this one (afterany)
-    ending: str | None = None  # why the current allocation is ending (walltime warning, down, idle, ...)
+    next_allocation_id: str | None = None  # the follow-on allocation, pending on this one (afterany)
+    ending: EndKind | None = None  # how the current allocation is ending, once that is known
     chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
-    allocations: list[dict[str, Any]] = Field(default_factory=list)  # one entry per allocation run
+    allocations: list[Allocation] = Field(default_factory=list)  # one entry per allocation run
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     idle_since: float | None = None  # epoch seconds: idle since then (None: busy, or not READY)
     prometheus: str | None = None  # the head's Prometheus as the head reaches it (metrics on)
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """A record of schema 1 (written before backends) read as schema 2."""
+        if not isinstance(data, dict) or data.get("schema_version", 1) >= SCHEMA:
+            return data
+        data = dict(data)
+        for old, new in (("slurm_job_id", "allocation_id"), ("next_job_id", "next_allocation_id")):
+            if old in data:
+                data.setdefault(new, data.pop(old))
+        if str(data.get("allocation_id") or "").startswith("local-"):  # schema 1's only mark
+            data.setdefault("backend", "local")
+        if data.get("ending") in SCHEMA_1_ENDINGS:
+            data["ending"] = SCHEMA_1_ENDINGS[data["ending"]]
+        data["allocations"] = [
+            {"alloc_id": a.pop("job_id"), **a} if isinstance(a, dict) and "job_id" in a else a
+            for a in (dict(a) if isinstance(a, dict) else a for a in data.get("allocations") or [])
+        ]
+        data["schema_version"] = SCHEMA
+        return data
 
     @property
     def on_head_dashboard_url(self) -> str | None:
@@ -187,20 +247,21 @@ def apply_changes(record: Any, changes: dict[str, Any]) -> None:
         setattr(record, key, value)
 
 
-def note_allocation(record: ClusterRecord, job_id: str, **fields: Any) -> None:
-    """Add to (or update) the record's entry for allocation `job_id` (kept across the chain)."""
-    entry = next((a for a in record.allocations if a.get("job_id") == job_id), None)
+def note_allocation(record: ClusterRecord, alloc_id: str, **fields: Any) -> None:
+    """Add to (or update) the record's entry for allocation `alloc_id` (kept across the chain)."""
+    entry = next((a for a in record.allocations if a.alloc_id == alloc_id), None)
     if entry is None:
-        entry = {"job_id": job_id, "index": record.chain_index}
-        record.allocations.append(entry)
-    entry.update(fields)
+        entry = Allocation(alloc_id=alloc_id, index=record.chain_index)
+        record.allocations = [*record.allocations, entry]
+    for key, value in fields.items():
+        setattr(entry, key, value)
 
 
-def note(name: str, job_id: str, **fields: Any) -> ClusterRecord:
+def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
     """`note_allocation` as one locked read-modify-write of the record."""
     with locked(paths.cluster(name)):
         record = read(name)
-        note_allocation(record, job_id, **fields)
+        note_allocation(record, alloc_id, **fields)
         write(record)
         return record
 
@@ -246,7 +307,7 @@ def read_token(name: str) -> str:
 
 
 def read_heartbeat(name: str) -> dict[str, Any] | None:
-    """The head's last beat ({allocation, host, pid, n, t}: allocation/context.Heartbeat writes
+    """The head's last beat ({allocation, host, pid, n, t}: allocation/duties.Heartbeat writes
     it every few seconds), or None when there is none to read."""
     try:
         data = json.loads(paths.cluster(name).heartbeat.read_bytes().rstrip(b" \0\n"))

@@ -102,7 +102,7 @@ def free_bytes(path: Path) -> int | None:
 def _allocations(name: str) -> list[str]:
     """The allocations the record knows (longest first: `12` must not claim `123-node1.jsonl`)."""
     try:
-        ids = [str(a.get("job_id")) for a in records.read(name).allocations if a.get("job_id")]
+        ids = [a.alloc_id for a in records.read(name).allocations]
     except Exception:
         return []
     return sorted(set(ids), key=len, reverse=True)

@@ -73,6 +73,7 @@ class JobRequest(BaseModel):
     spec_file: str | None = None
     min_time: float | None = None  # seconds of walltime it needs: not started with less left
     plan: dict[str, Any] | None = None  # the spec's plan: the entrypoint's {plan.*} are filled at start
+    planned: str | None = None  # the entrypoint as planned at submit, for the cluster as it was then
     processes: int | None = None  # an SPMD job's processes in all (for a batch plan)
     queued_at: float = Field(default_factory=time.time)
     # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
@@ -89,6 +90,7 @@ class Attempt(BaseModel):
     allocation: str | None = None  # the SLURM job id of the allocation it was given to
     at: float = Field(default_factory=time.time)
     ray_job_id: str | None = None  # Ray's id of it (hex): its workers' log files carry it
+    entrypoint: str | None = None  # what Ray ran (a plan's {plan.*} filled for the cluster then)
     outcome: str | None = None  # how it ended when another attempt followed: "FAILED: exit code 1 ..."
 
 
@@ -154,15 +156,18 @@ def create_job(name: str, record: JobRecord) -> bool:
     return create_exclusive(paths.cluster(name).ledger(record.id), record.model_dump_json(indent=2))
 
 
-def update_job(name: str, job_id: str, **changes: Any) -> JobRecord:
-    """Read-modify-write the ledger under the cluster lock; state changes go into the history."""
+def update_job(name: str, job_id: str, attempt: dict[str, Any] | None = None, **changes: Any) -> JobRecord:
+    """Read-modify-write the ledger under the cluster lock; state changes go into the history.
+    `attempt`: fields of the last attempt to set in the same transaction."""
     with locked(paths.cluster(name)):
-        return change_job(name, job_id, **changes)
+        return change_job(name, job_id, attempt, **changes)
 
 
-def change_job(name: str, job_id: str, **changes: Any) -> JobRecord:
+def change_job(name: str, job_id: str, attempt: dict[str, Any] | None = None, **changes: Any) -> JobRecord:
     """`update_job` for a caller that already holds the lock (one transaction, several changes)."""
     record = read_job(name, job_id)
+    if attempt and record.attempts:
+        changes["attempts"] = [*record.attempts[:-1], record.attempts[-1].model_copy(update=attempt)]
     apply_changes(record, changes)
     write_job(name, record)
     if record.state.is_terminal() and "state" in changes:

@@ -162,9 +162,9 @@ class ClusterPaths:
     def reports(self) -> Path:
         return self.root / "reports"
 
-    def usage_file(self, job: str, host: str) -> Path:
-        """Allocation `job`'s usage samples of node `host` (appended by its node program)."""
-        return self.usage / f"{job}-{host}.jsonl"
+    def usage_file(self, alloc_id: str, host: str) -> Path:
+        """Allocation `alloc_id`'s usage samples of node `host` (appended by its node program)."""
+        return self.usage / f"{alloc_id}-{host}.jsonl"
 
     @property
     def corrupt(self) -> Path:

@@ -20,6 +20,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raystack.errors import ClusterError
 from raystack.store import cluster as records
@@ -302,7 +303,7 @@ def add_attempt(name: str, job_id: str, submission_id: str, allocation: str | No
         return change_job(name, job_id, attempts=[*record.attempts, attempt])
 
 
-def finish(name: str, job_id: str, **changes: object) -> JobRecord:
+def finish(name: str, job_id: str, **changes: Any) -> JobRecord:
     """Record a job's final state and take it off the active list (one transaction)."""
     p = paths.cluster(name)
     with locked(p):

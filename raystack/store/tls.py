@@ -164,10 +164,10 @@ def ensure_ca(name: str) -> Path:
     return ca_cert(name)
 
 
-def node_dir(job_id: str, base: Path = SHM) -> Path:
+def node_dir(alloc_id: str, base: Path = SHM) -> Path:
     """This node's folder for its certificate: the same path on every node of an allocation,
     private (0700, owned by this user: checked, since /dev/shm is shared by every user)."""
-    path = base / f"rs-tls-{os.getuid()}-{job_id}"
+    path = base / f"rs-tls-{os.getuid()}-{alloc_id}"
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+import pytest
+import requests
 from ray.util.state.common import NodeState, TaskState
 
-from raystack.adapters.ray import Dashboard
+from raystack import errors
+from raystack.adapters.ray import Dashboard, translate
 
 ERROR = (
     "ray::Learner.step() (pid=122, ip=10.200.0.13, actor_id=0be7, repr=<train.Learner object>)\n"
@@ -59,3 +63,34 @@ def test_a_task_whose_node_died_is_placed_on_that_node() -> None:
         "02000000"
     )
     assert event["ip"] == "10.200.0.14"
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        # what Ray 2.60's JobSubmissionClient raises (dashboard_sdk._raise_error and requests)
+        (
+            RuntimeError(
+                "Request failed with status code 400: Job with submission_id a-1 already exists. "
+                "Please use a different submission_id.."
+            ),
+            errors.AlreadyExists,
+        ),
+        (RuntimeError("Request failed with status code 404: Job a-1 does not exist.."), errors.NotFound),
+        (RuntimeError("Request failed with status code 401: Unauthorized."), errors.AuthRejected),
+        (requests.ConnectionError("Max retries exceeded with url: /api/version"), errors.RayUnreachable),
+        (requests.Timeout("read timed out"), errors.RayUnreachable),
+        (RuntimeError("Request failed with status code 500: boom."), errors.RayApiError),
+    ],
+)
+def test_ray_answers_are_typed_where_they_arrive(exc: BaseException, kind: type) -> None:
+    translated = translate(exc)
+    assert type(translated) is kind and str(exc) in str(translated)
+
+
+def test_a_dashboard_that_does_not_answer_is_unreachable() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(errors.RayUnreachable, match="did not answer"):
+        Dashboard(f"http://127.0.0.1:{port}", "t").submit("a-1", "true", {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raystack import errors
 from raystack.adapters import slurm
 from raystack.adapters.slurm import SlurmState as JobState
 from raystack.errors import SlurmError
@@ -142,3 +143,33 @@ def test_sacct_parsable2_skips_steps() -> None:
 
 def test_sacct_disabled_message_is_recorded() -> None:
     assert "accounting storage is disabled" in fixture("sacct-disabled.txt")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind"),
+    [
+        # seen on the testbed (slurm-wlm 22.05)
+        ("slurm_load_jobs error: Invalid job id specified", errors.JobNotFound),
+        ("Slurm accounting storage is disabled", errors.AccountingDisabled),
+        # as SLURM's commands word them (not reproducible on the testbed)
+        (
+            "scancel: error: Kill job error on job id 12: Job/step already completing or completed",
+            errors.JobEnding,
+        ),
+        ("squeue: error: Unable to contact slurm controller (connect failure)", errors.SlurmUnavailable),
+        (
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+            errors.SlurmError,
+        ),
+    ],
+)
+def test_refusals_are_typed_where_they_arrive(stderr: str, kind: type) -> None:
+    assert slurm.refusal(stderr) is kind
+
+
+def test_a_missing_command_is_slurm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(errors.SlurmMissing, match="is not on PATH"):
+        slurm.node_shape(None)
+
+    assert slurm.job_info("4242") is None  # cannot be asked: never an answer

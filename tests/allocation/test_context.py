@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.allocation import context as node
-from raystack.allocation import rayproc
+from raystack.allocation import rayproc, raystart
 from raystack.allocation.context import NodeContext
 
 
@@ -51,7 +51,7 @@ def test_ports_are_distinct_and_free() -> None:
 def context(tmp_path: Path, gpus: int = 4) -> NodeContext:
     return NodeContext(
         cluster="c",
-        job_id="7",
+        alloc_id="7",
         node_id=0,
         num_nodes=2,
         host="node1",
@@ -66,7 +66,7 @@ def context(tmp_path: Path, gpus: int = 4) -> NodeContext:
 
 def test_head_argv_binds_the_dashboard_to_the_node_address(tmp_path: Path) -> None:
     ports = rayproc.node_ports(head=True)
-    argv = node.ray_start_argv(context(tmp_path), ports, None)
+    argv = raystart.ray_start_argv(context(tmp_path), ports, None)
     assert "--head" in argv and "--block" in argv
     assert "--dashboard-host=10.0.0.5" in argv and "--node-ip-address=10.0.0.5" in argv
     assert "--num-gpus=4" in argv and "--num-cpus=16" in argv
@@ -75,7 +75,7 @@ def test_head_argv_binds_the_dashboard_to_the_node_address(tmp_path: Path) -> No
 
 
 def test_worker_argv_joins_the_head(tmp_path: Path) -> None:
-    argv = node.ray_start_argv(context(tmp_path, gpus=0), rayproc.node_ports(head=False), "10.0.0.1:6000")
+    argv = raystart.ray_start_argv(context(tmp_path, gpus=0), rayproc.node_ports(head=False), "10.0.0.1:6000")
     assert "--address=10.0.0.1:6000" in argv and "--head" not in argv and "--num-gpus=0" in argv
 
 
@@ -84,7 +84,7 @@ def test_ray_env_turns_token_auth_on_and_puts_this_python_first(
 ) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     monkeypatch.setenv("RAY_ADDRESS", "somewhere:1")
-    env = node.ray_env(context(tmp_path))
+    env = raystart.ray_env(context(tmp_path))
     assert env["RAY_AUTH_MODE"] == "token"
     assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "clusters" / "c" / "token")
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
@@ -97,10 +97,10 @@ def test_burst_settings_widen_the_gcs_and_the_profile_env_wins(
 ) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     monkeypatch.setenv("RAY_worker_register_timeout_seconds", "300")  # (as the profile's env exports it)
-    env = node.ray_env(context(tmp_path))
+    env = raystart.ray_env(context(tmp_path))
     assert env["RAY_worker_register_timeout_seconds"] == "300"
     assert env["RAY_gcs_server_request_timeout_seconds"] == "120"
     # the GCS gets more threads than Ray's cores/4 on a small head, never fewer on a big one
-    assert node.burst_settings(cores=2)["RAY_gcs_server_rpc_server_thread_num"] == "8"
-    assert node.burst_settings(cores=288)["RAY_gcs_server_rpc_server_thread_num"] == "72"
-    assert all(k.startswith("RAY_") and v.isdigit() for k, v in node.burst_settings().items())
+    assert raystart.burst_settings(cores=2)["RAY_gcs_server_rpc_server_thread_num"] == "8"
+    assert raystart.burst_settings(cores=288)["RAY_gcs_server_rpc_server_thread_num"] == "72"
+    assert all(k.startswith("RAY_") and v.isdigit() for k, v in raystart.burst_settings().items())

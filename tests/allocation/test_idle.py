@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.idle import IdleWatch, duration_text
-from raystack.allocation.walltime import IDLE, classify
+from raystack.allocation.idle import IdleWatch
 from raystack.errors import ClusterError
+from raystack.spec.values import duration_text
 from raystack.store import cluster as clusters
 from raystack.store import queue
-from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.ledger import JobRequest
+from raystack.walltime import classify
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Clock:
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     clusters.create("c")
-    clusters.write(ClusterRecord(name="c", state=ClusterState.READY, slurm_job_id="100", chain_count=3))
+    clusters.write(ClusterRecord(name="c", state=ClusterState.READY, allocation_id="100", chain_count=3))
     return tmp_path
 
 
@@ -75,7 +76,7 @@ def test_idle_for_the_timeout_ends_the_cluster_and_refuses_new_jobs(home: Path) 
     why = w()
     assert why is not None and "idle for 1m1s" in why and "idle timeout 1m" in why
     record = clusters.read("c")
-    assert record.state is ClusterState.STOPPING and record.ending == IDLE
+    assert record.state is ClusterState.STOPPING and record.ending is EndKind.IDLE
     assert record.chain_ended and "autostop" in record.chain_ended
     end = classify(record, "100")
     assert end.kind == "idle" and not end.chain_goes_on and "autostop" in end.text
@@ -135,9 +136,9 @@ def test_without_a_timeout_it_only_tracks(home: Path) -> None:
 def test_a_walltime_warning_or_down_first_wins(home: Path) -> None:
     dash, clock = FakeDashboard(), Clock()
     w = watch(dash, clock)
-    clusters.update("c", ending="walltime warning")
+    clusters.update("c", ending="walltime")
     clock.now += 100
-    assert w() is None and clusters.read("c").ending == "walltime warning"
+    assert w() is None and clusters.read("c").ending == "walltime"
 
 
 def test_duration_text() -> None:

@@ -17,7 +17,9 @@ import pytest
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation.drain import Drain
 from raystack.allocation.logtail import last_line
-from raystack.allocation.runner import Runner
+from raystack.allocation.runner import TICK, Runner
+from raystack.errors import AlreadyExists, RayApiError
+from raystack.spec.planning import PlanSpec, substitute
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -66,7 +68,7 @@ class FakeApi:
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
         if sid in self.ray:
-            raise RuntimeError(
+            raise AlreadyExists(
                 f"Job with submission_id {sid} already exists. Please use a different submission_id."
             )
         self.submitted.append(sid)
@@ -110,7 +112,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     clusters.create("c")
     clusters.write(
-        ClusterRecord(name="c", state=ClusterState.READY, slurm_job_id="100", dashboard_url="http://x")
+        ClusterRecord(name="c", state=ClusterState.READY, allocation_id="100", dashboard_url="http://x")
     )
     return tmp_path
 
@@ -459,3 +461,51 @@ def test_resume_request_is_what_an_interrupted_job_resumes_with(home: Path) -> N
     runner(api, allocation="101").tick()
     assert api.entrypoints["t-1"].endswith("python t.py")
     assert api.entrypoints["t-1-r1"].endswith("python t.py --resume") and api.env["t-1-r1"]["R"] == "1"
+
+
+def test_a_job_replanned_at_start_records_what_ran_and_says_so(home: Path) -> None:
+    """The plan is filled in again at start, for the cluster as it is then: a node lost while
+    the job waited changes it. The attempt keeps what Ray ran; the message says it changed."""
+    plan = {"kind": "grpo", "learners": 2}
+    entry = "python g.py --nodes {plan.nodes} --engines {plan.engines}"
+    clusters.update("c", nodes_expected=2, gpus_per_node=4, cpus_per_node=64)
+    planned = substitute(entry, PlanSpec.model_validate(plan), clusters.read("c"), "t")
+    same = submit(entry, plan=plan, planned=planned)
+    api = FakeApi()
+    r = runner(api)
+    r.tick()
+    assert read_job("c", same).attempts[-1].entrypoint == planned == api.entrypoints[same].split("; ", 1)[1]
+    assert "plan changed" not in read_job("c", same).message
+    api.set(same, "SUCCEEDED", 0)
+    r.tick()
+    changed = submit(entry, plan=plan, planned=planned)
+    clusters.update("c", nodes_expected=1)  # a node lost while it waited
+    r.tick()
+    r.tick()
+    ran = read_job("c", changed)
+    assert ran.attempts[-1].entrypoint == "python g.py --nodes 1 --engines 2" != planned, ran.attempts
+    assert "its plan changed with the cluster since it was queued: python g.py --nodes 1" in ran.message
+
+
+def test_the_loop_survives_a_failing_pass_and_leaves_on_sigterm(home: Path) -> None:
+    """run_forever on a fake sleep: a pass that fails (a busy dashboard) waits a second and goes
+    on; SIGTERM (leave) ends it after the pass in progress."""
+    api, slept = FakeApi(), []
+    job = submit()
+    r = Runner("c", api=api, allocation="100", resources_free=Free(), sleep=slept.append)
+    r.drain = None
+    passes = []
+    real_tick = r.tick
+
+    def tick() -> None:
+        passes.append(1)
+        if len(passes) == 2:
+            raise RayApiError("dashboard busy")
+        if len(passes) == 4:
+            r.leave()
+        real_tick()
+
+    r.tick = tick  # type: ignore[method-assign]
+    r.run_forever()
+    assert len(passes) == 4 and slept.count(1) == 1 and slept.count(TICK) == 4
+    assert api.submitted == [job]

@@ -16,7 +16,8 @@ import pytest
 from raystack.adapters import slurm
 from raystack.allocation import head as head_mod
 from raystack.allocation import worker
-from raystack.allocation.context import GpuReport, Heartbeat, NodeContext
+from raystack.allocation.context import NodeContext
+from raystack.allocation.duties import GpuReport, Heartbeat
 from raystack.allocation.rayproc import parse_compute_apps
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue
@@ -33,7 +34,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ClusterRecord(
             name="c",
             state=ClusterState.READY,
-            slurm_job_id="7",
+            allocation_id="7",
             gcs_address="10.0.0.1:6379",
             head_host="node1",
         )
@@ -44,7 +45,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def ctx(tmp_path: Path, node_id: int = 1) -> NodeContext:
     return NodeContext(
         cluster="c",
-        job_id="7",
+        alloc_id="7",
         node_id=node_id,
         num_nodes=4,
         host=f"node{node_id + 1}",
@@ -141,13 +142,13 @@ def test_the_heartbeat_is_rewritten_in_place(home: Path) -> None:
 
 
 def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raystack.allocation import context
+    from raystack.allocation import duties
 
     writes: list[dict] = []
-    monkeypatch.setattr(context, "has_nvidia_smi", lambda: True)
+    monkeypatch.setattr(duties, "has_nvidia_smi", lambda: True)
     held = [[(11, 500)]]
-    monkeypatch.setattr(context, "gpu_processes", lambda: held[0])
-    monkeypatch.setattr(context.records, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
+    monkeypatch.setattr(duties, "gpu_processes", lambda: held[0])
+    monkeypatch.setattr(duties.records, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
     clock, c = FakeClock(), ctx(home, 0)
     c.gpus = 4
     report = GpuReport(c, every=1, refresh=30, clock=clock)
@@ -316,3 +317,49 @@ def test_the_runner_gets_sigterm_and_time_before_sigkill(home: Path) -> None:
     assert h.runner.stdout is not None and h.runner.stdout.readline().strip() == "ready"
     h.stop_runner()
     assert h.runner.returncode == 7  # it left on SIGTERM, by its own handler
+
+
+# ---------------------------------------------------------------------------- the head's wait
+class JoiningDashboard:
+    """Ray's view while nodes join: one more node every `every` polls, up to `upto`."""
+
+    def __init__(self, upto: int, every: int = 3):
+        self.upto, self.every, self.polls, self.probed = upto, every, 0, 0
+
+    def alive_nodes(self) -> list[Any]:
+        from raystack.adapters.ray import NodeSummary
+
+        self.polls += 1
+        n = min(self.upto, 1 + self.polls // self.every)
+        return [NodeSummary(f"n{i}", f"10.0.0.{i + 1}", i == 0, {"CPU": 4.0}) for i in range(n)]
+
+    def probe(self) -> str | None:
+        self.probed += 1
+        return None
+
+
+def test_the_head_waits_while_nodes_join_and_the_deadline_moves_with_progress(home: Path) -> None:
+    """join_timeout bounds the time without a node joining, not the whole start: 4 nodes one
+    every 3 polls take longer than join_timeout in all and still make it."""
+    clock, c = FakeClock(), ctx(Path(home), node_id=0)
+    clusters.update("c", nodes=["node1", "node2", "node3", "node4"])
+    c.join_timeout = 1.0  # (3 polls of POLL s each pass between two joins: more than 1 s in all)
+    dash = JoiningDashboard(upto=4)
+    start = clock.now()
+    head_mod.wait_ready(c, dash, FakeRay(), clock=clock)  # type: ignore[arg-type]
+    assert dash.probed == 1 and clock.now() - start > c.join_timeout
+    assert clusters.read("c").nodes_joined == 4
+
+
+def test_the_head_gives_up_when_no_node_joins_for_join_timeout(home: Path) -> None:
+    clock, c = FakeClock(), ctx(Path(home), node_id=0)
+    clusters.update("c", nodes=["node1", "node2", "node3", "node4"])
+    for i, host in enumerate(["node1", "node2", "node3", "node4"]):
+        clusters.write_node_entry("c", host, {"ip": f"10.0.0.{i + 1}"})
+    c.join_timeout = 5.0
+    dash = JoiningDashboard(upto=2)
+    with pytest.raises(Exception, match="node3"):  # named with its log
+        head_mod.wait_ready(c, dash, FakeRay(), clock=clock)  # type: ignore[arg-type]
+    assert 5.0 < clock.now() - 1000.0 < 5.0 + 3 * (2 * 3 * head_mod.POLL)
+    with pytest.raises(Exception, match="Ray head exited"):
+        head_mod.wait_ready(c, JoiningDashboard(upto=4), FakeRay(alive_for=2), clock=clock)  # type: ignore[arg-type]

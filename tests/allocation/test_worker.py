@@ -19,14 +19,14 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     monkeypatch.setattr(worker, "TURN_POLL", 0.02)
     clusters.create("c")
-    clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, slurm_job_id="7", nodes_joined=1))
+    clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, allocation_id="7", nodes_joined=1))
     return tmp_path
 
 
 def ctx(tmp_path: Path, node_id: int, window: int) -> NodeContext:
     return NodeContext(
         cluster="c",
-        job_id="7",
+        alloc_id="7",
         node_id=node_id,
         num_nodes=16,
         host=f"node{node_id + 1}",

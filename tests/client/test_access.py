@@ -45,7 +45,7 @@ def stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
     url = f"http://127.0.0.1:{server.server_port}"
     clusters.write(
         ClusterRecord(
-            name="c", state=ClusterState.READY, slurm_job_id="4242", dashboard_url=url, gcs_address="x:1"
+            name="c", state=ClusterState.READY, allocation_id="4242", dashboard_url=url, gcs_address="x:1"
         )
     )
     Listener.seen = []

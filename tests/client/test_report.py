@@ -75,7 +75,7 @@ def record(*allocations: dict) -> ClusterRecord:
     r = ClusterRecord(
         name="c",
         state=ClusterState.STOPPED,
-        slurm_job_id="101",
+        allocation_id="101",
         nodes_expected=2,
         allocations=list(allocations),
     )
@@ -85,7 +85,7 @@ def record(*allocations: dict) -> ClusterRecord:
 
 def test_held_is_startup_plus_busy_plus_idle(home: Path) -> None:
     # held 0..1000 s, READY at 100; jobs 200-400 and 350-500 (overlap), 700-800; so busy 400 s
-    rec = record({"job_id": "101", "started": T0, "ready": T0 + 100, "ended": T0 + 1000, "nodes": 2})
+    rec = record({"alloc_id": "101", "started": T0, "ready": T0 + 100, "ended": T0 + 1000, "nodes": 2})
     jobs = [
         job("a-1", ("QUEUED", 0), ("SUBMITTED", 200), ("RUNNING", 210), ("SUCCEEDED", 400)),
         job("b-2", ("QUEUED", 0), ("SUBMITTED", 350), ("RUNNING", 360), ("FAILED", 500)),
@@ -116,8 +116,8 @@ def test_held_is_startup_plus_busy_plus_idle(home: Path) -> None:
 
 def test_other_ray_jobs_count_as_busy_and_a_chain_adds_up(home: Path) -> None:
     rec = record(
-        {"job_id": "100", "started": T0, "ready": T0 + 50, "ended": T0 + 600, "nodes": 2},
-        {"job_id": "101", "started": T0 + 700, "ready": T0 + 760, "ended": T0 + 1300, "nodes": 2},
+        {"alloc_id": "100", "started": T0, "ready": T0 + 50, "ended": T0 + 600, "nodes": 2},
+        {"alloc_id": "101", "started": T0 + 700, "ready": T0 + 760, "ended": T0 + 1300, "nodes": 2},
     )
     # a job interrupted at the first allocation's end, resumed in the second
     jobs = [
@@ -145,7 +145,7 @@ def test_other_ray_jobs_count_as_busy_and_a_chain_adds_up(home: Path) -> None:
 
 
 def test_a_live_allocation_runs_until_now_and_bad_jobs_are_named(home: Path) -> None:
-    rec = record({"job_id": "101", "started": T0, "ready": T0 + 10, "nodes": 2})
+    rec = record({"alloc_id": "101", "started": T0, "ready": T0 + 10, "nodes": 2})
     rec = rec.model_copy(update={"state": ClusterState.READY})
     clusters.write(rec)
     jobs = [job("a-1", ("QUEUED", 0), ("SUBMITTED", 20), ("RUNNING", 21))]

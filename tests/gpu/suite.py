@@ -289,7 +289,7 @@ def up(name: str, *args: str) -> tuple[Cluster, float]:
 
 
 def down(cluster: Cluster) -> None:
-    job_id = str(cluster.record().slurm_job_id)
+    job_id = str(cluster.record().allocation_id)
     cli("down", cluster.name)
     deadline = time.monotonic() + 30
     while local.pids(job_id, everything=True) and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from raystack.store.ledger import append_line
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     clusters.create("c")
-    clusters.write(ClusterRecord(name="c", allocations=[{"job_id": j} for j in ("11", "12", "13")]))
+    clusters.write(ClusterRecord(name="c", allocations=[{"alloc_id": j} for j in ("11", "12", "13")]))
     return tmp_path
 
 

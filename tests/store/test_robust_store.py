@@ -34,7 +34,7 @@ from raystack.store.ledger import JobRequest, JobState, Unreadable, all_jobs, re
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     clusters.create("c")
-    clusters.write(ClusterRecord(name="c", state=ClusterState.READY, slurm_job_id="99999991"))
+    clusters.write(ClusterRecord(name="c", state=ClusterState.READY, allocation_id="99999991"))
     return tmp_path
 
 
@@ -281,3 +281,31 @@ def test_a_message_that_looks_like_markup_is_shown_as_it_is(home: Path) -> None:
     result = CliRunner().invoke(app, ["queue", "c"])
     assert result.exit_code == 0, result.output
     assert "[rank0]: saved to [/scratch/ckpt] [bold]x[/bold]" in result.stdout
+
+
+def test_a_record_of_schema_1_is_read_as_schema_2(home: Path) -> None:
+    """Records written before backends: slurm_job_id/next_job_id, a local cluster told by its id's
+    prefix, allocations keyed job_id. Read as they meant, written back in the new form."""
+    for old, backend in (("12345", "slurm"), ("local-login1-0a1b2c3d", "local")):
+        path = paths.cluster("c").record
+        path.write_text(
+            json.dumps(
+                {
+                    "name": "c",
+                    "state": "READY",
+                    "slurm_job_id": old,
+                    "next_job_id": "12346",
+                    "ending": "walltime warning",
+                    "allocations": [{"job_id": old, "index": 1, "started": 5.0, "gpu_hours": 2}],
+                }
+            )
+        )
+        record = clusters.read("c")
+        assert (record.schema_version, record.backend, record.allocation_id) == (2, backend, old)
+        assert record.next_allocation_id == "12346" and record.allocations[0].alloc_id == old
+        assert record.ending is clusters.EndKind.WALLTIME  # schema 1 said "walltime warning"
+        assert record.allocations[0].started == 5.0 and record.allocations[0].gpu_hours == 2  # type: ignore[attr-defined]
+        clusters.write(record)
+        written = json.loads(path.read_text())
+        assert "slurm_job_id" not in written and written["allocation_id"] == old
+        assert written["schema_version"] == 2 and written["allocations"][0]["alloc_id"] == old

@@ -17,7 +17,8 @@ import httpx
 import pytest
 from cryptography import x509
 
-from raystack.allocation.context import NodeContext, ray_env, ray_start_argv
+from raystack.allocation.context import NodeContext
+from raystack.allocation.raystart import ray_env, ray_start_argv
 from raystack.allocation.tlsfront import TlsFront
 from raystack.errors import RaystackError
 from raystack.store import cluster as records

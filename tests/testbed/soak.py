@@ -130,7 +130,7 @@ class Soak:
 
     # ------------------------------------------------------------------ faults
     def runner_pid(self) -> int | None:
-        alloc = str(clusters.read(NAME).slurm_job_id)
+        alloc = str(clusters.read(NAME).allocation_id)
         pids = [p for p, cmd in processes_of_job(alloc) if f"-m raystack.allocation.runner {NAME}" in cmd]
         return pids[0] if pids else None
 
@@ -161,7 +161,7 @@ class Soak:
     def kill_head(self) -> float:
         """SIGKILL the head's node program; seconds until SLURM released the allocation and no
         process of it is left on any node."""
-        alloc = str(clusters.read(NAME).slurm_job_id)
+        alloc = str(clusters.read(NAME).allocation_id)
         head = parent(wait_until(self.runner_pid, 60, "the queue runner"))
         os.kill(head, signal.SIGKILL)
         t = time.monotonic()
@@ -177,7 +177,7 @@ class Soak:
         return gone
 
     def kill_node(self, host: str) -> int:
-        alloc = str(clusters.read(NAME).slurm_job_id)
+        alloc = str(clusters.read(NAME).allocation_id)
         killed = 0
         for pid, _ in processes_of_job(alloc):
             with contextlib.suppress(OSError):
@@ -215,7 +215,7 @@ class Soak:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
         cluster = Cluster.up(4, profile="soak", name=NAME, chain=2, timeout=300)
-        first = str(clusters.read(NAME).slurm_job_id)
+        first = str(clusters.read(NAME).allocation_id)
         readers = self.readers()
         oks = self.oks(6)
         fails = [self.submit("fail", "exit 3") for _ in range(3)]
@@ -246,7 +246,7 @@ class Soak:
         wait_until(lambda: self.state(long) is JobState.RUNNING, 600, "the long job to run")
         self.kill_head()
         # allocation 2 of the chain: the long job resumes first
-        wait_until(lambda: str(clusters.read(NAME).slurm_job_id) != first, 120, "the next allocation")
+        wait_until(lambda: str(clusters.read(NAME).allocation_id) != first, 120, "the next allocation")
         later = self.oks(4) + [self.submit("fail", "exit 7") for _ in range(2)]
         spans = self.submit(
             "node-lost", "python faults.py tick --on node4 --seconds 120", working_dir=str(DEBUG)
@@ -264,7 +264,7 @@ class Soak:
         self.stop_readers.set()
         for thread in readers:
             thread.join(60)
-        allocations = [a["job_id"] for a in clusters.read(NAME).allocations]
+        allocations = [a.alloc_id for a in clusters.read(NAME).allocations]
         cluster.down()
         return self.verdict(
             allocations,

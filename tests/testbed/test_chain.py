@@ -42,7 +42,6 @@ def py(code: str) -> list[str]:
 
 
 def alive(job: str | None) -> bool:
-    slurm.forget()
     info = slurm.job_info(job) if job else None
     return info is not None and not info.state.is_terminal()
 
@@ -80,7 +79,7 @@ def chain(testbed: Path) -> Iterator[dict]:
             "after2": cluster.submit(py("import os; print('after2 in', os.environ['RAYSTACK_CHAIN_INDEX'])")),
         }
         yield {"cluster": cluster, "jobs": jobs, "ckpt": ckpt, "home": home, "t0": time.time()}
-        for job in (clusters.read("chain").slurm_job_id, clusters.read("chain").next_job_id):
+        for job in (clusters.read("chain").allocation_id, clusters.read("chain").next_allocation_id):
             if alive(job):
                 slurm.scancel(str(job))
 
@@ -89,28 +88,28 @@ def test_follow_on_waits_in_slurm_while_the_first_runs(chain: dict) -> None:
     cluster: Cluster = chain["cluster"]
     cluster.wait_ready(timeout=180)
     first = clusters.read("chain")
-    wait_until(lambda: clusters.read("chain").next_job_id, 60, "the follow-on to be submitted")
-    nxt = str(clusters.read("chain").next_job_id)
+    wait_until(lambda: clusters.read("chain").next_allocation_id, 60, "the follow-on to be submitted")
+    nxt = str(clusters.read("chain").next_allocation_id)
     info = slurm.job_info(nxt)
     assert info is not None and info.state is SlurmState.PENDING and info.reason == "Dependency"
     st = json.loads(raystack("status", "chain", "--json").stdout)
-    assert (st["chain_index"], st["chain_count"], st["next_job_id"], st["next_state"]) == (
+    assert (st["chain_index"], st["chain_count"], st["next_allocation_id"], st["next_state"]) == (
         1,
         3,
         nxt,
         "PENDING",
     )
     assert "allocation 1 of 3; next: job" in raystack("status", "chain").stdout
-    chain["first"] = first.slurm_job_id
+    chain["first"] = first.allocation_id
     wait_until(lambda: chain["jobs"]["resume"].state is JobState.RUNNING, 120, "the resume job to run")
 
 
 def test_scancel_by_hand_ends_its_chain(rs_home: Path) -> None:
     up = raystack("up", "--nodes", "1", *SHORT, "--chain", "2", "--name", "sc")
     assert up.returncode == 0, up.stderr
-    wait_until(lambda: clusters.read("sc").next_job_id, 60, "the follow-on to be submitted")
+    wait_until(lambda: clusters.read("sc").next_allocation_id, 60, "the follow-on to be submitted")
     record = clusters.read("sc")
-    first, nxt = str(record.slurm_job_id), record.next_job_id
+    first, nxt = str(record.allocation_id), record.next_allocation_id
     assert alive(nxt)
     slurm.scancel(first)
     wait_until(lambda: clusters.read("sc").state.is_terminal(), 60, "the cluster to end")
@@ -124,20 +123,20 @@ def test_scancel_by_hand_ends_its_chain(rs_home: Path) -> None:
 def test_down_during_a_chain_leaves_nothing_in_slurm(rs_home: Path) -> None:
     up = raystack("up", "--nodes", "1", *SHORT, "--chain", "3", "--name", "dn")
     assert up.returncode == 0, up.stderr
-    wait_until(lambda: clusters.read("dn").next_job_id, 60, "the follow-on to be submitted")
-    nxt = clusters.read("dn").next_job_id
+    wait_until(lambda: clusters.read("dn").next_allocation_id, 60, "the follow-on to be submitted")
+    nxt = clusters.read("dn").next_allocation_id
     done = raystack("down", "dn")
     assert done.returncode == 0, done.stderr
     record = clusters.read("dn")
     assert record.state is ClusterState.STOPPED and record.chain_ended == "raystack down"
-    assert not alive(record.slurm_job_id) and not alive(nxt)
+    assert not alive(record.allocation_id) and not alive(nxt)
     assert slurm.jobs_named("raystack-dn") == {}  # no allocation runs or waits
 
 
 def test_a_killed_worker_node_does_not_end_the_chain(chain: dict) -> None:
     """Allocation 1 ends at its walltime (the job resumes in 2); in 2 a worker node dies: the
     head interrupts the job and ends the allocation early, and 3 takes over."""
-    first = chain.get("first") or clusters.read("chain").allocations[0]["job_id"]
+    first = chain.get("first") or clusters.read("chain").allocations[0].alloc_id
     wait_until(lambda: clusters.read("chain").chain_index == 2, 300, "allocation 1 to hand over")
     record = clusters.read("chain")
     assert record.state in (ClusterState.SUBMITTED, ClusterState.STARTING, ClusterState.READY)
@@ -145,7 +144,7 @@ def test_a_killed_worker_node_does_not_end_the_chain(chain: dict) -> None:
     assert resume.record().state in (JobState.INTERRUPTED, JobState.SUBMITTED, JobState.RUNNING)
     assert any(h["state"] == "INTERRUPTED" for h in resume.record().history)
     Cluster("chain").wait_ready(timeout=240)
-    second = str(clusters.read("chain").slurm_job_id)
+    second = str(clusters.read("chain").allocation_id)
     assert second != first
     wait_until(
         lambda: (r := resume.record()).state is JobState.RUNNING and r.attempts[-1].allocation == second,
@@ -159,8 +158,8 @@ def test_a_killed_worker_node_does_not_end_the_chain(chain: dict) -> None:
     wait_until(
         lambda: clusters.read("chain").chain_index == 3, 240, "allocation 2 to hand over after the lost node"
     )
-    ended = next(a for a in clusters.read("chain").allocations if a["job_id"] == second)
-    assert ended["reason"] == "a node was lost", ended
+    ended = next(a for a in clusters.read("chain").allocations if a.alloc_id == second)
+    assert ended.reason == "a node was lost", ended
 
 
 def steps(ckpt: Path) -> list[tuple[int, int, float, str]]:
@@ -203,7 +202,7 @@ def test_the_job_resumes_across_three_allocations_and_the_queue_follows(chain: d
     assert long.state is JobState.QUEUED and "waits for an allocation with 0h02m left" in long.message
     assert queue.position("chain", long.id) == 1
     # How long from an allocation's end to the resumed job's first new step.
-    ends = {a["job_id"]: a["ended"] for a in clusters.read("chain").allocations if "ended" in a}
+    ends = {a.alloc_id: a.ended for a in clusters.read("chain").allocations if a.ended}
     gaps = []
     for alloc, ended in ends.items():
         after = [t for _, _, t, a in trace if a != alloc and t > ended]
@@ -216,6 +215,6 @@ def test_the_job_resumes_across_three_allocations_and_the_queue_follows(chain: d
     record = clusters.read("chain")
     assert (
         record.state is ClusterState.STOPPED
-        and not alive(record.slurm_job_id)
-        and not alive(record.next_job_id)
+        and not alive(record.allocation_id)
+        and not alive(record.next_allocation_id)
     )

@@ -79,7 +79,7 @@ def four(testbed: Path) -> Iterator[dict]:
     with module_home(testbed, "four") as home:
         up = raystack("up", "--nodes", str(NODES), "--name", "four")
         assert up.returncode == 0, up.stderr + up.stdout
-        yield {"home": home, "up": up, "job": clusters.read("four").slurm_job_id}
+        yield {"home": home, "up": up, "job": clusters.read("four").allocation_id}
         raystack("down", "four")
 
 

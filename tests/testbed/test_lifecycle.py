@@ -53,17 +53,17 @@ def test_two_clusters_share_nodes_and_down_of_one_spares_the_other(rs_home: Path
 
     a.down()
     assert clusters.read("a").state is ClusterState.STOPPED
-    assert processes_of_job(ra.slurm_job_id) == []
+    assert processes_of_job(ra.allocation_id) == []
     assert b.status().ready
     done = ray_job_submit("b", workdir, "python", "resources.py")
     assert done.returncode == 0, done.stdout + done.stderr
     b.down()
-    assert processes_of_job(rb.slurm_job_id) == []
+    assert processes_of_job(rb.allocation_id) == []
 
 
 def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
     cluster = Cluster.up(2, profile="testbed", name="victim", timeout=180)
-    job = clusters.read("victim").slurm_job_id
+    job = clusters.read("victim").allocation_id
     assert job and processes_of_job(job)
     slurm.scancel(job)
     wait_until(lambda: cluster.record().state.is_terminal(), 60, "the record to turn terminal")
@@ -117,7 +117,7 @@ def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> Non
         line = waiting.stderr.readline()
         assert line, "raystack up ended before showing the PENDING reason: " + "".join(seen)
         seen.append(line)
-    job = clusters.read("later").slurm_job_id
+    job = clusters.read("later").allocation_id
     slurm.scancel(str(job))
     _, rest = waiting.communicate(timeout=60)
     err = "".join(seen) + rest
@@ -142,7 +142,7 @@ def test_waiting_for_a_pending_allocation_backs_off(rs_home: Path, tmp_path: Pat
         "--no-wait",
     )
     assert up.returncode == 0, up.stderr
-    job = clusters.read("later").slurm_job_id
+    job = clusters.read("later").allocation_id
     calls.write_text("")
     t0 = time.monotonic()
     done = raystack("wait", "later", "--timeout", "20", env=env)
@@ -175,7 +175,7 @@ def test_node_that_never_joins_fails_the_start_naming_node_and_log(
     assert "node node2 did not join within 10s" in message
     assert str(paths.cluster("stuck").logs / "node-node2.log") in message
     assert "node node2 did not join" in done.stderr
-    job = clusters.read("stuck").slurm_job_id
+    job = clusters.read("stuck").allocation_id
     # The failed cluster releases its allocation instead of holding the nodes until walltime.
     wait_until(lambda: (i := slurm.job_info(str(job))) and i.state.is_terminal(), 60, "release")
     wait_until(lambda: processes_of_job(str(job)) == [], 30, "every process to end")
@@ -201,7 +201,7 @@ def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
     first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
     wait_until(lambda: clusters.exists("dup"), 120, "the hand-submitted allocation to create its record")
     Cluster("dup").wait_ready(timeout=180)
-    assert clusters.read("dup").slurm_job_id == first
+    assert clusters.read("dup").allocation_id == first
     # The record is lost (made to look ended): SLURM still runs the allocation, and `up` asks it.
     clusters.update("dup", state=ClusterState.STOPPED)
     done = raystack("up", "--nodes", "1", "--profile", "testbed", "--name", "dup")
@@ -215,6 +215,6 @@ def test_two_allocations_of_one_name_never_both_run_it(rs_home: Path) -> None:
     log = (paths.cluster("dup").node_log(twin_node)).read_text()
     assert f"cluster dup is already run by SLURM job {first} (RUNNING); allocation {second} leaves" in log
     record = clusters.read("dup")
-    assert record.slurm_job_id == first and record.state is ClusterState.READY
+    assert record.allocation_id == first and record.state is ClusterState.READY
     assert Cluster("dup").status().ready
     Cluster("dup").down()

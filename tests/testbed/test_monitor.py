@@ -62,7 +62,7 @@ def mon(testbed: Path) -> Iterator[dict]:
         profile.write_text(PROFILE)
         up = raystack("up", "--nodes", "2", "--profile", str(profile), "--chain", "2", "--name", NAME)
         assert up.returncode == 0, up.stderr + up.stdout
-        yield {"home": home, "job": clusters.read(NAME).slurm_job_id, "times": {}}
+        yield {"home": home, "job": clusters.read(NAME).allocation_id, "times": {}}
         raystack("down", NAME)
 
 
@@ -164,12 +164,12 @@ def test_idle_autostop_ends_the_cluster_and_its_chain(mon: dict) -> None:
     record = wait_until(stopped, IDLE_TIMEOUT + 60, "the idle cluster to go down by itself", interval=1)
     assert isinstance(record, clusters.ClusterRecord)
     assert record.state is ClusterState.STOPPED and "autostop" in record.message, record.message
-    assert record.chain_ended and "autostop" in record.chain_ended and record.next_job_id is None
+    assert record.chain_ended and "autostop" in record.chain_ended and record.next_allocation_id is None
     first = record.allocations[0]
-    assert "autostop" in first["reason"]
+    assert "autostop" in first.reason
     # Not before the timeout: from the plain job's end to the allocation's end.
-    assert first["ended"] - mon["plain"][1] >= IDLE_TIMEOUT, (first, mon["plain"])
-    assert first["ended"] - mon["plain"][1] <= IDLE_TIMEOUT + 30
+    assert first.ended - mon["plain"][1] >= IDLE_TIMEOUT, (first, mon["plain"])
+    assert first.ended - mon["plain"][1] <= IDLE_TIMEOUT + 30
     # Nothing of the chain is left in SLURM, and every view says why.
     wait_until(
         lambda: not any(n == f"raystack-{NAME}" for _j, n in slurm_jobs_alive(True)),
@@ -194,12 +194,12 @@ def test_report_after_the_end_matches_the_jobs_own_clocks(mon: dict) -> None:
         m["burn"]: m["t"] for m in (json.loads(ln) for ln in log.splitlines() if ln.startswith('{"burn"'))
     }
     busy = (burn["end"] - burn["start"]) + (mon["plain"][1] - mon["plain"][0])
-    idle = (alloc["ended"] - alloc["ready"]) - busy
+    idle = (alloc.ended - alloc.ready) - busy
     assert abs(report["idle_s"] - idle) <= 0.1 * idle, (report["idle_s"], idle, report)
-    assert report["held_s"] == pytest.approx(alloc["ended"] - alloc["started"], abs=1)
+    assert report["held_s"] == pytest.approx(alloc.ended - alloc.started, abs=1)
     assert report["node_hours"] == pytest.approx(2 * report["held_s"] / 3600, abs=0.01)
     assert report["startup_s"] + report["busy_s"] + report["idle_s"] == pytest.approx(report["held_s"], abs=1)
-    assert report["samples"] >= 2 * 0.8 * (alloc["ended"] - alloc["ready"]) / 2  # every 2 s, both nodes
+    assert report["samples"] >= 2 * 0.8 * (alloc.ended - alloc.ready) / 2  # every 2 s, both nodes
     png = Path(report["png"])
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
     # One job's report: the worker node ran about one core for it.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from raystack import Cluster
-from raystack.adapters import slurm
+from raystack.adapters.allocator import allocator
 from raystack.client import Job
 from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
@@ -196,7 +196,7 @@ def test_runner_killed_mid_queue_restarts_and_runs_every_job_once(qc: dict) -> N
     # runner_pid is the PID inside node1's PID namespace: find the runner from the host instead.
     [runner] = [
         pid
-        for pid, cmd in processes_of_job(str(before.slurm_job_id))
+        for pid, cmd in processes_of_job(str(before.allocation_id))
         if "-m raystack.allocation.runner qc" in cmd
     ]
     os.kill(runner, signal.SIGKILL)
@@ -286,7 +286,7 @@ def test_queue_survives_faults(qc: dict, tmp_path: Path, monkeypatch: pytest.Mon
     )
     (shim / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
-    slurm.forget()
+    allocator("slurm").forget()
     assert Cluster("qc").record().state is ClusterState.READY and flag.exists()
     assert Cluster("qc").status().ready
     # Junk in the queue folder: a stray file and an entry whose ledger does not exist.
@@ -298,7 +298,7 @@ def test_queue_survives_faults(qc: dict, tmp_path: Path, monkeypatch: pytest.Mon
         before = clusters.read("qc").runner_restarts
         [runner] = [
             pid
-            for pid, cmd in processes_of_job(str(clusters.read("qc").slurm_job_id))
+            for pid, cmd in processes_of_job(str(clusters.read("qc").allocation_id))
             if "-m raystack.allocation.runner qc" in cmd
         ]
         os.kill(runner, signal.SIGKILL)

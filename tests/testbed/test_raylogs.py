@@ -43,7 +43,7 @@ def rl(testbed: Path) -> Iterator[dict]:
     with module_home(testbed, NAME) as home:
         up = raystack("up", "--nodes", "4", "--profile", "testbed", "--name", NAME)
         assert up.returncode == 0, up.stderr + up.stdout
-        yield {"home": home, "job": clusters.read(NAME).slurm_job_id}
+        yield {"home": home, "job": clusters.read(NAME).allocation_id}
         raystack("down", NAME)
 
 

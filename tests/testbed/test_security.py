@@ -68,7 +68,7 @@ def tc(testbed: Path) -> Iterator[dict]:
         up = raystack("up", "--nodes", str(NODES), "--profile", "testbed", "--tls", "--name", "tc")
         assert up.returncode == 0, up.stderr + up.stdout
         record = clusters.read("tc")
-        yield {"home": home, "record": record, "job": record.slurm_job_id}
+        yield {"home": home, "record": record, "job": record.allocation_id}
         raystack("down", "tc")
 
 

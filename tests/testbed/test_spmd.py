@@ -29,7 +29,7 @@ def sp(testbed: Path) -> Iterator[dict]:
         pytest.skip("needs 4 testbed nodes")
     with module_home(testbed, "spmd") as home:
         cluster = Cluster.up(4, profile="testbed", name="sp", timeout=300)
-        yield {"cluster": cluster, "home": home, "job": clusters.read("sp").slurm_job_id}
+        yield {"cluster": cluster, "home": home, "job": clusters.read("sp").allocation_id}
         cluster.down()
 
 

@@ -34,82 +34,78 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raystack.adapters import slurm
+from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import JobInfo
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.files import locked
 from raystack.store.queue import settle_orphans
 
 log = logging.getLogger("raystack.node")
 AT_LIMIT = 90.0  # seconds before the walltime end within which a SIGTERM counts as the walltime
-WARNING, NODE_LOST, DOWN, IDLE = "walltime warning", "node lost", "raystack down", "idle"
 
 
 @dataclass(frozen=True)
 class Ending:
-    kind: str  # walltime, node lost, preempted, down, idle, scancel, crashed, head lost, failed
+    kind: EndKind
     text: str
     chain_goes_on: bool
     requeue: bool
 
 
+# What follows each kind of end: (the chain goes on, the jobs in flight are requeued).
 ENDINGS = {
-    "walltime": (True, True),
-    "node lost": (True, True),
-    "preempted": (True, True),
-    "down": (False, False),
-    "idle": (False, False),
-    "scancel": (False, False),
-    "crashed": (True, True),
-    "head lost": (True, True),
-    "failed": (True, False),
+    EndKind.WALLTIME: (True, True),
+    EndKind.NODE_LOST: (True, True),
+    EndKind.PREEMPTED: (True, True),
+    EndKind.DOWN: (False, False),
+    EndKind.IDLE: (False, False),
+    EndKind.SCANCEL: (False, False),
+    EndKind.CRASHED: (True, True),
+    EndKind.HEAD_LOST: (True, True),
+    EndKind.FAILED: (True, False),
+}
+# The text of an end the record announced before it came.
+ANNOUNCED = {
+    EndKind.IDLE: "idle autostop",
+    EndKind.DOWN: "raystack down",
+    EndKind.WALLTIME: "walltime",
+    EndKind.NODE_LOST: "a node was lost",
 }
 
 
 def ending(kind: str, text: str) -> Ending:
-    goes_on, requeue = ENDINGS[kind]
-    return Ending(kind, text, goes_on, requeue)
+    end = EndKind(kind)
+    goes_on, requeue = ENDINGS.get(end, (False, False))  # (an end another version named: final)
+    return Ending(end, text, goes_on, requeue)
 
 
 def classify(
     record: ClusterRecord,
-    job_id: str,
+    alloc_id: str,
     info: JobInfo | None = None,
     now: Callable[[], float] = time.time,
 ) -> Ending:
-    """Why allocation `job_id` is ending (see the table above). `info`: SLURM's view, asked for
+    """Why allocation `alloc_id` is ending (see the table above). `info`: SLURM's view, asked for
     when needed and not given."""
-    if record.ending == IDLE:
-        return ending("idle", record.chain_ended or "idle autostop")
-    if record.ending == DOWN or record.state is ClusterState.STOPPING:
-        return ending("down", "raystack down")
-    if record.ending == WARNING:
-        return ending("walltime", "walltime")
-    if record.ending == NODE_LOST:
-        return ending("node lost", "a node was lost")
+    if record.ending is EndKind.IDLE:
+        return ending(EndKind.IDLE, record.chain_ended or ANNOUNCED[EndKind.IDLE])
+    if record.ending is EndKind.DOWN or record.state is ClusterState.STOPPING:  # (down wins)
+        return ending(EndKind.DOWN, ANNOUNCED[EndKind.DOWN])
+    if record.ending in ANNOUNCED:
+        return ending(record.ending, ANNOUNCED[record.ending])
     if record.walltime_end and now() >= record.walltime_end - AT_LIMIT:
-        return ending("walltime", "walltime")
-    info = info or slurm.job_info(job_id)
+        return ending(EndKind.WALLTIME, "walltime")
+    backend = allocator(record.backend)
+    info = info or backend.info(alloc_id)
     if info is None:
-        return ending("failed", "ended; SLURM did not say why")
-    if info.reason == slurm.LOCAL_ENDED:
-        return ending("failed", f"{slurm.LOCAL_ENDED} (killed, or the machine restarted)")
-    if slurm.local.is_local(job_id):
-        return ending("scancel", "the local node program was sent a signal")
-    reason = (info.reason or "").lower()
-    if "timelimit" in reason or info.state is slurm.SlurmState.TIMEOUT:
-        return ending("walltime", "walltime")
-    if "node" in reason or info.state is slurm.SlurmState.NODE_FAIL:
-        return ending("node lost", f"node failure ({info.reason or info.state.value})")
-    if "preempt" in reason or info.state is slurm.SlurmState.PREEMPTED:
-        return ending("preempted", "preempted")
-    return ending("scancel", "cancelled by scancel or an administrator")
+        return ending(EndKind.FAILED, "ended; SLURM did not say why")
+    return ending(*backend.why_ended(info))
 
 
-def submit_follow_on(name: str, job_id: str) -> str | None:
+def submit_follow_on(name: str, alloc_id: str) -> str | None:
     """Submit the chain's next allocation, waiting on this one (afterany), if one remains.
 
     Returns its job id. A failure is recorded in the cluster's message, not raised: the
@@ -117,35 +113,38 @@ def submit_follow_on(name: str, job_id: str) -> str | None:
     record = records.read(name)
     if (
         record.chain_index >= record.chain_count
-        or record.next_job_id
+        or record.next_allocation_id
         or record.chain_ended
-        or record.slurm_job_id != job_id
+        or record.allocation_id != alloc_id
         or not record.sbatch_options
     ):
         return None
     options = [o for o in record.sbatch_options if not o.startswith("--dependency")]
     try:
-        nxt = slurm.sbatch([*options, f"--dependency=afterany:{job_id}"], str(paths.cluster(name).script))
+        p = paths.cluster(name)
+        nxt = allocator(record.backend).submit(
+            p.script, [*options, f"--dependency=afterany:{alloc_id}"], p.logs
+        )
     except RaystackError as exc:
         log.error("could not submit allocation %d of the chain: %s", record.chain_index + 1, exc)
         records.update(name, message=f"{record.message}; the next allocation could not be submitted: {exc}")
         return None
-    record = records.update(name, next_job_id=nxt)
+    record = records.update(name, next_allocation_id=nxt)
     if record.chain_ended or record.state.is_terminal() or record.state is ClusterState.STOPPING:
-        slurm.scancel(nxt)  # `raystack down` came meanwhile
+        allocator(record.backend).cancel(nxt)  # `raystack down` came meanwhile
         return None
     log.info(
         "allocation %d of %d submitted as SLURM job %s (afterany:%s)",
         record.chain_index + 1,
         record.chain_count,
         nxt,
-        job_id,
+        alloc_id,
     )
     return nxt
 
 
-def end_allocation(name: str, job_id: str, end: Ending, last_state: ClusterState) -> ClusterRecord:
-    """Record allocation `job_id`'s end: settle its jobs in flight, and either hand the cluster to
+def end_allocation(name: str, alloc_id: str, end: Ending, last_state: ClusterState) -> ClusterRecord:
+    """Record allocation `alloc_id`'s end: settle its jobs in flight, and either hand the cluster to
     the pending follow-on (SUBMITTED) or end it (`last_state`), cancelling a follow-on that the
     ending does not let run. Safe to call from the head, the runner or a client (first wins)."""
     for job in settle_orphans(name, None, end.text, requeue=end.requeue):
@@ -154,19 +153,19 @@ def end_allocation(name: str, job_id: str, end: Ending, last_state: ClusterState
     p = paths.cluster(name)
     with locked(p):
         record = records.read(name)
-        if record.slurm_job_id not in (None, job_id):
+        if record.allocation_id not in (None, alloc_id):
             return record  # a later allocation holds the cluster already
-        records.note_allocation(record, job_id, ended=time.time(), reason=end.text)
-        nxt = record.next_job_id
+        records.note_allocation(record, alloc_id, ended=time.time(), reason=end.text)
+        nxt = record.next_allocation_id
         if nxt and end.chain_goes_on:
             records.apply_changes(
                 record,
                 {
                     "state": ClusterState.SUBMITTED,
-                    "message": f"allocation {job_id} ended ({end.text}); allocation {record.chain_index + 1} "
-                    f"of {record.chain_count} is SLURM job {nxt}",
-                    "slurm_job_id": nxt,
-                    "next_job_id": None,
+                    "message": f"allocation {alloc_id} ended ({end.text}); allocation "
+                    f"{record.chain_index + 1} of {record.chain_count} is SLURM job {nxt}",
+                    "allocation_id": nxt,
+                    "next_allocation_id": None,
                     "chain_index": record.chain_index + 1,
                     "ending": None,
                     "gcs_address": None,
@@ -185,8 +184,8 @@ def end_allocation(name: str, job_id: str, end: Ending, last_state: ClusterState
                 record,
                 {
                     "state": last_state,
-                    "message": f"allocation {job_id} ended ({why}); logs: {p.logs}",
-                    "next_job_id": None,
+                    "message": f"allocation {alloc_id} ended ({why}); logs: {p.logs}",
+                    "next_allocation_id": None,
                     "ending": None,
                     "chain_ended": record.chain_ended or why,
                 },
@@ -194,5 +193,5 @@ def end_allocation(name: str, job_id: str, end: Ending, last_state: ClusterState
         records.write(record)
     if cancel:
         with contextlib.suppress(RaystackError):
-            slurm.scancel(cancel)
+            allocator(record.backend).cancel(cancel)
     return record

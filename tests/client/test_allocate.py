@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.slurm import NodeShape
-from raystack.allocation import sbatch as allocation
-from raystack.allocation.sbatch import AllocationPlan
+from raystack.client import allocate
+from raystack.client.allocate import AllocationPlan
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile
 
@@ -68,7 +68,7 @@ def check_golden(name: str, text: str) -> None:
 
 
 def test_script_golden() -> None:
-    check_golden("tricky.sbatch", allocation.render_script(tricky_plan()))
+    check_golden("tricky.sbatch", allocate.render_script(tricky_plan()))
 
 
 def test_sbatch_argv_golden() -> None:
@@ -84,7 +84,7 @@ def test_argv_keeps_values_whole() -> None:
 
 
 def test_script_is_valid_bash_and_exports_survive_quoting(tmp_path: Path) -> None:
-    script = allocation.render_script(tricky_plan())
+    script = allocate.render_script(tricky_plan())
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     # Run the script up to the point where it would start srun, and read its environment.
     prefix = script.split('\nlogs="', 1)[0]
@@ -103,7 +103,7 @@ def test_setup_lines_run_without_set_u_and_it_is_restored_after() -> None:
     """module load and conda activate scripts read unset variables: that must not kill the job."""
     plan = tricky_plan()
     profile = plan.profile.model_copy(update={"setup": ['echo "setup saw [${NEVER_SET_ANYWHERE}]"']})
-    script = allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    script = allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
     prefix = script.split('\nlogs="', 1)[0]
     done = subprocess.run(
         ["bash", "-c", prefix + '\necho "after: ${ALSO_UNSET}"'], capture_output=True, text=True
@@ -115,14 +115,14 @@ def test_setup_lines_run_without_set_u_and_it_is_restored_after() -> None:
 def test_hand_template_is_committed() -> None:
     """slurm/raystack.sbatch is the generic script; it must match what raystack renders."""
     committed = (REPO / "slurm" / "raystack.sbatch").read_text()
-    assert committed == allocation.hand_template(), (
-        "slurm/raystack.sbatch is stale: python -c 'from raystack.allocation import sbatch as allocation; "
-        'print(allocation.hand_template(), end="")\' > slurm/raystack.sbatch'
+    assert committed == allocate.hand_template(), (
+        "slurm/raystack.sbatch is stale: python -c 'from raystack.client import allocate; "
+        'print(allocate.hand_template(), end="")\' > slurm/raystack.sbatch'
     )
 
 
 def test_hand_template_takes_name_and_home_from_the_environment() -> None:
-    text = allocation.hand_template()
+    text = allocate.hand_template()
     assert 'RAYSTACK_CLUSTER="${RAYSTACK_CLUSTER:-slurm-$SLURM_JOB_ID}"' in text
     assert 'RAYSTACK_HOME="${RAYSTACK_HOME:-$HOME/.raystack}"' in text
     assert "-m raystack.allocation.node" in text
@@ -133,9 +133,9 @@ GH200 = NodeShape(partition="gh", cpus=288, gpus=4, nodes=10, uniform=True)
 
 def test_plan_uses_profile_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
-    plan = allocation.plan(2, profile="isambard", name="x", shape=GH200)
+    plan = allocate.plan(2, profile="isambard", name="x", shape=GH200)
     assert plan.time == "24:00:00" and plan.gpus_per_node == 4 and "--exclusive" in plan.sbatch_argv()
-    plan = allocation.plan(
+    plan = allocate.plan(
         2, profile="isambard", name="x", time="2:00:00", gpus_per_node=2, partition="p", shape=GH200
     )
     assert {"--time=2:00:00", "--gpus-per-node=2", "--partition=p"} <= set(plan.sbatch_argv())
@@ -145,20 +145,20 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
-    assert allocation.wants_node_shape(allocation.load_profile("generic"), None, None)
-    plan = allocation.plan(4, name="x", shape=GH200)
+    assert allocate.wants_node_shape(allocate.load_profile("generic"), None, None)
+    plan = allocate.plan(4, name="x", shape=GH200)
     argv = plan.sbatch_argv()
     assert {"--cpus-per-task=288", "--gpus-per-node=4", "--mem=0"} <= set(argv)
     assert "whole nodes: 288 CPUs and 4 GPUs per node, all memory, as partition gh's nodes" in plan.note
-    assert "# whole nodes: 288 CPUs" in allocation.render_script(plan)
+    assert "# whole nodes: 288 CPUs" in allocate.render_script(plan)
     # Flags override what sinfo says; a profile with counts needs no sinfo at all.
-    plan = allocation.plan(4, name="x", shape=GH200, gpus_per_node=2, cpus_per_task=20)
+    plan = allocate.plan(4, name="x", shape=GH200, gpus_per_node=2, cpus_per_task=20)
     assert {"--cpus-per-task=20", "--gpus-per-node=2"} <= set(plan.sbatch_argv())
-    assert not allocation.wants_node_shape(allocation.load_profile("testbed"), None, None)
+    assert not allocate.wants_node_shape(allocate.load_profile("testbed"), None, None)
     odd = NodeShape(partition="mix", cpus=32, gpus=8, nodes=3, uniform=False)
-    assert "the smallest node: they differ" in allocation.plan(1, name="x", shape=odd).note
+    assert "the smallest node: they differ" in allocate.plan(1, name="x", shape=odd).note
     with pytest.raises(ConfigError, match="give --gpus-per-node and --cpus-per-task"):
-        allocation.plan(1, name="x")
+        allocate.plan(1, name="x")
 
 
 @pytest.mark.parametrize(
@@ -175,14 +175,14 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
 )
 def test_bad_requests_fail_before_anything_is_submitted(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        allocation.plan(**kwargs)
+        allocate.plan(**kwargs)
 
 
 def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: Path) -> None:
     """--signal=B:USR1 reaches the batch shell only; it must not end the script (or srun), and
     must leave the flag file the head polls for."""
     plan = tricky_plan()
-    script = allocation.render_script(plan)
+    script = allocate.render_script(plan)
     assert "--signal=B:USR1@600" in plan.sbatch_argv()
     body = script.split('\nlogs="', 1)[1]
     fake = (
@@ -203,9 +203,9 @@ def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: P
 @pytest.mark.parametrize(("field", "variable"), [("tls", "RAYSTACK_TLS"), ("metrics", "RAYSTACK_METRICS")])
 def test_security_options_reach_the_node_program_only_when_on(field: str, variable: str) -> None:
     plan = tricky_plan()
-    assert variable not in allocation.render_script(plan)
+    assert variable not in allocate.render_script(plan)
     profile = plan.profile.model_copy(update={field: True})
-    script = allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    script = allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
     assert f"export {variable}=1" in script
 
 
@@ -222,9 +222,9 @@ def test_security_options_reach_the_node_program_only_when_on(field: str, variab
 )
 def test_profile_options_reach_the_node_program(changes: dict, line: str) -> None:
     plan = tricky_plan()
-    assert line.split("=")[0] not in allocation.render_script(plan)
+    assert line.split("=")[0] not in allocate.render_script(plan)
     profile = plan.profile.model_copy(update=changes)
-    assert line in allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    assert line in allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
 
 
 @pytest.mark.parametrize(
@@ -233,4 +233,4 @@ def test_profile_options_reach_the_node_program(changes: dict, line: str) -> Non
 def test_workers_join_in_waves_unless_the_profile_says_all_at_once(window: int | None, line: str) -> None:
     plan = tricky_plan()
     profile = plan.profile if window is None else plan.profile.model_copy(update={"join_window": window})
-    assert line in allocation.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    assert line in allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))

@@ -1,23 +1,32 @@
 """Plan, then act: build the exact sbatch argv and allocation script, then submit it.
 
 `plan()` is pure (validated inputs in, an AllocationPlan out) and is what `raystack up
---dry-run` prints; `client.Cluster.submit_plan()` performs it. The script is rendered by
+--dry-run` prints; `submit()` (or `start_local()`) performs it. The script is rendered by
 `render_script`, a pure function snapshot-tested against golden files.
 """
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from raystack import __version__
+from raystack.adapters import local, slurm
+from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
-from raystack.errors import ConfigError
+from raystack.client.reconcile import reconcile
+from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
 from raystack.spec.profile import Profile, load_profile
-from raystack.spec.values import parse_duration, time_to_seconds, validate_time
-from raystack.store import paths
+from raystack.spec.values import parse_duration, size_to_mb, time_to_seconds, validate_time
+from raystack.store import cluster as records
+from raystack.store import growth, paths, tls
+from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.store.files import atomic_write
 from raystack.store.paths import ClusterPaths
 
 
@@ -119,12 +128,7 @@ def plan(
     size, which the caller reads from sinfo (slurm.node_shape) when `wants_node_shape`.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
-    if gpus_per_node is not None and gpus_per_node < 0:
-        raise ConfigError(f"--gpus-per-node: {gpus_per_node} is negative; use 0 for CPU-only nodes")
-    if cpus_per_task is not None and cpus_per_task < 1:
-        raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
+    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch)
     name = paths.validate_name(name)
     walltime = validate_time(time or prof.time)
     links = prof.chain if chain is None else chain
@@ -132,38 +136,13 @@ def plan(
         raise ConfigError(
             f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
         )
-    try:
-        lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
-    except ValueError as exc:
-        raise ConfigError(f"--signal-lead: {exc}") from None
-    if lead >= time_to_seconds(walltime):
-        raise ConfigError(
-            f"--signal-lead: {lead:g}s is not less than the walltime {walltime}; "
-            "lower it (e.g. --signal-lead 60s)"
-        )
-    for option in extra_sbatch or []:
-        if not option.startswith("--"):
-            raise ConfigError(f"--sbatch: {option!r} must be a long sbatch option such as --exclusive")
-    gpus = prof.gpus_per_node if gpus_per_node is None else gpus_per_node
-    cpus = prof.cpus_per_task if cpus_per_task is None else cpus_per_task
-    mem, note = prof.mem, ""
-    if "auto" in (gpus, cpus):
-        if shape is None:
-            raise ConfigError(
-                "whole nodes need the partition's node size from sinfo; give --gpus-per-node and "
-                "--cpus-per-task (or a profile that sets them)"
-            )
-        auto = [w for w, v in (("CPUs", cpus), ("GPUs", gpus)) if v == "auto"]
-        gpus = shape.gpus if gpus == "auto" else gpus
-        cpus = shape.cpus if cpus == "auto" else cpus
-        mem = mem if mem is not None else "0"  # with every CPU: all of the node's memory too
-        smallest = "" if shape.uniform else " (the smallest node: they differ)"
-        note = (
-            f"whole nodes: {cpus} CPUs and {gpus} GPUs per node, all memory, as partition "
-            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(auto)} were 'auto'); "
-            "ask less with --cpus-per-task / --gpus-per-node or a profile"
-        )
-    assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
+    lead = _signal_lead(prof, signal_lead, walltime)
+    gpus, cpus, mem, note = _node_size(
+        prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
+        prof.cpus_per_task if cpus_per_task is None else cpus_per_task,
+        prof.mem,
+        shape,
+    )
     return AllocationPlan(
         profile=prof,
         nodes=nodes,
@@ -182,6 +161,59 @@ def plan(
         extra_sbatch=(*prof.extra_sbatch, *(extra_sbatch or [])),
         env=dict(prof.env),
     )
+
+
+def _check_counts(
+    nodes: int, gpus_per_node: int | None, cpus_per_task: int | None, extra_sbatch: list[str] | None
+) -> None:
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise ConfigError(f"--gpus-per-node: {gpus_per_node} is negative; use 0 for CPU-only nodes")
+    if cpus_per_task is not None and cpus_per_task < 1:
+        raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
+    for option in extra_sbatch or []:
+        if not option.startswith("--"):
+            raise ConfigError(f"--sbatch: {option!r} must be a long sbatch option such as --exclusive")
+
+
+def _signal_lead(prof: Profile, signal_lead: str | float | None, walltime: str) -> float:
+    """Seconds before the walltime end at which SLURM warns: less than the walltime."""
+    try:
+        lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
+    except ValueError as exc:
+        raise ConfigError(f"--signal-lead: {exc}") from None
+    if lead >= time_to_seconds(walltime):
+        raise ConfigError(
+            f"--signal-lead: {lead:g}s is not less than the walltime {walltime}; "
+            "lower it (e.g. --signal-lead 60s)"
+        )
+    return lead
+
+
+def _node_size(
+    gpus: int | str, cpus: int | str | None, mem: str | None, shape: NodeShape | None
+) -> tuple[int, int | None, str | None, str]:
+    """(GPUs, CPUs, memory, note) per node: counts left at "auto" become a whole node's."""
+    note = ""
+    if "auto" in (gpus, cpus):
+        if shape is None:
+            raise ConfigError(
+                "whole nodes need the partition's node size from sinfo; give --gpus-per-node and "
+                "--cpus-per-task (or a profile that sets them)"
+            )
+        auto = [w for w, v in (("CPUs", cpus), ("GPUs", gpus)) if v == "auto"]
+        gpus = shape.gpus if gpus == "auto" else gpus
+        cpus = shape.cpus if cpus == "auto" else cpus
+        mem = mem if mem is not None else "0"  # with every CPU: all of the node's memory too
+        smallest = "" if shape.uniform else " (the smallest node: they differ)"
+        note = (
+            f"whole nodes: {cpus} CPUs and {gpus} GPUs per node, all memory, as partition "
+            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(auto)} were 'auto'); "
+            "ask less with --cpus-per-task / --gpus-per-node or a profile"
+        )
+    assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
+    return gpus, cpus, mem, note
 
 
 def _environment(plan: AllocationPlan) -> list[str]:
@@ -333,3 +365,147 @@ def hand_template() -> str:
     """slurm/raystack.sbatch: the generic script a user can `sbatch --nodes=N` by hand."""
     prof = load_profile("generic").model_copy(update={"gpus_per_node": 0, "cpus_per_task": None})
     return render_script(AllocationPlan(profile=prof, nodes=None, name=None, home=None, time=None))
+
+
+# ---------------------------------------------------------------------------- acting on a plan
+def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
+    """`plan`, with counts left at "auto" made whole nodes of the partition (read from sinfo)."""
+    profile = options.pop("profile", "generic")
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    shape = None
+    if wants_node_shape(prof, options.get("gpus_per_node"), options.get("cpus_per_task")):
+        partition = options.get("partition") or prof.partition
+        try:
+            shape = slurm.node_shape(partition)
+        except SlurmMissing:
+            raise
+        except SlurmError as exc:
+            raise ConfigError(
+                f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
+                "give --gpus-per-node and --cpus-per-task, or a profile that sets them"
+            ) from None
+    return plan(nodes, profile=prof, shape=shape, **options)
+
+
+def submit(p: AllocationPlan) -> ClusterRecord:
+    """Perform a plan: create the folder and token, write the script, sbatch it. The record."""
+    assert p.name and p.script_path
+    if shutil.which("sbatch") is None:
+        raise SlurmMissing(
+            "`sbatch` is not on PATH: run raystack on a SLURM login node "
+            "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
+        )
+    check_name_free(p.name)
+    # A live allocation of this name that the record does not know (submitted by hand, or
+    # its record lost) would run a second queue runner on the same queue.
+    twins = [i for i in slurm.jobs_named(f"raystack-{p.name}").values() if i.state.is_active()]
+    if twins:
+        raise ClusterError(
+            f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "
+            f"'{p.name}': `scancel {twins[0].job_id}` first, or choose another --name"
+        )
+    options = p.sbatch_options()
+    prepare(
+        p,
+        render_script(p),
+        chain_count=p.chain,
+        signal_lead=p.signal_lead,
+        sbatch_options=options,
+        message="submitting",
+    )
+    backend = allocator("slurm")
+    try:
+        alloc_id = backend.submit(p.script_path, options, paths.cluster(p.name).logs)
+    except SlurmError as exc:
+        records.update(p.name, state=ClusterState.FAILED, message=str(exc))
+        raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
+    return records.update(p.name, allocation_id=alloc_id, message=f"submitted as {backend.where(alloc_id)}")
+
+
+def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
+    """A fresh cluster folder for a plan: its launch script and its first record."""
+    assert p.name and p.script_path
+    records.create(p.name)
+    if p.profile.tls:
+        tls.create_ca(p.name)  # fresh, like the token: an earlier cluster's certificates fail
+    else:
+        shutil.rmtree(tls.folder(p.name), ignore_errors=True)
+    records.clear_node_entries(p.name)
+    atomic_write(p.script_path, script, mode=0o700)
+    records.write(
+        ClusterRecord(
+            name=p.name,
+            profile=p.profile.name,
+            nodes_expected=p.nodes or 0,
+            tls=p.profile.tls,
+            gpus_per_node=p.gpus_per_node,
+            cpus_per_node=p.cpus_per_task or 0,
+            history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
+            **fields,
+        )
+    )
+
+
+def space_warning(profile: Profile) -> str | None:
+    """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder (the jobs'
+    logs, Ray's copied logs, usage samples), or None. Quotas are not visible to statvfs:
+    what a site's quota tool says (`quota`, `lfs quota`) is the truth."""
+    home = paths.home()
+    free = growth.free_bytes(home)
+    cap = size_to_mb(profile.folder_cap) * 2**20 if profile.folder_cap else 0
+    if free is None or (free >= growth.SMALL_FREE and free >= cap):
+        return None
+    return (
+        f"RAYSTACK_HOME ({home}) has {free / 2**30:.1f} GB free; the cluster folder may take up "
+        f"to {profile.folder_cap or 'any size'} (profile folder_cap): jobs' logs and Ray's copied "
+        "logs need room there; set RAYSTACK_HOME to a larger filesystem (it must be shared)"
+    )
+
+
+def check_name_free(name: str) -> None:
+    if records.exists(name):
+        old = reconcile(records.read(name))
+        if not old.state.is_terminal():
+            raise ClusterError(
+                f"name '{name}' is in use by a live cluster (allocation {old.allocation_id}, "
+                f"{old.state.value}): `raystack down {name}` first, or choose another --name"
+            )
+
+
+def plan_local(
+    *,
+    gpus: int | None = None,
+    cpus: int | None = None,
+    profile: str | Profile = "generic",
+    name: str = "local",
+) -> tuple[AllocationPlan, list[str]]:
+    """A one-node plan for this machine, and the GPU ids it gets."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    ids, cores = local.gpu_ids(), local.cpu_count()
+    if cpus is not None and not 1 <= cpus <= cores:
+        raise ConfigError(
+            f"--cpus: {cpus} but this machine gives this process {cores} CPUs; use 1 to {cores}"
+        )
+    if gpus is not None and gpus < 0:
+        raise ConfigError(f"--gpus: {gpus} is negative; use 0 for a CPU-only cluster")
+    if gpus is not None and ids and gpus > len(ids):
+        raise ConfigError(
+            f"--gpus: {gpus} but this machine has {len(ids)} GPUs ({local.GPU_SOURCE}); "
+            f"use at most {len(ids)}"
+        )
+    count = len(ids) if gpus is None else gpus
+    # Without a GPU to see (a login node, CI), --gpus G gives Ray G logical GPUs, as the testbed
+    # does: placement and masking can be tested; CUDA cannot.
+    ids = ids[:count] if ids else [str(i) for i in range(count)]
+    return plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores), ids
+
+
+def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
+    """Start a local plan's node program on this machine, detached. The record."""
+    assert p.name and p.script_path and p.cluster_paths
+    check_name_free(p.name)
+    prepare(p, render_local_script(p, gpu_ids), note="local", backend="local", message="starting")
+    backend = allocator("local")
+    # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
+    alloc_id = backend.submit(p.script_path, [], p.cluster_paths.node_log(local.this_host()))
+    return records.update(p.name, allocation_id=alloc_id, message=f"started {backend.where(alloc_id)}")

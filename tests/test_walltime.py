@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from raystack import walltime
+from raystack.adapters import slurm
+from raystack.adapters.allocator import LOCAL_ENDED
 from raystack.adapters.slurm import JobInfo, SlurmState
-from raystack.allocation import walltime
 from raystack.store import cluster as clusters
 from raystack.store import queue
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -20,7 +22,7 @@ NOW = 1_800_000_000.0
 def rec(**fields: object) -> ClusterRecord:
     base: dict[str, object] = {
         "state": ClusterState.READY,
-        "slurm_job_id": "7",
+        "allocation_id": "7",
         "walltime_end": int(NOW) + 3600,
     }
     return ClusterRecord(name="c", **{**base, **fields})  # type: ignore[arg-type]
@@ -29,9 +31,9 @@ def rec(**fields: object) -> ClusterRecord:
 @pytest.mark.parametrize(
     ("record", "info", "kind"),
     [
-        (rec(ending="raystack down"), None, "down"),
+        (rec(ending="down"), None, "down"),
         (rec(state=ClusterState.STOPPING), None, "down"),
-        (rec(ending="walltime warning"), None, "walltime"),
+        (rec(ending="walltime"), None, "walltime"),
         (rec(ending="node lost"), None, "node lost"),
         (rec(walltime_end=int(NOW) + 30), None, "walltime"),  # at the limit, warning or not
         # SLURM's view at the moment the steps get SIGTERM (recorded on the testbed):
@@ -40,6 +42,9 @@ def rec(**fields: object) -> ClusterRecord:
         (rec(), JobInfo("7", SlurmState.NODE_FAIL, reason="NodeDown"), "node lost"),
         (rec(), JobInfo("7", SlurmState.PREEMPTED, reason="Preempted"), "preempted"),
         (rec(), JobInfo("7", SlurmState.TIMEOUT), "walltime"),
+        # a local allocation: its node program gone without a word, or sent a signal
+        (rec(backend="local"), JobInfo("7", SlurmState.COMPLETED, reason=LOCAL_ENDED), "failed"),
+        (rec(backend="local"), JobInfo("7", SlurmState.COMPLETED, reason="TimeLimit"), "scancel"),
     ],
 )
 def test_classify(record: ClusterRecord, info: JobInfo | None, kind: str) -> None:
@@ -50,7 +55,7 @@ def test_classify(record: ClusterRecord, info: JobInfo | None, kind: str) -> Non
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
     clusters.create("c")
-    clusters.write(rec(chain_count=3, next_job_id="8"))
+    clusters.write(rec(chain_count=3, next_allocation_id="8"))
     return tmp_path
 
 
@@ -63,20 +68,18 @@ def running_job() -> str:
 def test_walltime_hands_the_cluster_to_the_follow_on_and_requeues(home: Path) -> None:
     job = running_job()
     record = walltime.end_allocation("c", "7", walltime.ending("walltime", "walltime"), ClusterState.STOPPED)
-    assert record.state is ClusterState.SUBMITTED and record.slurm_job_id == "8" and record.chain_index == 2
-    assert record.next_job_id is None and record.dashboard_url is None
+    assert record.state is ClusterState.SUBMITTED and record.allocation_id == "8" and record.chain_index == 2
+    assert record.next_allocation_id is None and record.dashboard_url is None
     assert "allocation 2 of 3 is SLURM job 8" in record.message
     assert read_job("c", job).state is JobState.INTERRUPTED and queue.position("c", job) == 1
-    assert [a["job_id"] for a in record.allocations] == ["7"] and record.allocations[0][
-        "reason"
-    ] == "walltime"
+    assert [a.alloc_id for a in record.allocations] == ["7"] and record.allocations[0].reason == "walltime"
 
 
 def test_scancel_ends_the_chain_and_cancels_the_follow_on(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cancelled = []
-    monkeypatch.setattr(walltime.slurm, "scancel", cancelled.append)
+    monkeypatch.setattr(slurm, "scancel", cancelled.append)
     job = running_job()
     end = walltime.ending("scancel", "cancelled by scancel or an administrator")
     record = walltime.end_allocation("c", "7", end, ClusterState.STOPPED)
@@ -86,18 +89,18 @@ def test_scancel_ends_the_chain_and_cancels_the_follow_on(
 
 
 def test_a_later_allocation_is_never_overwritten(home: Path) -> None:
-    clusters.update("c", slurm_job_id="9")
+    clusters.update("c", allocation_id="9")
     record = walltime.end_allocation("c", "7", walltime.ending("scancel", "x"), ClusterState.STOPPED)
-    assert record.slurm_job_id == "9" and record.state is ClusterState.READY
+    assert record.allocation_id == "9" and record.state is ClusterState.READY
 
 
 def test_follow_on_submission(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clusters.update("c", next_job_id=None, sbatch_options=["--nodes=2", "--time=5"])
+    clusters.update("c", next_allocation_id=None, sbatch_options=["--nodes=2", "--time=5"])
     seen = []
-    monkeypatch.setattr(walltime.slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
+    monkeypatch.setattr(slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
     assert walltime.submit_follow_on("c", "7") == "8"
     assert seen == [["--nodes=2", "--time=5", "--dependency=afterany:7"]]
-    assert clusters.read("c").next_job_id == "8"
+    assert clusters.read("c").next_allocation_id == "8"
     assert walltime.submit_follow_on("c", "7") is None  # one at a time
-    clusters.update("c", next_job_id=None, chain_index=3)
+    clusters.update("c", next_allocation_id=None, chain_index=3)
     assert walltime.submit_follow_on("c", "7") is None  # the chain is used up
