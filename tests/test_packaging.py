@@ -83,3 +83,10 @@ def test_installed_cli_plans_an_allocation(installed: Path, tmp_path: Path) -> N
     done = run(installed, tmp_path, *argv)
     assert done.returncode == 0, done.stderr
     assert "--gpus-per-node=4" in done.stdout and "module load cuda/12.6" in done.stdout
+
+
+def test_python_dash_m_raystack_is_the_command(installed: Path, tmp_path: Path) -> None:
+    done = run(installed, tmp_path, "-m", "raystack", "--version")
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    bad = run(installed, tmp_path, "-m", "raystack", "logs", "../cluster")
+    assert bad.returncode == 1 and bad.stderr.startswith("raystack: error: ") and bad.stderr.count("\n") == 1
