@@ -38,6 +38,7 @@ def main() -> int:
         and f["ran_twice"] == 0
         and f["reader_failures"] == 0
         and f["head_kill_release_s"] <= 60
+        and f["head_kill_gone_s"] <= 90
         and not f["left_in_slurm"]
         and not f["left_on_nodes"]
     )
@@ -52,6 +53,7 @@ def main() -> int:
         ("infeasible job stuck for", f"{f.get('infeasible_stuck_s', '-')} s (grace 8 s)"),
         ("hung job stuck for", f"{f.get('hung_stuck_s', '-')} s (hang_timeout 15 s)"),
         ("head SIGKILL -> allocation released", f"{f['head_kill_release_s']} s (target <= 60)"),
+        ("head SIGKILL -> every process gone", f"{f['head_kill_gone_s']} s (at most 90)"),
         ("node SIGKILL -> its job ended", f"{f['node_kill_to_job_end_s']} s"),
         ("left in SLURM / on nodes", f"{f['left_in_slurm']} / {f['left_on_nodes']}"),
         ("wall time", f"{f['seconds']} s"),

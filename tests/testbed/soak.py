@@ -167,13 +167,14 @@ class Soak:
         t = time.monotonic()
         wait_until(lambda: slurm_state(alloc) not in ("RUNNING", "COMPLETING", "PENDING"), 120, "the release")
         released = time.monotonic() - t
-        wait_until(lambda: not processes_of_job(alloc), 60, f"allocation {alloc}'s processes to go")
+        wait_until(lambda: not processes_of_job(alloc), 120, f"allocation {alloc}'s processes to go")
         gone = time.monotonic() - t
         self.faults.append(
             f"head's node program SIGKILLed: allocation {alloc} released in {released:.1f}s, "
             f"every process gone in {gone:.1f}s"
         )
-        self.figures["head_kill_release_s"] = round(gone, 1)
+        self.figures["head_kill_release_s"] = round(released, 1)
+        self.figures["head_kill_gone_s"] = round(gone, 1)
         return gone
 
     def kill_node(self, host: str) -> int:

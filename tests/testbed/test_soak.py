@@ -30,7 +30,9 @@ def test_a_queue_survives_a_night_of_faults(testbed: Path, monkeypatch: pytest.M
     assert figures["terminal_twice"] == 0 and figures["ran_twice"] == 0, problems
     assert figures["reader_failures"] == 0 and figures["corrupt"] == [], problems
     assert figures["left_in_slurm"] == [] and figures["left_on_nodes"] == {}
-    assert figures["head_kill_release_s"] <= 60
+    # The promise: released within a minute. What SLURM kills after it may take its
+    # KillWait longer (a fresh-clone run once took 37 s after the release); never more than 90 s.
+    assert figures["head_kill_release_s"] <= 60 and figures["head_kill_gone_s"] <= 90, figures
     messages = figures["messages"]
     assert messages["big"].startswith("infeasible: actor Worker wants {GPU: 5"), messages
     assert messages["hang"].startswith("hung: no output or activity for 15s; stacks in"), messages
