@@ -143,53 +143,54 @@ def submit_follow_on(name: str, alloc_id: str) -> str | None:
     return nxt
 
 
+def end_changes(
+    record: ClusterRecord, alloc_id: str, end: Ending, last_state: ClusterState, logs: str
+) -> tuple[dict[str, object], str | None]:
+    """What allocation `alloc_id`'s end changes in the record (pure), and the pending follow-on
+    to cancel (None when there is none or the chain goes on with it)."""
+    nxt = record.next_allocation_id
+    if nxt and end.chain_goes_on:
+        return {
+            "state": ClusterState.SUBMITTED,
+            "message": f"allocation {alloc_id} ended ({end.text}); allocation "
+            f"{record.chain_index + 1} of {record.chain_count} is SLURM job {nxt}",
+            "allocation_id": nxt,
+            "next_allocation_id": None,
+            "chain_index": record.chain_index + 1,
+            "ending": None,
+            "gcs_address": None,
+            "dashboard_url": None,
+            "nodes_joined": 0,
+            "walltime_end": None,
+        }, None
+    why = end.text
+    if nxt:
+        why = f"{end.text}; the pending allocation {nxt} was cancelled"
+    elif record.chain_index < record.chain_count and end.chain_goes_on:
+        why = f"{end.text}; no further allocation was submitted"
+    return {
+        "state": last_state,
+        "message": f"allocation {alloc_id} ended ({why}); logs: {logs}",
+        "next_allocation_id": None,
+        "ending": None,
+        "chain_ended": record.chain_ended or why,
+    }, nxt
+
+
 def end_allocation(name: str, alloc_id: str, end: Ending, last_state: ClusterState) -> ClusterRecord:
     """Record allocation `alloc_id`'s end: settle its jobs in flight, and either hand the cluster to
     the pending follow-on (SUBMITTED) or end it (`last_state`), cancelling a follow-on that the
     ending does not let run. Safe to call from the head, the runner or a client (first wins)."""
     for job in settle_orphans(name, None, end.text, requeue=end.requeue):
         log.info("job %s was in flight: %s", job, "INTERRUPTED, to resume" if end.requeue else "FAILED")
-    cancel = None
     p = paths.cluster(name)
     with locked(p):
         record = records.read(name)
         if record.allocation_id not in (None, alloc_id):
             return record  # a later allocation holds the cluster already
         records.note_allocation(record, alloc_id, ended=time.time(), reason=end.text)
-        nxt = record.next_allocation_id
-        if nxt and end.chain_goes_on:
-            records.apply_changes(
-                record,
-                {
-                    "state": ClusterState.SUBMITTED,
-                    "message": f"allocation {alloc_id} ended ({end.text}); allocation "
-                    f"{record.chain_index + 1} of {record.chain_count} is SLURM job {nxt}",
-                    "allocation_id": nxt,
-                    "next_allocation_id": None,
-                    "chain_index": record.chain_index + 1,
-                    "ending": None,
-                    "gcs_address": None,
-                    "dashboard_url": None,
-                    "nodes_joined": 0,
-                    "walltime_end": None,
-                },
-            )
-        else:
-            why = end.text
-            if nxt:
-                cancel, why = nxt, f"{end.text}; the pending allocation {nxt} was cancelled"
-            elif record.chain_index < record.chain_count and end.chain_goes_on:
-                why = f"{end.text}; no further allocation was submitted"
-            records.apply_changes(
-                record,
-                {
-                    "state": last_state,
-                    "message": f"allocation {alloc_id} ended ({why}); logs: {p.logs}",
-                    "next_allocation_id": None,
-                    "ending": None,
-                    "chain_ended": record.chain_ended or why,
-                },
-            )
+        changes, cancel = end_changes(record, alloc_id, end, last_state, str(p.logs))
+        records.apply_changes(record, changes)
         records.write(record)
     if cancel:
         with contextlib.suppress(RaystackError):

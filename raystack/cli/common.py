@@ -36,17 +36,16 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _version(value: bool) -> None:
-    if value:
-        print(f"raystack {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+        bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
-    pass
+    if version:
+        print(f"raystack {__version__}")
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)

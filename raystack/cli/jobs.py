@@ -41,7 +41,7 @@ def submit(
     target = Cluster.get(cluster)
     is_spec = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
     job = target.submit(args[0] if is_spec else list(args), sets=sets or [], now=now)
-    record, pos = job.record(), job.position()
+    record, pos = job.seen or job.record(), job.position()
     if as_json:
         print_json({"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": pos})
     else:

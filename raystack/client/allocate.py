@@ -19,7 +19,7 @@ from raystack import __version__
 from raystack.adapters import local, slurm
 from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
-from raystack.client.reconcile import reconcile
+from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import parse_duration, size_to_mb, time_to_seconds, validate_time
@@ -464,7 +464,7 @@ def space_warning(profile: Profile) -> str | None:
 
 def check_name_free(name: str) -> None:
     if records.exists(name):
-        old = reconcile(records.read(name))
+        old = settle(records.read(name))
         if not old.state.is_terminal():
             raise ClusterError(
                 f"name '{name}' is in use by a live cluster (allocation {old.allocation_id}, "

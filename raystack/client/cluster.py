@@ -21,18 +21,18 @@ from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
-from raystack.client.reconcile import reconcile
+from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, RayApiError
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
-from raystack.spec.resolve import resolve
+from raystack.spec.resolve import prepare
 from raystack.store import cluster as records
 from raystack.store import files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.paths import ClusterPaths
-from raystack.store.queue import QueueView, active, check_open, enqueue, interrupted, settle_orphans, waiting
+from raystack.store.queue import QueueView, active, enqueue, interrupted, settle_orphans, waiting
 from raystack.store.queue import view as queue_view
 
 Progress = Callable[[str], None]
@@ -83,9 +83,11 @@ class ClusterStatus:
 class Cluster:
     """A handle on one named cluster in $RAYSTACK_HOME."""
 
-    def __init__(self, name: str, record: ClusterRecord | None = None):
+    def __init__(self, name: str, record: ClusterRecord | None = None, raw: ClusterRecord | None = None):
         self.name = paths.validate_name(name)
-        self.seen = record  # the record as this handle last read it
+        self.seen = record  # the record as this handle last read it, in SLURM's light
+        self.raw = raw  # the record as read from the file (not yet shown to SLURM)
+        self.pending: PendingEnd | None = None  # an end SLURM reported that the record lacks
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r})"
@@ -94,23 +96,35 @@ class Cluster:
     @classmethod
     def get(cls, name: str | None = None) -> Cluster:
         """The named cluster, or the only one there is. Raises ClusterError when missing."""
-        cluster = cls(records.resolve(name))
-        cluster.record()
-        return cluster
+        name = records.resolve(name)
+        return cls(name, raw=records.read(name))
 
     @classmethod
     def list(cls) -> list[ClusterRecord]:
         return [cls(n).record() for n in records.list_names()]
 
     def record(self) -> ClusterRecord:
-        """The record, read now and reconciled with SLURM (what every view starts from)."""
-        self.seen = reconcile(records.read(self.name))
+        """The record, read now and seen in SLURM's light (what every view starts from): an
+        allocation SLURM says ended shows as ended. Nothing is written: see `settle`."""
+        self.raw = self.seen = None
+        return self.snapshot()
+
+    def settle(self) -> ClusterRecord:
+        """Write down what `record` only shows: the end of an allocation that could not record it
+        itself (its head SIGKILLed, a node failure, cancelled while pending), its jobs in flight
+        FAILED or requeued. The commands that change a cluster call it; readers never do."""
+        self.seen, self.pending = settle(self.raw or records.read(self.name)), None
+        self.raw = self.seen
         return self.seen
 
     def snapshot(self) -> ClusterRecord:
         """The record as this handle last read it (read now if never): one command reads and
         reconciles it once, and passes it along."""
-        return self.seen if self.seen is not None else self.record()
+        if self.seen is None:
+            raw = self.raw or records.read(self.name)
+            self.pending = pending_end(raw)
+            self.seen = as_ended(raw, self.pending)
+        return self.seen
 
     @property
     def folder(self) -> Path:
@@ -122,8 +136,12 @@ class Cluster:
         return paths.cluster(self.name)
 
     def queue(self, every: bool = False) -> QueueView:
-        """What `raystack queue` shows: running, the next queued, the last finished (or every job)."""
-        return queue_view(self.name, every=every)
+        """What `raystack queue` shows: running, the next queued, the last finished (or every job).
+        Jobs in flight in an allocation that ended unrecorded show as they will be settled."""
+        self.snapshot()
+        found = queue_view(self.name, every=every)
+        found.records = [job_as_ended(r, self.pending) for r in found.records]
+        return found
 
     # ------------------------------------------------------------------ up
     @classmethod
@@ -211,6 +229,8 @@ class Cluster:
         start, last_slurm, last_said, interval = clock(), -1e9, "", SLURM_POLL_MIN
         while True:
             record = records.read(self.name)
+            if record.state is ClusterState.READY:  # (and its allocation still runs)
+                record = as_ended(record, pending_end(record))
             if record.state is ClusterState.READY:
                 if allocator(record.backend).remote:
                     self.check_locks(record, say)
@@ -222,7 +242,7 @@ class Cluster:
                 if record.state is ClusterState.STARTING:
                     interval = SLURM_POLL_MAX
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
-                record = reconcile(record, info)
+                record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING:
                     reason = info.reason if info.reason not in ("", "None") else "not scheduled yet"
                     said = f"PENDING in SLURM (job {record.allocation_id}, reason: {reason})"
@@ -384,21 +404,9 @@ class Cluster:
         Works while the allocation is still PENDING: the job starts once the cluster is READY.
         Bad input raises ConfigError before anything is written.
         """
-        record = self.snapshot()
-        check_open(self.name)
-        if isinstance(spec, list):
-            job_spec, base, source, file = specs.command_spec(spec, sets), Path.cwd(), "command", None
-        elif isinstance(spec, str | Path):
-            path = Path(spec)
-            job_spec, base = specs.load_spec(path, sets), path.resolve().parent
-            source, file = f"job spec {path}", str(path.resolve())
-        else:
-            job_spec, base, source, file = spec, Path.cwd(), f"job spec {spec.name}", None
-        request = resolve(job_spec, record, base, source, file)
-        resumed = specs.resumed_spec(job_spec, source)
-        resume_request = resolve(resumed, record, base, f"{source} (resume)", file) if resumed else None
-        record_ = enqueue(request, now=now, new_id=specs.new_job_id, resume_request=resume_request)
-        return Job(self.name, record_.id)
+        prepared = prepare(spec, list(sets or []), self.settle(), Path.cwd())
+        record = enqueue(prepared.request, now=now, new_id=specs.new_job_id, resume_request=prepared.resume)
+        return Job(self.name, record.id, record)
 
     def jobs(self) -> JobRecords:
         """Every job of this cluster's ledger, oldest first."""
@@ -408,7 +416,7 @@ class Cluster:
     def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:
         """End the cluster and its chain: cancel the running allocation and any pending follow-on,
         wait until SLURM has released them, mark the record."""
-        record = self.record()
+        record = self.settle()
         if record.state.is_terminal():
             self._sweep_local(record)
             return record

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from raystack.client.access import live_dashboard
-from raystack.client.reconcile import reconcile
+from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs, stacks
@@ -34,9 +34,10 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
 class Job:
     """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
 
-    def __init__(self, cluster: str, job_id: str):
+    def __init__(self, cluster: str, job_id: str, seen: JobRecord | None = None):
         self.cluster = cluster
         self.id = job_id
+        self.seen = seen  # the ledger entry as it was written or last read here
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"
@@ -46,7 +47,9 @@ class Job:
         return cls(find_cluster_of(job_id, cluster), job_id)
 
     def record(self) -> JobRecord:
-        return read_job(self.cluster, self.id)
+        """The ledger entry, read now."""
+        self.seen = read_job(self.cluster, self.id)
+        return self.seen
 
     @property
     def state(self) -> JobState:
@@ -57,7 +60,8 @@ class Job:
 
     def cluster_ended(self) -> bool:
         """True once the job's cluster has ended (STOPPED/FAILED), reconciled with SLURM."""
-        return reconcile(records.read(self.cluster)).state.is_terminal()
+        record = records.read(self.cluster)
+        return as_ended(record, pending_end(record)).state.is_terminal()
 
     def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
         """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED.

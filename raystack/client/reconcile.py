@@ -1,24 +1,41 @@
-"""Reconciliation: bring a cluster record that looks alive in line with what SLURM says.
+"""Reconciliation: what a cluster record that looks alive means once SLURM says its allocation
+ended, and the one place that writes it down.
 
 The head records the end itself when SLURM signals it; this covers the cases where it could not
-(SIGKILL, node failure, cancelled while pending). It is the one place where a client command
-writes records it reads, and it only ever writes an ending — and only when SLURM says the
-allocation ended: a failing squeue is never an answer, and "gone" (slurmctld no longer knows
-the job and accounting has no row) must be said twice, a second apart.
+(SIGKILL, node failure, cancelled while pending). Readers (`status`, `queue`, `logs`, `list`,
+`wait`) only *look*: `pending_end` asks SLURM and `as_ended` shows the record as it will be,
+without writing. `settle` writes it (under the folder lock, through walltime.end_allocation); the
+commands that change a cluster call it (`up` before reusing a name, `down`, `submit`, `forget`),
+and so does the next allocation's head when it claims the cluster. SLURM's answer is trusted only
+when it is final: a failing squeue is never an answer, and "gone" (slurmctld no longer knows the
+job and accounting has no row) must be said twice, a second apart.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from raystack.adapters.allocator import Allocator, allocator
 from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.store import cluster as records
+from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
-from raystack.walltime import Ending, classify, end_allocation
+from raystack.store.ledger import JobRecord
+from raystack.store.queue import orphan_outcome
+from raystack.walltime import Ending, classify, end_allocation, end_changes
 
 CONFIRM_GONE_AFTER = 1.0  # seconds between the two answers that make a job GONE
+
+
+@dataclass(frozen=True)
+class PendingEnd:
+    """An allocation that SLURM says ended while the record still shows it alive."""
+
+    alloc_id: str
+    end: Ending
+    state: ClusterState  # the state the cluster ends in (unless a follow-on takes over)
 
 
 def allocation_ended(
@@ -41,23 +58,52 @@ def allocation_ended(
     return info
 
 
-def reconcile(record: ClusterRecord, info: JobInfo | None = None) -> ClusterRecord:
-    """A live-looking record whose allocation SLURM says has ended is ended too (and its jobs in
-    flight settled). `info` saves a query when the caller has one."""
+def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEnd | None:
+    """How a live-looking record's allocation ended, when SLURM says it did (nothing is written).
+    `info` saves a query when the caller has one."""
     if record.state.is_terminal() or not record.allocation_id:
-        return record
-    ended = allocation_ended(allocator(record.backend), record.allocation_id, info)
+        return None
+    alloc_id = str(record.allocation_id)
+    ended = allocation_ended(allocator(record.backend), alloc_id, info)
     if ended is None:
-        return record
-    current = records.read(record.name)
-    if current.allocation_id != record.allocation_id or current.state.is_terminal():
-        return current  # someone settled it, or a new allocation took over, meanwhile
-    ran = current.state in (ClusterState.READY, ClusterState.STOPPING)
-    if ran or current.state is ClusterState.STARTING:
-        # The head could not record the end itself (SIGKILL, a node failure): do it for it.
-        end = classify(current, str(record.allocation_id), info=ended)
+        return None
+    ran = record.state in (ClusterState.READY, ClusterState.STOPPING)
+    if ran or record.state is ClusterState.STARTING:
+        # The head could not record the end itself (SIGKILL, a node failure).
+        end = classify(record, alloc_id, info=ended)
     else:  # it never started: cancelled or refused while pending
         reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
         end = Ending(EndKind.FAILED, f"{ended.state.value}{reason} before it started", False, False)
     state = ClusterState.STOPPED if ran and end.kind is not EndKind.FAILED else ClusterState.FAILED
-    return end_allocation(record.name, str(record.allocation_id), end, state)
+    return PendingEnd(alloc_id, end, state)
+
+
+def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord:
+    """The record as `settle` will write it (a copy; the file is not touched)."""
+    if pending is None:
+        return record
+    logs = str(paths.cluster(record.name).logs)
+    changes, _ = end_changes(record, pending.alloc_id, pending.end, pending.state, logs)
+    return record.model_copy(update=changes)
+
+
+def job_as_ended(job: JobRecord, pending: PendingEnd | None) -> JobRecord:
+    """A job in flight in an allocation that ended unrecorded, as `settle` will leave it."""
+    if pending is None or job.state.is_terminal() or not job.attempts:
+        return job
+    if job.attempts[-1].allocation != pending.alloc_id:
+        return job
+    state, message = orphan_outcome(job, pending.end.text, pending.end.requeue)
+    return job.model_copy(update={"state": state, "message": message})
+
+
+def settle(record: ClusterRecord, info: JobInfo | None = None) -> ClusterRecord:
+    """Write down the end of a live-looking record's allocation when SLURM says it ended (its jobs
+    in flight settled, a follow-on handed the cluster or cancelled). The record as it now is."""
+    pending = pending_end(record, info)
+    if pending is None:
+        return record
+    current = records.read(record.name)
+    if current.allocation_id != record.allocation_id or current.state.is_terminal():
+        return current  # someone settled it, or a new allocation took over, meanwhile
+    return end_allocation(record.name, pending.alloc_id, pending.end, pending.state)

@@ -7,11 +7,12 @@ absolute paths on the shared filesystem, and `needs` must fit the cluster.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from raystack.errors import ConfigError
 from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, new_job_id
+from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, command_spec, load_spec, new_job_id, resumed_spec
 from raystack.spec.planning import substitute
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
@@ -110,3 +111,31 @@ def resolve(
         processes=spmd_processes(spec, cluster),
         spec_file=spec_file,
     )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job ready to queue: the request, and the one it resumes with (its `resume:` block)."""
+
+    request: JobRequest
+    resume: JobRequest | None
+    spec: JobSpec
+
+
+def prepare(
+    job: str | Path | JobSpec | list[str], sets: list[str], cluster: ClusterRecord, cwd: Path
+) -> Prepared:
+    """Load (a spec file, a command argv or a JobSpec), validate and resolve a job for a cluster:
+    what `submit` queues and `check` shows. Nothing is written. Raises ConfigError."""
+    if isinstance(job, list):
+        spec, base, source, file = command_spec(job, sets), cwd, "command", None
+    elif isinstance(job, str | Path):
+        path = Path(job)
+        spec, base = load_spec(path, sets), (cwd / path).resolve().parent
+        source, file = f"job spec {path}", str((cwd / path).resolve())
+    else:
+        spec, base, source, file = job, cwd, f"job spec {job.name}", None
+    request = resolve(spec, cluster, base, source, file)
+    resumed = resumed_spec(spec, source)
+    again = resolve(resumed, cluster, base, f"{source} (resume)", file) if resumed else None
+    return Prepared(request, again, spec)

@@ -337,6 +337,17 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
     return record
 
 
+def orphan_outcome(record: JobRecord, reason: str, requeue: bool) -> tuple[JobState, str]:
+    """What becomes of a job in flight whose allocation ended (pure): INTERRUPTED to resume in the
+    next allocation when the end requeues its jobs, else FAILED; and the message saying so."""
+    last = record.attempts[-1].allocation if record.attempts else None
+    where = f"allocation {last}" if last else "its allocation"
+    message = f"{where} ended while the job was {record.state.value} ({reason})"
+    if requeue:
+        return JobState.INTERRUPTED, message + "; it resumes in the next allocation"
+    return JobState.FAILED, message
+
+
 def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool = False) -> list[str]:
     """Active jobs whose last attempt ran in another allocation than `allocation` (None: any) have
     lost their Ray cluster. By default they are FAILED with `reason`, never submitted again by
@@ -358,12 +369,11 @@ def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool
             if allocation is not None and last == allocation:
                 continue
             if not record.state.is_terminal():
-                where = f"allocation {last}" if last else "its allocation"
-                message = f"{where} ended while the job was {record.state.value} ({reason})"
-                if requeue:
-                    _requeue(p, name, job_id, message + "; it resumes in the next allocation")
+                state, message = orphan_outcome(record, reason, requeue)
+                if state is JobState.INTERRUPTED:
+                    _requeue(p, name, job_id, message)
                 else:
-                    change_job(name, job_id, state=JobState.FAILED, ended=time.time(), message=message)
+                    change_job(name, job_id, state=state, ended=time.time(), message=message)
                 settled.append(job_id)
             (p.active / job_id).unlink(missing_ok=True)
     return settled
