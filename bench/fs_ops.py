@@ -124,7 +124,7 @@ def node(i: int, n: int, temp: Path) -> NodeContext:
         temp_dir=temp / f"node{i + 1}",
         object_store_bytes=2**30,
         join_timeout=300,
-        ray_logs=Caps(every=30),
+        ray_logs=Caps.model_validate({"every": "30s"}),
     )
     ctx.entry = {"ip": ctx.ip, "node_id": i, "gpus": 4, "cpus": 64, "alloc_id": "100"}
     records.write_node_entry("b", ctx.host, ctx.entry)

@@ -8,6 +8,7 @@ number is hours, so `1-2` is 1 day 2 hours (93,600 s), never 1 day 2 minutes.
 
 from __future__ import annotations
 
+import math
 import re
 
 FORMAT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
@@ -26,3 +27,48 @@ def seconds(text: str) -> int:
     if b is not None:  # M:S
         return (a or 0) * 60 + b
     return (a or 0) * 60  # M
+
+
+# A duration with units: 90s, 30m, 2h, 1d, 1h30m, 1.5h, "2 hours".
+UNITS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+}
+_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)")
+DURATION_HELP = "minutes, or SLURM's M:S, H:M:S, D-H, D-H:M, D-H:M:S, or 90s, 30m, 2h, 1d"
+
+
+def duration(value: object) -> float:
+    """Seconds in a duration, read the same way for every duration raystack takes (walltime,
+    timeouts, grace periods): a bare number is minutes, as in SLURM's --time; SLURM's forms
+    (`30`, `30:00`, `2:00:00`, `1-12`, `1-12:30`, `1-12:30:00`) and units (`90s`, `30m`, `2h`,
+    `1d`, `1h30m`, `1.5h`). ValueError for anything else (negative, not finite, a bool)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; use {DURATION_HELP}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{value!r} is not a duration; use {DURATION_HELP}")
+        return float(value) * 60
+    text = str(value).strip().lower()
+    if FORMAT.fullmatch(text):
+        return float(seconds(text))
+    if re.fullmatch(r"\d+\.\d+|\.\d+", text):
+        return float(text) * 60
+    total, end = 0.0, 0
+    for match in _PART.finditer(text):
+        if match.start() != end or match.group(2) not in UNITS:
+            break
+        total, end = total + float(match.group(1)) * UNITS[match.group(2)], match.end()
+    if not text or end != len(text):
+        raise ValueError(f"{value!r} is not a duration; use {DURATION_HELP}")
+    return total
+
+
+def slurm_text(secs: float) -> str:
+    """A duration as SLURM's --time wants it: H:MM:SS, or D-HH:MM:SS from a day on (whole
+    seconds, rounded up: SLURM would otherwise round a part minute down)."""
+    s = math.ceil(secs)
+    d, h, m, sec = s // 86400, s % 86400 // 3600, s % 3600 // 60, s % 60
+    return f"{d}-{h:02d}:{m:02d}:{sec:02d}" if d else f"{h}:{m:02d}:{sec:02d}"

@@ -92,7 +92,7 @@ class Watchdog:
         """A fault text when the attempt in flight must be stopped (infeasible, hung), else None."""
         w = self.watch(record)
         now = self.clock.now()
-        if now - w.checked >= INFEASIBLE_EVERY:
+        if w.grace and now - w.checked >= INFEASIBLE_EVERY:  # (grace 0: off)
             w.checked = now
             try:
                 found = self.infeasible_now(record, info, running)

@@ -1,21 +1,56 @@
 """The `raystack` command: one thin function per verb over the Python API.
 
-Exit codes are a contract: 0 success, 1 a raystack error (one line on stderr naming the fix) or
-a cluster that is missing/not ready (`status`), 2 bad usage (typer's own).
+Exit codes are a contract: 0 success; 1 a raystack error, a job that failed (`--follow`) or a
+cluster that is not ready (`status`); 2 bad usage; 130 interrupted. Every error is one line on
+stderr that names the fix; RAYSTACK_DEBUG=1 adds the traceback of an unexpected one.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-from raystack.cli import clusters, jobs, monitor, plan  # noqa: F401 (their verbs register on the app)
+import typer
+
+try:  # NOTE: typer 0.2x carries its own copy of click, and raises its exceptions
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover (typer with click as a dependency)
+    import click.exceptions as click  # type: ignore[no-redef]
+
+from raystack.cli import clusters, jobs, monitor, plan, specs  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.errors import RaystackError
 
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click.NoArgsIsHelpError as exc:
+        print(exc.format_message())
+        code = 0
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "raystack"
+        text = " ".join(exc.format_message().split())
+        err.print(f"{where}: error: {text} (see {where} --help)", markup=False)
+        code = 2
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("raystack: interrupted", markup=False)
+        code = 130
     except RaystackError as exc:
         err.print(f"raystack: error: {exc}", markup=False)
-        sys.exit(1)
+        code = 1
+    except click.ClickException as exc:
+        err.print(f"raystack: error: {exc.format_message()}", markup=False)
+        code = exc.exit_code
+    except Exception as exc:
+        if os.environ.get("RAYSTACK_DEBUG"):
+            raise
+        err.print(
+            f"raystack: internal error: {type(exc).__name__}: {exc} (a bug in raystack: rerun with "
+            "RAYSTACK_DEBUG=1 for the traceback and report it)",
+            markup=False,
+        )
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -3,52 +3,108 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster, allocate
 from raystack.client.cluster import where
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
-from raystack.spec.values import duration_text
+from raystack.spec.values import duration_text, off_or_duration
 
-# The options of `up`, one alias each (the signature stays readable).
-NodesOpt = Annotated[int, typer.Option("--nodes", "-N", help="Number of nodes.")]
-ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Cluster profile.")]
-NameOpt = Annotated[str | None, typer.Option("--name", help="Cluster name (default: default, local).")]
-TimeOpt = Annotated[str | None, typer.Option("--time", "-t", help="Walltime (SLURM format).")]
-PartitionOpt = Annotated[str | None, typer.Option("--partition")]
-AccountOpt = Annotated[str | None, typer.Option("--account")]
+# The options of `up`, one alias each (the signature stays readable). sbatch's letters mean what
+# they mean in sbatch (-N -t -p -A -J -q -C -c); the profile is -P.
+NodesOpt = Annotated[int, typer.Option("--nodes", "-N", min=1, metavar="N", help="Nodes.")]
+ProfileOpt = Annotated[
+    str, typer.Option("--profile", "-P", metavar="NAME", help="Cluster profile (raystack profiles).")
+]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--name", "-J", "--cluster", metavar="NAME", help="Cluster name.  [default: default; --local: local]"
+    ),
+]
+TimeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time",
+        "-t",
+        metavar="TIME",
+        help="Walltime of each allocation: minutes, H:M:S, D-H:M:S, or 2h, 1d.  "
+        "[default: the profile's; generic: 1:00:00]",
+    ),
+]
+PartitionOpt = Annotated[str | None, typer.Option("--partition", "-p", metavar="NAME")]
+AccountOpt = Annotated[str | None, typer.Option("--account", "-A", metavar="NAME")]
+QosOpt = Annotated[str | None, typer.Option("--qos", "-q", metavar="NAME")]
+MemOpt = Annotated[str | None, typer.Option("--mem", metavar="SIZE", help="Memory per node (0: all of it).")]
+ExclusiveOpt = Annotated[bool, typer.Option("--exclusive", help="No other job on the nodes.")]
+ConstraintOpt = Annotated[str | None, typer.Option("--constraint", "-C", metavar="LIST")]
+ReservationOpt = Annotated[str | None, typer.Option("--reservation", metavar="NAME")]
+GresOpt = Annotated[
+    str | None, typer.Option("--gres", metavar="LIST", help="Generic resources beside the GPUs.")
+]
 GpusPerNodeOpt = Annotated[
-    int | None, typer.Option("--gpus-per-node", help="Default: every GPU of the node (sinfo).")
+    str | None,
+    typer.Option(
+        "--gpus-per-node",
+        metavar="[TYPE:]N",
+        help="GPUs per node, e.g. 4 or h100:4.  [default: every GPU of the node (sinfo)]",
+    ),
 ]
 CpusPerTaskOpt = Annotated[
-    int | None, typer.Option("--cpus-per-task", help="Default: every CPU of the node (sinfo).")
+    int | None,
+    typer.Option(
+        "--cpus-per-task",
+        "-c",
+        min=1,
+        metavar="N",
+        help="CPUs per node.  [default: every CPU of the node (sinfo)]",
+    ),
 ]
 SbatchOpt = Annotated[
     list[str] | None,
-    typer.Option("--sbatch", help="Extra sbatch option, e.g. --sbatch=--exclusive (repeatable)."),
+    typer.Option(
+        "--sbatch",
+        metavar="OPTION",
+        help="Any other sbatch option, e.g. --sbatch=--mail-type=END (repeatable).",
+    ),
 ]
 ChainOpt = Annotated[
     int | None,
-    typer.Option("--chain", help="Allocations in all: the cluster and its queue live across K walltimes."),
+    typer.Option(
+        "--chain",
+        min=1,
+        metavar="K",
+        help="Allocations in all: the cluster and its queue live across K walltimes.",
+    ),
 ]
 SignalLeadOpt = Annotated[
-    str | None, typer.Option("--signal-lead", help="Warn this long before each walltime end (default 10m).")
+    str | None,
+    typer.Option(
+        "--signal-lead", metavar="TIME", help="Warn this long before each walltime end.  [default: 10m]"
+    ),
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the sbatch argv and script only.")]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once submitted.")]
-TimeoutOpt = Annotated[float | None, typer.Option(help="Give up waiting after this many seconds.")]
+TimeoutOpt = Annotated[
+    str | None, typer.Option("--timeout", metavar="TIME", help="Give up waiting after this long (e.g. 10m).")
+]
 LocalOpt = Annotated[bool, typer.Option("--local", help="A one-node cluster on this machine, without SLURM.")]
 GpusOpt = Annotated[
-    int | None, typer.Option("--gpus", help="With --local: GPUs to use (default: all visible).")
+    int | None,
+    typer.Option("--gpus", min=0, metavar="N", help="With --local: GPUs to use.  [default: all visible]"),
 ]
-CpusOpt = Annotated[int | None, typer.Option("--cpus", help="With --local: CPUs to use (default: all).")]
+CpusOpt = Annotated[
+    int | None, typer.Option("--cpus", min=1, metavar="N", help="With --local: CPUs to use.  [default: all]")
+]
 TlsOpt = Annotated[
     bool, typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard.")
 ]
@@ -59,12 +115,30 @@ IdleTimeoutOpt = Annotated[
     str | None,
     typer.Option(
         "--idle-timeout",
-        help="Go down after this long with no job queued, running or attached (e.g. 30m; off).",
+        metavar="TIME",
+        help="Go down after this long with no job queued, running or attached (e.g. 30m; 0 or off: never).",
     ),
 ]
 
 
-@app.command()
+@dataclass(frozen=True)
+class SiteOptions:
+    """The sbatch options of `up` that override the profile's site defaults."""
+
+    qos: str | None = None
+    mem: str | None = None
+    exclusive: bool = False
+    constraint: str | None = None
+    reservation: str | None = None
+    gres: str | None = None
+    gpu_type: str | None = None
+
+    def apply(self, prof: Profile) -> Profile:
+        changes = {k: v for k, v in asdict(self).items() if v not in (None, False)}
+        return prof.model_copy(update=changes) if changes else prof
+
+
+@app.command(short_help="Start a cluster: one allocation running Ray; wait until READY.")
 def up(
     nodes: NodesOpt = 1,
     profile: ProfileOpt = "generic",
@@ -72,6 +146,12 @@ def up(
     time: TimeOpt = None,
     partition: PartitionOpt = None,
     account: AccountOpt = None,
+    qos: QosOpt = None,
+    mem: MemOpt = None,
+    exclusive: ExclusiveOpt = False,
+    constraint: ConstraintOpt = None,
+    reservation: ReservationOpt = None,
+    gres: GresOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_task: CpusPerTaskOpt = None,
     sbatch: SbatchOpt = None,
@@ -89,25 +169,46 @@ def up(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
-    prof = _profile_with(load_profile(profile), tls, metrics, idle_timeout)
+    gpu_type, gpu_count = _typed_gpus(gpus_per_node)
+    site = SiteOptions(qos, mem, exclusive, constraint, reservation, gres, gpu_type)
+    prof = site.apply(_profile_with(load_profile(profile), tls, metrics, idle_timeout))
+    wait_s = _timeout(timeout)
     slurm_options = {
         "time": time,
         "partition": partition,
         "account": account,
-        "gpus_per_node": gpus_per_node,
+        "gpus_per_node": gpu_count,
         "cpus_per_task": cpus_per_task,
         "extra_sbatch": sbatch,
         "chain": chain,
         "signal_lead": signal_lead,
     }
     if local_:
-        _refuse_slurm_options(nodes, slurm_options)
-        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, timeout, as_json)
+        _refuse_slurm_options(nodes, {**slurm_options, **asdict(site)})
+        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, wait_s, as_json)
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
     plan = Cluster.plan(nodes, profile=prof, name=name or "default", **slurm_options)
-    _up_slurm(plan, dry_run, no_wait, timeout, as_json)
+    _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
+
+
+def _typed_gpus(value: str | None) -> tuple[str | None, int | None]:
+    """--gpus-per-node N or TYPE:N (as sbatch takes it): (type or None, count or None)."""
+    if value is None:
+        return None, None
+    kind, _, count = value.rpartition(":")
+    if not count.strip().isdigit() or (":" in value and not kind.strip()):
+        raise ConfigError(f"--gpus-per-node: {value!r} is not a GPU count; use e.g. 4 or h100:4")
+    return kind.strip() or None, int(count)
+
+
+def _timeout(value: str | None) -> float | None:
+    """--timeout: a duration; 0 or off: wait as long as it takes."""
+    try:
+        return off_or_duration(value)
+    except ValueError as exc:
+        raise ConfigError(f"--timeout: {exc}") from None
 
 
 def _profile_with(prof: Profile, tls: bool, metrics: bool, idle_timeout: str | None) -> Profile:
@@ -127,8 +228,9 @@ def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
     """A --local cluster is one node without SLURM: name the first SLURM option given."""
     given = ["--nodes"] if nodes != 1 else []
     counts = ("gpus_per_node", "cpus_per_task")  # (0 is a value given)
+    flags = {"extra_sbatch": "--sbatch", "gpu_type": "--gpus-per-node"}
     given += [
-        "--sbatch" if key == "extra_sbatch" else "--" + key.replace("_", "-")
+        flags.get(key, "--" + key.replace("_", "-"))
         for key, value in options.items()
         if (value is not None if key in counts else value)
     ]
@@ -211,16 +313,17 @@ def _show_ready(cluster: Cluster, as_json: bool) -> None:
     out.print(f'env:       eval "$(raystack env {cluster.name})"')
 
 
-@app.command()
+@app.command(short_help="The ssh tunnel and login for the Ray dashboard.")
 def dashboard(
     name: NameArg = None,
+    cluster: ClusterOpt = None,
     login_host: Annotated[
         str | None, typer.Option("--login-host", help="Host to ssh to (default: this one).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """How to open the Ray dashboard from your laptop: the ssh tunnel line and how to log in."""
-    info = Cluster.get(name).tunnel(login_host)
+    info = Cluster.get(cluster_name(name, cluster)).tunnel(login_host)
     if as_json:
         print_json(info)
         return
@@ -231,23 +334,24 @@ def dashboard(
         out.print(f"   the certificate: {info['certificate']}", markup=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="Wait until a cluster is READY (exit 1 if it ends first).")
 def wait(
     name: NameArg = None,
-    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a cluster (e.g. one started with --no-wait) is READY; exit 1 if it ends first."""
-    cluster = Cluster.get(name)
+    handle = Cluster.get(cluster_name(name, cluster))
     say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
-    cluster.wait_ready(progress=say, timeout=timeout)
-    _show_ready(cluster, as_json)
+    handle.wait_ready(progress=say, timeout=_timeout(timeout))
+    _show_ready(handle, as_json)
 
 
-@app.command()
-def env(name: NameArg = None, as_json: JsonOpt = False) -> None:
+@app.command(short_help="Exports for plain `ray job submit` and `ray status`.")
+def env(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Print the exports with which plain `ray job submit` and `ray status` reach the cluster."""
-    values = Cluster.get(name).env()
+    values = Cluster.get(cluster_name(name, cluster)).env()
     if as_json:
         print_json(values)
     else:
@@ -255,10 +359,10 @@ def env(name: NameArg = None, as_json: JsonOpt = False) -> None:
             print(f"export {key}={shlex.quote(value)}")
 
 
-@app.command()
-def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
+@app.command(short_help="SLURM state, time left, nodes, GPUs (exit 1 unless ready).")
+def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """SLURM state and time left, Ray nodes alive/expected, GPUs and CPUs. Exit 1 unless ready."""
-    st = Cluster.get(name).status()
+    st = Cluster.get(cluster_name(name, cluster)).status()
     if as_json:
         print_json(st.to_dict())
     else:
@@ -309,7 +413,7 @@ def status(name: NameArg = None, as_json: JsonOpt = False) -> None:
         raise typer.Exit(1)
 
 
-@app.command("list")
+@app.command("list", short_help="Every known cluster and its state.")
 def list_(as_json: JsonOpt = False) -> None:
     """Every known cluster and its state."""
     records = Cluster.list()
@@ -330,14 +434,59 @@ def list_(as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
-@app.command()
-def down(name: NameArg = None, as_json: JsonOpt = False) -> None:
-    """Cancel the allocation, wait until its nodes are released, and mark the cluster STOPPED."""
-    record = Cluster.get(name).down()
-    if as_json:
-        print_json(record.model_dump(mode="json"))
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask on a terminal; without one, --yes is needed (nothing is done on a guess)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigError(f"{question} Not on a terminal: add --yes to confirm")
+    if not typer.confirm(question, default=False, err=True):
+        raise typer.Exit(1)
+
+
+@app.command(short_help="Stop a cluster (or --all) and release its nodes.")
+def down(
+    name: NameArg = None,
+    cluster: ClusterOpt = None,
+    every: Annotated[bool, typer.Option("--all", help="Every live cluster (asks first).")] = False,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel the allocation (and a chain's pending one), wait until SLURM has released the nodes,
+    and mark the cluster STOPPED; jobs still queued stay queued for the next `up` of the name."""
+    if every:
+        if name or cluster:
+            raise ConfigError("down --all: give no cluster name with --all")
+        live = [r for r in Cluster.list() if not r.state.is_terminal()]
+        if not live:
+            err.print("raystack: no live cluster", markup=False)
+            return
+        names = ", ".join(f"{r.name} ({r.state.value})" for r in live)
+        _confirm(f"Stop {len(live)} cluster(s): {names}?", yes)
+        done = [Cluster(r.name).down() for r in live]
     else:
+        done = [Cluster.get(cluster_name(name, cluster)).down()]
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in done] if every else done[0].model_dump(mode="json"))
+        return
+    for record in done:
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
 
 
-# ---------------------------------------------------------------------------- jobs
+@app.command(short_help="Remove ended clusters' folders (record, ledger, logs).")
+def forget(
+    names: Annotated[list[str], typer.Argument(metavar="CLUSTER...", help="Ended clusters to remove.")],
+    yes: YesOpt = False,
+) -> None:
+    """Remove the folder of each ended cluster: its record, token, queue, ledger and every log.
+    A live cluster is refused (`raystack down` it first)."""
+    handles = [Cluster.get(n) for n in dict.fromkeys(names)]
+    live = [h.name for h in handles if not h.snapshot().state.is_terminal()]
+    if live:
+        raise ConfigError(f"forget: {', '.join(live)} still live: `raystack down {live[0]}` first")
+    _confirm(f"Remove {', '.join(h.name for h in handles)} with its ledger and logs?", yes)
+    for handle in handles:
+        out.print(f"removed {handle.forget()}", markup=False)

@@ -7,29 +7,64 @@ import sys
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 
 from raystack import __version__
+from raystack.errors import ConfigError
+
+# NOTE: typer 0.29 writes a Python type beside every argument and option without a metavar in
+# --help ("JOB <str>", "<list[str]>", "--lines <int>") and braces around required arguments in the
+# usage line ("{JOB}"): raystack's arguments carry metavars that say what they take, and options
+# without one get click's words (N, NUMBER, TEXT).
+_WORDS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH"}
+
+
+def _option_word(self: Any, ctx: Any) -> str:
+    return self.metavar or _WORDS.get(self.bare_type().removeprefix("list[").removesuffix("]"), "VALUE")
+
+
+def _usage_name(self: Any) -> str:
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+for _cls, _attr, _fn in (
+    (typer.core.TyperArgument, "display_type_rich", lambda self, ctx: ""),
+    (typer.core.TyperOption, "display_type_rich", _option_word),
+    (typer.core.TyperArgument, "_usage_display_name", _usage_name),
+):
+    if hasattr(_cls, _attr) and hasattr(_cls, "bare_type"):
+        setattr(_cls, _attr, _fn)
 
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     help="A persistent, authenticated Ray cluster and a job queue on SLURM.",
 )
 # Without a terminal rich assumes 80 columns; tables of paths and URLs need more.
 _WIDTH = None if sys.stdout.isatty() else 200
 # NOTE: markup off: everything printed holds data (a job's last log line `[rank0]: saved to
 # [/scratch/ckpt]` would be read as rich markup: lost, or a MarkupError). Style with Text.
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
-NameArg = Annotated[str | None, typer.Argument(help="Cluster name; may be omitted when there is one.")]
+CLUSTER_HELP = "Cluster name.  [default: $RAYSTACK_CLUSTER, else the only live cluster]"
+NameArg = Annotated[str | None, typer.Argument(metavar="[CLUSTER]", show_default=False, help=CLUSTER_HELP)]
 ClusterOpt = Annotated[
-    str | None, typer.Option("--cluster", "-c", help="Cluster name (default: the only one).")
+    str | None, typer.Option("--cluster", "-c", metavar="NAME", show_default=False, help=CLUSTER_HELP)
 ]
-JobArg = Annotated[str, typer.Argument(help="Job id, as printed by `raystack submit`.")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job id, as printed by `raystack submit`.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def cluster_name(positional: str | None, option: str | None) -> str | None:
+    """The cluster a verb is about: its positional name or --cluster/-c (both mean the same)."""
+    if positional and option and positional != option:
+        raise ConfigError(f"two clusters named: '{positional}' and --cluster '{option}'; give one")
+    return positional or option
 
 
 def print_json(data: Any) -> None:

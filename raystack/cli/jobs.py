@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import difflib
+import shlex
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from typer.core import TyperCommand
 
-from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, err, out, print_json
+from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
+from raystack.errors import ConfigError
 from raystack.spec.planning import PlanSpec, describe
+from raystack.spec.values import parse_duration
 
 
 def _exit_for(record: JobRecord) -> None:
@@ -22,12 +28,66 @@ def _exit_for(record: JobRecord) -> None:
         raise typer.Exit(1)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+class TakesCommand(TyperCommand):
+    """A verb whose command comes after `--`, verbatim (as `ray job submit -- ...` takes it):
+    keeps the raw argv and how many words came after the `--` for the verb to check."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["raw_args"] = list(args)
+        ctx.meta["after_dashes"] = len(args) - args.index("--") - 1 if "--" in args else None
+        return super().parse_args(ctx, args)
+
+
+def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
+    """A spec file, or the command after `--`. A bare command without `--` is refused (its own
+    flags would be read as raystack's: `-c config.yaml` as the cluster), and so is a spec
+    file that does not exist, before anything is read or queued."""
+    after = ctx.meta.get("after_dashes")
+    before, command = (args, []) if after is None else (args[: len(args) - after], args[len(args) - after :])
+    if after is not None:
+        if before:
+            raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
+        if not command:
+            raise ConfigError("nothing after --: give the command, e.g. raystack submit -- python train.py")
+        return command
+    if not before:
+        raise ConfigError(
+            "give a job spec or a command after --: raystack submit job.yaml, raystack submit -- python x.py"
+        )
+    if len(before) == 1 and before[0].lower().endswith((".yaml", ".yml")):
+        if not Path(before[0]).is_file():
+            raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")
+        return before[0]
+    raw = ctx.meta.get("raw_args", before)
+    i = raw.index(before[0]) if before[0] in raw else len(raw)
+    fix = shlex.join(["raystack", "submit", *raw[:i], "--", *raw[i:]])
+    near = _nearest_spec(before[0]) if len(before) == 1 else ""
+    raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
+
+
+def _nearest_spec(given: str) -> str:
+    """'; did you mean X?' for a spec file whose name is close to `given`, else ''."""
+    folder = Path(given).parent
+    names = (
+        [p.name for p in folder.glob("*") if p.suffix.lower() in (".yaml", ".yml")] if folder.is_dir() else []
+    )
+    close = difflib.get_close_matches(Path(given).name, names, n=1, cutoff=0.75)
+    return f"; did you mean {folder / close[0] if str(folder) != '.' else close[0]}?" if close else ""
+
+
+@app.command(cls=TakesCommand, short_help="Queue a job: a spec file, or a command after --.")
 def submit(
-    args: Annotated[list[str], typer.Argument(help="A job spec (.yaml), or a command after --.")],
+    ctx: typer.Context,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="SPEC.yaml | -- COMMAND...", show_default=False, help="A job spec, or a command after --."
+        ),
+    ] = None,
     cluster: ClusterOpt = None,
     sets: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a spec field: key.sub=value.")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: key.sub=value."),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Stream the log; exit with the job's outcome.")
@@ -37,10 +97,10 @@ def submit(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue a job (spec file or `-- command`) on the cluster; it may still be PENDING in SLURM."""
+    """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in SLURM."""
+    job_input = job_argument(ctx, list(args or []))
     target = Cluster.get(cluster)
-    is_spec = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
-    job = target.submit(args[0] if is_spec else list(args), sets=sets or [], now=now)
+    job = target.submit(job_input, sets=sets or [], now=now)
     record, pos = job.seen or job.record(), job.position()
     if as_json:
         print_json({"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": pos})
@@ -57,32 +117,79 @@ def submit(
         _exit_for(job.follow())
 
 
-@app.command("queue")
+@app.command("queue", short_help="The cluster's jobs: running, queued, finished.")
 def queue_(
     name: NameArg = None,
+    cluster: ClusterOpt = None,
     show_all: Annotated[
         bool, typer.Option("--all", "-a", help="Every job of the ledger, not only the recent ones.")
     ] = False,
+    states: Annotated[
+        list[str] | None,
+        typer.Option("--state", "-s", metavar="STATE", help="Only jobs in this state (repeatable, or a,b)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The cluster's jobs: running, the next queued and the last finished (--all: every job)."""
-    cluster = Cluster.get(name)
-    view = cluster.queue(every=show_all)
-    rows = [_job_row(cluster.name, r, view.positions) for r in view.records]
+    wanted = _states(states)
+    handle = Cluster.get(cluster_name(name, cluster))
+    view = handle.queue(every=show_all or bool(wanted))
+    records = [r for r in view.records if not wanted or r.state in wanted]
+    rows = [_job_row(handle.name, r, view.positions) for r in records]
     if as_json:
         print_json(rows)
         return
     table = Table("id", "name", "state", "pos", "start", "duration", "message")
-    for r, row in zip(view.records, rows, strict=True):
+    for r, row in zip(records, rows, strict=True):
         start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
         table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
     out.print(table)
-    if view.more_queued or view.more_finished:
+    if not wanted and (view.more_queued or view.more_finished):
         err.print(
             f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "
-            f"raystack queue {cluster.name} --all"
+            f"raystack queue {handle.name} --all"
         )
+
+
+def _states(given: list[str] | None) -> set[JobState]:
+    """--state values (any case, comma-separated or repeated), each a JobState."""
+    names = [w.strip().upper() for g in given or [] for w in g.split(",") if w.strip()]
+    known = [s.value for s in JobState]
+    for n in names:
+        if n not in known:
+            close = difflib.get_close_matches(n, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"--state: no job state {n!r}; {hint}states: {', '.join(known)}")
+    return {JobState(n) for n in names}
+
+
+@app.command("job", short_help="One job's state, times and message.")
+def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """One job's state, where it waits, its times, attempts and last message (as `ray job status`)."""
+    job = Job.get(job_id, cluster)
+    record = job.record()
+    row = _job_row(job.cluster, record, {job.id: job.position()})
+    waiting = job.waiting_line(record)
+    if as_json:
+        print_json({**row, "waiting": waiting})
+        return
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"  # noqa: E731
+    table = Table(show_header=False, box=None)
+    for key, value in (
+        ("job", f"{record.id} ({record.name}) on cluster {job.cluster}"),
+        ("state", record.state.value + (f": {waiting}" if waiting else "")),
+        ("queued", when(record.request.queued_at)),
+        ("started", when(record.started)),
+        ("ended", when(record.ended)),
+        ("duration", f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"),
+        ("attempts", ", ".join(f"{a.id} (allocation {a.allocation})" for a in record.attempts) or "-"),
+        ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
+        ("message", record.message or "-"),
+        ("log", f"raystack logs {record.id}"),
+    ):
+        table.add_row(key, value)
+    out.print(table)
 
 
 def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:
@@ -106,7 +213,7 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
     }
 
 
-@app.command()
+@app.command(short_help="A job's log (-f: follow; --all: its workers' errors).")
 def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
@@ -126,10 +233,16 @@ def logs(
     actor: Annotated[
         str | None, typer.Option("--actor", help="Only actors whose name contains this (implies --all).")
     ] = None,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines shown per worker with --all.")] = 40,
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", min=1, help="Lines shown per worker with --all.")
+    ] = 40,
+    tail: Annotated[
+        int | None, typer.Option("--tail", metavar="N", min=0, help="Only the last N lines of the job's log.")
+    ] = None,
 ) -> None:
     """Print a job's log (kept in the cluster folder, readable after `down`); --all adds its
-    actors' worker logs from Ray's own logs (those with an error; --node/--actor: every match)."""
+    actors' worker logs from Ray's own logs (those with an error; --node/--actor: every match).
+    A job still in the queue says where it stands: `queued, position 3 (running: grpo-7b, 40m in)`."""
     job = Job.get(job_id, cluster)
     if follow:
         _exit_for(job.follow(out=sys.stderr if as_json else None))
@@ -143,9 +256,18 @@ def logs(
         print_json(row)
         return
     if not follow:
-        print(job.logs(), end="")
+        text = job.logs()
+        if tail is not None:
+            text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
+        print(text, end="")
+        if waiting := job.waiting_line():
+            err.print(f"raystack: job {job.id} {waiting}", markup=False)
     if found is None:
         return
+    _print_workers(job, found, shown, lines)
+
+
+def _print_workers(job: Job, found: list[Any], shown: list[Any], lines: int) -> None:
     for w in shown:
         print(f"\n==> {w.label} (attempt {w.attempt}){': ' + w.error if w.error else ''} <==")
         print(job.worker_tail(w, lines), end="")
@@ -159,16 +281,22 @@ def logs(
     )
 
 
-@app.command()
+@app.command(short_help="Dump the Python stacks of a running job on every node.")
 def stacks(
     job_id: JobArg,
     cluster: ClusterOpt = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for every node's answer.")] = 30.0,
+    timeout: Annotated[
+        str, typer.Option(metavar="TIME", help="How long to wait for every node's answer.")
+    ] = "30s",
     as_json: JsonOpt = False,
 ) -> None:
     """Dump the Python stacks of every process of a running job on every node (py-spy); the job
     goes on. The dumps are kept in logs/jobs/<id>/stacks/."""
-    dumps = Job.get(job_id, cluster).stacks(timeout=timeout)
+    try:
+        wait_s = parse_duration(timeout)
+    except ValueError as exc:
+        raise ConfigError(f"--timeout: {exc}") from None
+    dumps = Job.get(job_id, cluster).stacks(timeout=wait_s)
     if as_json:
         print_json({"folder": str(dumps.folder), "files": [str(f) for f in dumps.files], "late": dumps.late})
         return
@@ -184,14 +312,14 @@ def stacks(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="Stop a running job (SIGTERM, then kill); cancel a queued one.")
 def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is cancelled."""
     record = Job.get(job_id, cluster).stop()
     _print_job(record, as_json)
 
 
-@app.command()
+@app.command(short_help="Remove a job that has not started from the queue.")
 def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Remove a job that has not started from the queue (CANCELLED)."""
     record = Job.get(job_id, cluster).cancel()

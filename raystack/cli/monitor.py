@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from raystack.cli.common import JsonOpt, NameArg, app, err, out, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster
 from raystack.client import report as reports
 from raystack.client.top import snapshot
@@ -72,22 +72,23 @@ def render(view: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-@app.command()
+@app.command(short_help="Live CPU, memory and GPU use per node.")
 def top(
     name: NameArg = None,
+    cluster: ClusterOpt = None,
     once: Annotated[bool, typer.Option("--once", help="One snapshot, then exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", "-n", help="Seconds between refreshes.")] = 2.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Live view of a cluster: per node CPU, memory and GPUs (Ray's own node stats), the jobs
     running and queued, the time left and idle time. Ctrl-C ends it."""
-    cluster = Cluster.get(name)
+    handle = Cluster.get(cluster_name(name, cluster))
     if as_json and not once:
         raise ConfigError("--json: use it with --once (one snapshot for scripts)")
     if interval < 0.5:
         raise ConfigError(f"--interval: {interval:g}s is too short; use 0.5 or more")
     if once:
-        view = snapshot(cluster.name)
+        view = snapshot(handle.name)
         if as_json:
             print_json(view)
         else:
@@ -96,17 +97,18 @@ def top(
             raise typer.Exit(1)
         return
     try:
-        with Live(render(snapshot(cluster.name)), console=out, screen=False, auto_refresh=False) as live:
+        with Live(render(snapshot(handle.name)), console=out, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(snapshot(cluster.name)), refresh=True)
+                live.update(render(snapshot(handle.name)), refresh=True)
     except KeyboardInterrupt:
         pass
 
 
-@app.command()
+@app.command(short_help="How well an allocation was used (node-hours, GPU use).")
 def report(
     name: NameArg = None,
+    cluster: ClusterOpt = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's run.")] = None,
     png: Annotated[
         Path | None, typer.Option("--png", help="Where to write the plot (default: the cluster's reports/).")
@@ -116,10 +118,10 @@ def report(
     """How well the allocation was used: node-hours held, busy and idle time, mean GPU
     utilisation while jobs ran; and a PNG of GPU/CPU use per node with the jobs marked.
     Works after `raystack down` (everything comes from the cluster folder)."""
-    cluster = Cluster.get(name)
-    record, jobs = cluster.record(), cluster.jobs()
+    handle = Cluster.get(cluster_name(name, cluster))
+    record, jobs = handle.record(), handle.jobs()
     figures = reports.summarize(record, jobs, job)
-    default = cluster.paths.reports / f"{cluster.name}{'-' + job if job else ''}.png"
+    default = handle.paths.reports / f"{handle.name}{'-' + job if job else ''}.png"
     try:
         figures["png"] = str(reports.plot(figures, record, png or default))
     except ImportError:  # (a dependency of raystack; a hand-made environment may lack it)

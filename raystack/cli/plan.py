@@ -20,9 +20,11 @@ plan_app = typer.Typer(
     rich_markup_mode=None,
     help="Layouts, memory and batch arithmetic for GRPO and SPMD runs (no cluster needed).",
 )
-app.add_typer(plan_app, name="plan")
+app.add_typer(plan_app, name="plan", short_help="GRPO layouts, memory and batch arithmetic (no cluster).")
 
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", "-c", help="Take the shape of this cluster.")]
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster", "-c", metavar="NAME", help="Take the shape of this cluster.")
+]
 
 
 def cluster_shape(cluster: str | None, nodes: int | None, gpus: int | None, cpus: int | None) -> Shape:
@@ -36,15 +38,19 @@ def cluster_shape(cluster: str | None, nodes: int | None, gpus: int | None, cpus
 
 @plan_app.command("grpo")
 def grpo(
-    learners: Annotated[int, typer.Option(help="Learner GPUs (the DeepSpeed world size).")],
-    engines: Annotated[int | None, typer.Option(help="vLLM engines (default: as many as fit).")] = None,
-    tp: Annotated[int, typer.Option(help="vLLM tensor parallel size per engine.")] = 1,
-    per_bundle: Annotated[int | None, typer.Option(help="Learner GPUs per bundle (default: spread).")] = None,
-    cpus_per_learner_gpu: Annotated[int, typer.Option()] = LEARNER_CPUS_PER_GPU,
+    learners: Annotated[int, typer.Option(min=1, help="Learner GPUs (the DeepSpeed world size).")],
+    engines: Annotated[
+        int | None, typer.Option(min=0, help="vLLM engines.  [default: as many as fit]")
+    ] = None,
+    tp: Annotated[int, typer.Option(min=1, help="vLLM tensor parallel size per engine.")] = 1,
+    per_bundle: Annotated[
+        int | None, typer.Option(min=1, help="Learner GPUs per bundle.  [default: spread]")
+    ] = None,
+    cpus_per_learner_gpu: Annotated[int, typer.Option(min=0)] = LEARNER_CPUS_PER_GPU,
     cluster: ClusterOpt = None,
-    nodes: Annotated[int | None, typer.Option()] = None,
-    gpus_per_node: Annotated[int | None, typer.Option()] = None,
-    cpus_per_node: Annotated[int | None, typer.Option()] = None,
+    nodes: Annotated[int | None, typer.Option(min=1)] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(min=1)] = None,
+    cpus_per_node: Annotated[int | None, typer.Option(min=1)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Learners and vLLM engines on the nodes, as open-instruct, verl and OpenRLHF flags."""
@@ -80,13 +86,13 @@ def grpo(
 @plan_app.command("memory")
 def memory(
     model: Annotated[str, typer.Option(help="A known model (7b, 32b, qwen2.5-7b, ...).")] = "7b",
-    learners: Annotated[int, typer.Option(help="ZeRO-3 learners sharing the model.")] = 2,
-    seq_len: Annotated[int, typer.Option(help="Tokens per sequence (prompt + response).")] = 4096,
-    micro_batch: Annotated[int, typer.Option()] = 1,
-    gpu_memory: Annotated[float, typer.Option(help="GB per GPU (GH200: 95).")] = 95.0,
+    learners: Annotated[int, typer.Option(min=1, help="ZeRO-3 learners sharing the model.")] = 2,
+    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence (prompt + response).")] = 4096,
+    micro_batch: Annotated[int, typer.Option(min=1)] = 1,
+    gpu_memory: Annotated[float, typer.Option(min=1, help="GB per GPU (GH200: 95).")] = 95.0,
     optimizer_bytes: Annotated[int, typer.Option(help="12: fp32 master + Adam m, v; 8: m, v only.")] = 12,
-    engine_tp: Annotated[int, typer.Option(help="vLLM tensor parallel size.")] = 1,
-    gpu_memory_utilization: Annotated[float, typer.Option()] = 0.9,
+    engine_tp: Annotated[int, typer.Option(min=1, help="vLLM tensor parallel size.")] = 1,
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.01, max=1.0)] = 0.9,
     as_json: JsonOpt = False,
 ) -> None:
     """Memory per learner GPU under ZeRO-3, and per GPU of a vLLM engine."""
@@ -129,9 +135,9 @@ def memory(
 @plan_app.command("batch")
 def batch(
     old: Annotated[str, typer.Option(help="processes x micro-batch x accumulation, e.g. 1x8x64.")],
-    new_processes: Annotated[int, typer.Option(help="GPUs (processes) of the new run.")],
+    new_processes: Annotated[int, typer.Option(min=1, help="GPUs (processes) of the new run.")],
     new_micro: Annotated[
-        int | None, typer.Option(help="Micro-batch of the new run (default: the old).")
+        int | None, typer.Option(min=1, help="Micro-batch of the new run.  [default: the old]")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

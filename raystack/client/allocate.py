@@ -21,6 +21,7 @@ from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
+from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import parse_duration, size_to_mb, time_to_seconds, validate_time
 from raystack.store import cluster as records
@@ -78,9 +79,14 @@ class AllocationPlan:
             ("qos", p.qos),
             ("cpus-per-task", self.cpus_per_task),
             ("mem", self.mem),
+            ("constraint", p.constraint),
+            ("reservation", p.reservation),
+            ("gres", p.gres),
         ):
             if value not in (None, ""):
                 opts.append(f"--{flag}={value}")
+        if p.exclusive:
+            opts.append("--exclusive")
         if self.gpus_per_node:
             kind = f"{p.gpu_type}:" if p.gpu_type else ""
             opts.append(f"--gpus-per-node={kind}{self.gpus_per_node}")
@@ -158,7 +164,7 @@ def plan(
         chain=links,
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
-        extra_sbatch=(*prof.extra_sbatch, *(extra_sbatch or [])),
+        extra_sbatch=(*prof.extra_sbatch, *(sbatch.check(o) for o in extra_sbatch or [])),
         env=dict(prof.env),
     )
 
@@ -173,8 +179,7 @@ def _check_counts(
     if cpus_per_task is not None and cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     for option in extra_sbatch or []:
-        if not option.startswith("--"):
-            raise ConfigError(f"--sbatch: {option!r} must be a long sbatch option such as --exclusive")
+        sbatch.check(option)
 
 
 def _signal_lead(prof: Profile, signal_lead: str | float | None, walltime: str) -> float:
@@ -222,7 +227,7 @@ def _environment(plan: AllocationPlan) -> list[str]:
     p = plan.profile
     env = {
         "RAYSTACK_LOCAL_SCRATCH": p.local_scratch,
-        "RAYSTACK_JOIN_TIMEOUT": str(p.join_timeout),
+        "RAYSTACK_JOIN_TIMEOUT": f"{p.join_timeout:g}",
         "RAYSTACK_JOIN_WINDOW": str(p.join_window),
         **p.ray_logs.env(),
         **p.unattended_env(),
@@ -440,6 +445,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
             tls=p.profile.tls,
             gpus_per_node=p.gpus_per_node,
             cpus_per_node=p.cpus_per_task or 0,
+            walltime=time_to_seconds(p.time) if p.time and fields.get("backend") != "local" else None,
             history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
             **fields,
         )

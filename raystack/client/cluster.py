@@ -8,6 +8,7 @@ c.status(); c.env(); c.down()
 from __future__ import annotations
 
 import hashlib
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -382,7 +383,7 @@ class Cluster:
         if not record.gcs_address or not record.dashboard_url:
             raise ClusterError(
                 f"cluster {self.name} has no Ray address yet ({record.state.value}): "
-                f"wait with `raystack up` or check `raystack status {self.name}`"
+                f"wait for it with `raystack wait {self.name}`, or see `raystack status {self.name}`"
             )
         env = {
             "RAY_ADDRESS": record.gcs_address,  # ray status, ray.init()
@@ -459,6 +460,18 @@ class Cluster:
         settle_orphans(self.name, None, "raystack down")
         self._sweep_local(record)
         return record
+
+    def forget(self) -> Path:
+        """Remove an ended cluster's folder: its record, token, queue, ledger and logs. Refused
+        while the cluster lives (`down` first). The folder that was removed."""
+        record = self.settle()
+        if not record.state.is_terminal():
+            raise ClusterError(
+                f"cluster {self.name} is {record.state.value}: `raystack down {self.name}` first"
+            )
+        folder = self.folder
+        shutil.rmtree(folder)
+        return folder
 
     @staticmethod
     def _sweep_local(record: ClusterRecord) -> None:

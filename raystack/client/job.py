@@ -9,21 +9,25 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from raystack.client.access import live_dashboard
 from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RaystackError
+from raystack.spec.values import duration_text
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
-from raystack.store.queue import cancel, position
+from raystack.store.queue import active, cancel, position
 
 
 def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
     """The cluster holding job `job_id` (searching every cluster when none is named)."""
     names = [records.resolve(cluster)] if cluster else records.list_names()
+    if cluster and not records.exists(names[0]):
+        records.read(names[0])  # (raises: no cluster named ..., with the known ones)
     for name in names:
         if paths.cluster(name).ledger(job_id).is_file():
             return name
@@ -149,16 +153,48 @@ class Job:
         asked = stacks.request(self.cluster, self.id)
         return stacks.wait(self.cluster, self.id, asked, hosts, timeout)
 
-    def follow(self, out: TextIO | None = None, poll: float = 0.25) -> JobRecord:
-        """Stream the log as it grows until the job ends (or its cluster does); the final record."""
+    def waiting_line(self, record: JobRecord | None = None) -> str | None:
+        """What a job that has not started waits for, in one line (`queued, position 3 (running:
+        grpo-7b, 40m in)`); None once it was handed to Ray."""
+        record = record or self.record()
+        if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
+            return None
+        pos = position(self.cluster, self.id)
+        why = []
+        for job_id in active(self.cluster)[:1]:
+            with contextlib.suppress(ClusterError):
+                ahead = read_job(self.cluster, job_id)
+                since = f", {duration_text(time.time() - ahead.started)} in" if ahead.started else ""
+                why.append(f"running: {ahead.name}{since}")
+        cluster = records.read(self.cluster)
+        if cluster.state is not records.ClusterState.READY:
+            why.append(f"cluster {cluster.state.value}: raystack status {self.cluster}")
+        if record.message:
+            why.append(record.message)
+        where = "next" if pos == 1 else f"position {pos}" if pos else "about to start"
+        return f"{record.state.value.lower()}, {where}" + (f" ({'; '.join(why)})" if why else "")
+
+    def follow(
+        self, out: TextIO | None = None, poll: float = 0.25, say: Callable[[str], None] | None = None
+    ) -> JobRecord:
+        """Stream the log as it grows until the job ends (or its cluster does); the final record.
+        While the job waits in the queue, `say` (stderr by default) is told why, on each change."""
         out = out or sys.stdout
+        say = say or (lambda line: print(f"raystack: job {self.id} {line}", file=sys.stderr, flush=True))
         shown, offset, checked = 0, 0, time.monotonic()  # attempts fully shown, offset in the next
-        headed = 0  # attempts whose header was written
+        headed, said = 0, ""  # attempts whose header was written; the last waiting line
         while True:
             record = self.record()
             ended = False
             if not record.state.is_terminal() and time.monotonic() - checked > 2:
                 checked, ended = time.monotonic(), self.cluster_ended()
+                line = self.waiting_line(record) if not ended else None
+                if line and line != said:
+                    said = line
+                    say(line)
+            elif not said and (line := self.waiting_line(record)):
+                said = line
+                say(line)
             files = self.log_files(record)
             grew = False
             while shown < len(files):

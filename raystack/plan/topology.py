@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from raystack.errors import ConfigError
+
 LEARNER_CPUS_PER_GPU = 10  # open-instruct's LEARNER_PLACEMENT_GROUP_CPU_PER_GPU
 HELPER_CPUS = 3  # its DataPreparationActor (2) and ActorManager (1)
 
@@ -189,7 +191,20 @@ def plan_grpo(
     cpus_per_learner_gpu: int = LEARNER_CPUS_PER_GPU,
 ) -> GrpoLayout:
     """The layout for `learners` learner GPUs and `engines` engines of TP `tp` (default: as many
-    engines as fit the GPUs left). Raises Infeasible with the nearest layout that fits."""
+    engines as fit the GPUs left). Raises Infeasible with the nearest layout that fits, and
+    ConfigError for counts that are no layout at all (0 learners, TP 0)."""
+    for what, value, least in (
+        ("learners", learners, 1),
+        ("tp", tp, 1),
+        ("engines", engines, 0),
+        ("per_bundle", per_bundle, 1),
+        ("cpus_per_learner_gpu", cpus_per_learner_gpu, 0),
+        ("nodes", shape.nodes, 1),
+        ("gpus_per_node", shape.gpus_per_node, 1),
+        ("cpus_per_node", shape.cpus_per_node, 1),
+    ):
+        if value is not None and value < least:
+            raise ConfigError(f"{what}: {value} is less than {least}; use {least} or more")
     total = shape.nodes * shape.gpus_per_node
     if total == 1 and learners == 1:
         # open-instruct's --single_gpu_mode: the engine shares the learner's GPU.

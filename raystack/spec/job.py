@@ -31,6 +31,7 @@ from raystack.spec.values import (
     ENV_NAME,
     RAW_TEXT_PATHS,
     load_yaml,
+    off_or_duration,
     one_line_error,
     parse_duration,
     parse_yaml,
@@ -137,7 +138,10 @@ class JobSpec(BaseModel):
     @classmethod
     def _name(cls, value: str) -> str:
         if not NAME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a job name; use letters, digits, '.', '_' and '-'")
+            raise ValueError(
+                f"{value!r} is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit"
+            )
         return value
 
     @field_validator("entrypoint")
@@ -165,35 +169,24 @@ class JobSpec(BaseModel):
     def _env(cls, value: Any) -> dict[str, str]:
         return validate_env(value, reserved=("RAYSTACK_",))
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "min_time", mode="before")
     @classmethod
-    def _timeout(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value)
+    def _off_is_none(cls, value: Any) -> float | None:
+        """A duration; 0/off/none/never: none (no timeout, no minimum)."""
+        return off_or_duration(value)
 
-    @field_validator("hang_timeout", "retry_window", mode="before")
+    @field_validator("hang_timeout", "retry_window", "infeasible_grace", mode="before")
     @classmethod
-    def _off_or_duration(cls, value: Any) -> float | None:
-        """A duration, or off/none/never/0 (kept as 0: off, unlike an unset field)."""
+    def _off_is_zero(cls, value: Any) -> float | None:
+        """A duration, or 0/off/none/never kept as 0: off, overriding the profile's (unset: None)."""
         if value is None:
             return None
-        if isinstance(value, str) and value.strip().lower() in ("off", "none", "never"):
-            return 0.0
-        return parse_duration(value)
-
-    @field_validator("infeasible_grace", mode="before")
-    @classmethod
-    def _infeasible_grace(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value, limit=86400)
+        return parse_duration(value, off=True)
 
     @field_validator("stop_grace", mode="before")
     @classmethod
     def _grace(cls, value: Any) -> float:
-        return parse_duration(value, limit=86400)
-
-    @field_validator("min_time", mode="before")
-    @classmethod
-    def _min_time(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value)
+        return parse_duration(value, limit=86400, least=1)
 
     @field_validator("outputs")
     @classmethod

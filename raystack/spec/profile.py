@@ -6,6 +6,7 @@ Built-ins ship with the package (slurm/profiles in the repository); the user's o
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -13,8 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
+from raystack.spec import sbatch
 from raystack.spec.values import (
     load_yaml,
+    off_or_duration,
     one_line_error,
     parse_duration,
     size_to_mb,
@@ -56,14 +59,18 @@ class Profile(BaseModel):
     gpu_type: str | None = None  # e.g. "volta" -> --gpus-per-node=volta:2
     cpus_per_task: int | Literal["auto"] | None = "auto"  # None: SLURM's default (one CPU)
     mem: str | None = None  # e.g. "0" (all of the node) or "200G"
-    extra_sbatch: list[str] = Field(default_factory=list)
+    constraint: str | None = None  # sbatch --constraint, e.g. "a100|h100"
+    reservation: str | None = None
+    gres: str | None = None  # sbatch --gres beyond the GPUs, e.g. "nvme:1"
+    exclusive: bool = False  # sbatch --exclusive: no other job on the nodes
+    extra_sbatch: list[str] = Field(default_factory=list)  # any other sbatch option (--name=value)
     # the allocation's environment
     setup: list[str] = Field(default_factory=list)  # shell lines run before Ray starts
     env: dict[str, str] = Field(default_factory=dict)
     # Ray on each node
     local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
     object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
-    join_timeout: int = Field(default=300, ge=5)  # seconds for every node to join the head
+    join_timeout: float = 300.0  # for every node to join the head (a duration, at least 5s)
     # Workers starting Ray and registering with the head at once (0: all at once); the others
     # wait for a turn. A large start then never swamps the head's GCS (or a shared filesystem
     # with N nodes importing Ray at once)
@@ -102,10 +109,12 @@ class Profile(BaseModel):
     @field_validator("signal_lead", mode="before")
     @classmethod
     def _lead(cls, value: Any) -> float:
-        seconds = parse_duration(value, limit=65535)  # SLURM's --signal takes up to 65535 s
-        if seconds < 1:
-            raise ValueError("must be at least 1s (SLURM warns with whole seconds)")
-        return seconds
+        return parse_duration(value, limit=65535, least=1)  # SLURM's --signal: 1 to 65535 s
+
+    @field_validator("join_timeout", mode="before")
+    @classmethod
+    def _join(cls, value: Any) -> float:
+        return parse_duration(value, least=5)
 
     @field_validator("ray_logs", mode="before")
     @classmethod
@@ -122,7 +131,7 @@ class Profile(BaseModel):
     @field_validator("infeasible_grace", mode="before")
     @classmethod
     def _grace(cls, value: Any) -> float:
-        return parse_duration(value, limit=86400)
+        return parse_duration(value, limit=86400, off=True)  # (0, off: never stopped for it)
 
     @field_validator("folder_cap", mode="before")
     @classmethod
@@ -174,10 +183,10 @@ class Profile(BaseModel):
     @field_validator("extra_sbatch")
     @classmethod
     def _extra(cls, value: list[str]) -> list[str]:
-        for option in value:
-            if not str(option).startswith("--"):
-                raise ValueError(f"{option!r} must be a long sbatch option such as --exclusive")
-        return value
+        try:
+            return [sbatch.check(str(option), "", profile=True) for option in value]
+        except ConfigError as exc:
+            raise ValueError(str(exc).strip()) from None
 
     @field_validator("gpus_per_node", "cpus_per_task", mode="before")
     @classmethod
@@ -198,11 +207,7 @@ class Profile(BaseModel):
 
 def idle_timeout(value: Any) -> float | None:
     """An idle timeout from a profile or `--idle-timeout`: a duration, or off/none/0 for never."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none", "never")):
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)  # (seconds, as `--idle-timeout 0` gives them)
-    return parse_duration(value) or None
+    return off_or_duration(value)
 
 
 def profile_dirs() -> list[Path]:
@@ -217,15 +222,26 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
+def profile_path(name: str) -> Path | None:
+    """The file a profile name (or a path to a .yaml file) stands for, if there is one."""
+    if name.lower().endswith((".yaml", ".yml")):
+        return Path(name) if Path(name).is_file() else None
+    return next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
+
+
 def load_profile(name: str = "generic") -> Profile:
     """Load a profile by name (or path to a .yaml file)."""
-    path = Path(name) if name.endswith((".yaml", ".yml")) else None
-    if path is None:
-        path = next((d / f"{name}.yaml" for d in profile_dirs() if (d / f"{name}.yaml").is_file()), None)
-    if path is None or not path.is_file():
+    path = profile_path(name)
+    if path is None and name.lower().endswith((".yaml", ".yml")):
         raise ConfigError(
-            f"unknown profile '{name}': choose one of {', '.join(available_profiles())} "
-            f"or add {profile_dirs()[-2]}/{name}.yaml"
+            f"no profile file {name} (no such file); or give a profile's name: raystack profiles"
+        )
+    if path is None:
+        close = difflib.get_close_matches(name, available_profiles(), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ConfigError(
+            f"unknown profile '{name}': {hint}choose one of {', '.join(available_profiles())} "
+            f"(raystack profiles), or add {profile_dirs()[-2]}/{name}.yaml"
         )
     data = load_yaml(path)
     data.setdefault("name", path.stem)

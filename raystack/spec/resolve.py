@@ -6,14 +6,17 @@ absolute paths on the shared filesystem, and `needs` must fit the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from raystack import slurmtime
 from raystack.errors import ConfigError
 from raystack.spec import workdir
 from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, command_spec, load_spec, new_job_id, resumed_spec
 from raystack.spec.planning import substitute
+from raystack.spec.values import duration_text
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
@@ -49,12 +52,53 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
         raise ConfigError(f"{source}: nodes={spec.nodes} but {have}; {fix}")
     if spec.kind == "spmd" and spec.procs_per_node and gpn and spec.procs_per_node > gpn:
         raise ConfigError(f"{source}: procs_per_node={spec.procs_per_node} but {have}; {fix}")
+    check_time_and_resources(spec, cluster, source)
     if spec.entrypoint_num_gpus > gpn:
         raise ConfigError(f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but {have}; {fix}")
     if cpn and spec.entrypoint_num_cpus > cpn:
         raise ConfigError(
             f"{source}: entrypoint_num_cpus={spec.entrypoint_num_cpus:g} but nodes have {cpn} CPUs"
         )
+
+
+# The resources Ray's nodes in a raystack cluster have (none are added by raystack), besides the
+# per-node `node:<ip>` and detected `accelerator_type:<kind>` ones.
+RAY_RESOURCES = ("memory", "object_store_memory")
+RESOURCE_FIELDS = {"CPU": "entrypoint_num_cpus", "GPU": "entrypoint_num_gpus"}
+
+
+def check_time_and_resources(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
+    """Refuse a job that could never start on this cluster: a min_time longer than its allocations
+    last, or an entrypoint resource no node has (Ray would keep it PENDING forever)."""
+    walltime = cluster_walltime(cluster)
+    if spec.min_time and walltime and spec.min_time > walltime:
+        raise ConfigError(
+            f"{source}: min_time {duration_text(spec.min_time)} but cluster '{cluster.name}' gets "
+            f"{duration_text(walltime)} per allocation: it would never start; lower min_time, or "
+            f"raystack up -t {duration_text(spec.min_time + 3600)} ..."
+        )
+    for key in spec.entrypoint_resources:
+        if key in RESOURCE_FIELDS:
+            raise ConfigError(
+                f"{source}: entrypoint_resources: {key} has its own field: {RESOURCE_FIELDS[key]}: N"
+            )
+        if key not in RAY_RESOURCES and not key.startswith(("node:", "accelerator_type:")):
+            raise ConfigError(
+                f"{source}: entrypoint_resources: no node of cluster '{cluster.name}' has a resource "
+                f"'{key}' (Ray's nodes have CPU, GPU, memory, object_store_memory): the driver would "
+                "never start; drop it"
+            )
+
+
+def cluster_walltime(cluster: ClusterRecord) -> float | None:
+    """Seconds each allocation of the cluster is given (the record's, or its sbatch --time)."""
+    if cluster.walltime:
+        return cluster.walltime
+    for option in cluster.sbatch_options:
+        if option.startswith("--time="):
+            with contextlib.suppress(ValueError):
+                return float(slurmtime.duration(option.removeprefix("--time=")))
+    return None
 
 
 def expand(path: str) -> str:

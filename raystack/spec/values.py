@@ -5,7 +5,6 @@ loading. Every problem becomes one ConfigError line naming the file, the field a
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import typing
 from pathlib import Path
@@ -17,36 +16,55 @@ from pydantic import BaseModel, ValidationError
 from raystack import slurmtime
 from raystack.errors import ConfigError
 
-# SLURM's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?", re.IGNORECASE)
-_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
-def time_to_seconds(value: str) -> int:
-    """Seconds in a SLURM --time value (validated with `validate_time` first)."""
-    return slurmtime.seconds(value)
+def time_to_seconds(value: str | float) -> int:
+    """Seconds in a walltime (any form `parse_duration` reads)."""
+    return round(slurmtime.duration(value))
 
 
-def validate_time(value: str, field: str = "--time") -> str:
-    value = str(value).strip()
-    if not _TIME.fullmatch(value) or slurmtime.seconds(value) <= 0:
-        raise ConfigError(
-            f"{field}: {value!r} is not a SLURM time; use minutes, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00)"
-        )
-    return value
+def validate_time(value: str | float, field: str = "--time") -> str:
+    """A walltime for sbatch's --time: SLURM's own text kept as written, a duration with units
+    (2h, 1d12h) turned into SLURM's D-HH:MM:SS. 0, off and UNLIMITED are refused."""
+    text = str(value).strip()
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
+    return text if slurmtime.FORMAT.fullmatch(text) else slurmtime.slurm_text(seconds)
 
 
 MAX_DURATION = 365 * 86400.0  # seconds: anything longer is a typo (and overflows timers)
+OFF = ("off", "none", "never")
 
 
-def parse_duration(value: int | float | str, limit: float = MAX_DURATION) -> float:
-    """Seconds from 90, '90s', '15m', '2h30m', '1d' or 'HH:MM:SS' (finite, at most `limit`)."""
-    seconds = _duration(value)
+def parse_duration(
+    value: int | float | str, limit: float = MAX_DURATION, off: bool = False, least: float = 0.0
+) -> float:
+    """Seconds in a duration: every duration raystack takes is read by slurmtime.duration (a
+    bare number is minutes, as in SLURM; 90s, 30m, 2h, 1d; SLURM's M:S, H:M:S, D-H[:M[:S]]).
+    0 (and off/none/never) means off where `off` allows it, and is refused elsewhere."""
+    if isinstance(value, str) and value.strip().lower() in OFF:
+        if off:
+            return 0.0
+        raise ValueError(f"{value!r} cannot be off here; give a duration such as 30m")
+    seconds = slurmtime.duration(value)
+    if seconds == 0 and not off:
+        raise ValueError(f"{value!r} is no time at all; give a duration such as 30m or 24:00:00")
+    if 0 < seconds < least:
+        raise ValueError(f"{value!r} is less than {duration_text(least)}")
     if seconds > limit:
         raise ValueError(f"{value!r} is longer than {limit / 86400:g} days; use e.g. 2h or 3d")
     return seconds
+
+
+def off_or_duration(value: Any, limit: float = MAX_DURATION) -> float | None:
+    """A duration where 0, off, none and never mean off (None); None stays None (unset)."""
+    if value is None:
+        return None
+    return parse_duration(value, limit, off=True) or None
 
 
 def duration_text(seconds: float) -> str:
@@ -55,26 +73,6 @@ def duration_text(seconds: float) -> str:
     h, m, sec = s // 3600, s % 3600 // 60, s % 60
     text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "")
     return text or "0s"
-
-
-def _duration(value: int | float | str) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a finite number of seconds; use e.g. 90 or 2h")
-        if value < 0:
-            raise ValueError(f"{value} is negative; use a number of seconds or e.g. 2h")
-        return float(value)
-    text = str(value).strip()
-    if re.fullmatch(r"\d+:\d{1,2}:\d{1,2}", text):
-        h, m, s = (int(p) for p in text.split(":"))
-        return float(h * 3600 + m * 60 + s)
-    match = _DURATION.fullmatch(text)
-    if not text or not match:
-        raise ValueError(f"{value!r} is not a duration; use seconds, 90s, 15m, 2h30m or HH:MM:SS")
-    d, h, m, s = (int(g or 0) for g in match.groups())
-    return float(d * 86400 + h * 3600 + m * 60 + s)
 
 
 def env_value(key: str, value: Any) -> str:

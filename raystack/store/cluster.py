@@ -119,6 +119,7 @@ class ClusterRecord(BaseModel):
     dashboard_url: str | None = None  # https:// on a TLS cluster
     tls: bool = False  # mutual TLS between Ray's processes (profile `tls: true`, `up --tls`)
     walltime_end: int | None = None  # epoch seconds
+    walltime: float | None = None  # seconds each allocation is given (--time); None: no limit
     ray_version: str | None = None
     runner_pid: int | None = None  # the queue runner on the head
     runner_restarts: int = 0
@@ -267,9 +268,18 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
 
 
 def resolve(name: str | None) -> str:
-    """The cluster meant: NAME, or the only live cluster, or the only cluster at all."""
+    """The cluster meant: NAME, else $RAYSTACK_CLUSTER (which `raystack env` exports, and every
+    job has), else the only live cluster, else the only cluster at all."""
     if name:
         return paths.validate_name(name)
+    name = os.environ.get("RAYSTACK_CLUSTER") or None
+    if name:
+        if not exists(paths.validate_name(name)):
+            raise ClusterError(
+                f"no cluster named '{name}' (from $RAYSTACK_CLUSTER) in {paths.clusters_dir()}: "
+                "name another with --cluster, or `unset RAYSTACK_CLUSTER`"
+            )
+        return name
     records = read_all()
     names = [r.name for r in records]
     live = [r.name for r in records if not r.state.is_terminal()]

@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from raystack import slurmtime
 from raystack.store import paths
 from raystack.store.files import atomic_write
 
@@ -62,6 +63,14 @@ class Caps(BaseModel):
     file_mb: float = Field(default=32.0, ge=0.01)
     node_mb: float = Field(default=512.0, ge=0)
 
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, value: Any) -> float:
+        """A duration (raystack's one reading: a bare number is minutes; 5s, 30s, 1m)."""
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", "never"):
+            return 0.0
+        return slurmtime.duration(value)
+
     @property
     def on(self) -> bool:
         return self.node_mb > 0
@@ -83,7 +92,7 @@ class Caps(BaseModel):
         if not value:
             return cls()
         every, file_mb, node_mb = (float(v) for v in value.split(","))
-        return cls(every=every, file_mb=file_mb, node_mb=node_mb)
+        return cls.model_validate({"every": f"{every:g}s", "file_mb": file_mb, "node_mb": node_mb})
 
 
 # ---------------------------------------------------------------------------- one file's copy

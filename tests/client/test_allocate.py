@@ -42,7 +42,8 @@ def tricky_plan() -> AllocationPlan:
         env=TRICKY,
         local_scratch="/local scratch",
         object_store_memory="2GB",
-        extra_sbatch=["--exclusive", "--comment=a b"],
+        exclusive=True,
+        extra_sbatch=["--comment=a b"],
     )
     return AllocationPlan(
         profile=profile,
@@ -166,10 +167,18 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
     [
         ({"nodes": 0}, r"--nodes: 0 is not a positive number"),
         ({"nodes": -3}, r"--nodes: -3"),
-        ({"nodes": 1, "time": "soon"}, r"--time: 'soon' is not a SLURM time"),
+        ({"nodes": 1, "time": "soon"}, r"--time: 'soon' is not a duration; use minutes, or SLURM's"),
+        ({"nodes": 1, "time": "0"}, r"--time: '0' is no time at all"),
         ({"nodes": 1, "name": "bad name"}, r"--name: 'bad name' is not a valid cluster name"),
         ({"nodes": 1, "gpus_per_node": -1}, r"--gpus-per-node: -1 is negative"),
-        ({"nodes": 1, "extra_sbatch": ["exclusive"]}, r"--sbatch: 'exclusive' must be a long"),
+        ({"nodes": 1, "extra_sbatch": ["exclusive"]}, r"--sbatch 'exclusive' is not an sbatch option"),
+        ({"nodes": 1, "extra_sbatch": ["--nodes=8"]}, r"--nodes is raystack up's own option; use -N/--nodes"),
+        ({"nodes": 1, "extra_sbatch": ["-pgpu"]}, r"--partition is raystack up's own option; use -p"),
+        ({"nodes": 1, "extra_sbatch": ["--signal=USR1@60"]}, r"--signal.*; use --signal-lead"),
+        ({"nodes": 1, "extra_sbatch": ["--array=1-4"]}, r"raystack sets --array itself"),
+        ({"nodes": 1, "extra_sbatch": ["--ntasks-per-node=4"]}, r"one node program per node"),
+        ({"nodes": 1, "extra_sbatch": ["--job-name=x"]}, r"use -J/--name"),
+        ({"nodes": 1, "extra_sbatch": ["--tim=10"]}, r"--time is raystack up's own option"),
         ({"nodes": 1, "profile": "nope"}, r"unknown profile 'nope'"),
     ],
 )

@@ -72,7 +72,7 @@ def test_good_spec_is_queued_with_conventions(home: Path) -> None:
     path = write(
         home,
         GOOD + "working_dir: src\nenv: {LR: '1e-6'}\noutputs: {ckpt: out/ckpt}\n"
-        "needs: {nodes: 4, gpus: 16, gpus_per_node: 4, cpus_per_gpu: 4}\ntimeout: 2h\nstop_grace: 5\n",
+        "needs: {nodes: 4, gpus: 16, gpus_per_node: 4, cpus_per_gpu: 4}\ntimeout: 2h\nstop_grace: 5s\n",
     )
     done = submit(home, path, "--set", "env.LR=3e-6", "--json")
     assert done.returncode == 0, done.stderr
@@ -116,10 +116,41 @@ def test_uv_opt_in() -> None:
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [(90, 90), ("90s", 90), ("15m", 900), ("2h30m", 9000), ("1d", 86400), ("01:00:05", 3605)],
+    [
+        (90, 5400),  # a bare number is minutes, as in SLURM's --time
+        ("90", 5400),
+        (0.5, 30),
+        ("90s", 90),
+        ("15m", 900),
+        ("2h30m", 9000),
+        ("1.5h", 5400),
+        ("2 hours", 7200),
+        ("1d", 86400),
+        ("30:00", 1800),  # M:S
+        ("01:00:05", 3605),  # H:M:S
+        ("1-2", 93600),  # D-H
+        ("1-2:30", 95400),  # D-H:M
+        ("1-00:00:00", 86400),  # D-H:M:S
+    ],
 )
 def test_durations(value: object, seconds: float) -> None:
     assert parse_duration(value) == seconds  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "off"),
+    [
+        ("timeout", None),
+        ("min_time", None),
+        ("hang_timeout", 0.0),
+        ("retry_window", 0.0),
+        ("infeasible_grace", 0.0),
+    ],
+)
+@pytest.mark.parametrize("value", [0, "0", "off", "none", "never"])
+def test_zero_means_off_for_every_duration_of_a_spec(field: str, off: float | None, value: object) -> None:
+    spec = JobSpec.model_validate({"name": "z", "entrypoint": "x", field: value})
+    assert getattr(spec, field) == off
 
 
 def test_set_types_values_as_yaml() -> None:
@@ -199,8 +230,11 @@ BAD = [
     # What first real use and a code review found (each used to be a traceback, a hang or silence).
     (GOOD + "env: {A: [1, 2]}\n", [], r"field 'env': A is a list; environment values are strings"),
     (GOOD + "env: {A: {b: 1}}\n", [], r"A is a mapping"),
-    (GOOD + "stop_grace: .inf\n", [], r"field 'stop_grace': inf is not a finite number"),
-    (GOOD + "timeout: .nan\n", [], r"field 'timeout': nan is not a finite number"),
+    (GOOD + "stop_grace: .inf\n", [], r"field 'stop_grace': inf is not a duration"),
+    (GOOD + "timeout: .nan\n", [], r"field 'timeout': nan is not a duration"),
+    (GOOD + "stop_grace: 0\n", [], r"field 'stop_grace': 0 is no time at all"),
+    (GOOD + "stop_grace: 0.5s\n", [], r"field 'stop_grace': '0.5s' is less than"),
+    (GOOD + "hang_timeout: 2x\n", [], r"field 'hang_timeout': '2x' is not a duration; use minutes"),
     (GOOD + "timeout: 100000d\n", [], r"field 'timeout': '100000d' is longer than 365 days"),
     (GOOD + "name: x\n", [], r"not valid YAML \(duplicate key 'name' at line 3\)"),
     (GOOD + "outputs: {ckpt: a, CKPT: b}\n", [], r"'ckpt' and 'CKPT' would both be RAYSTACK_OUTPUT_CKPT"),
@@ -217,7 +251,7 @@ BAD = [
         [],
         r"field 'entrypoint': is 140,\d+ bytes; the kernel",
     ),
-    (GOOD, ["--set", "stop_grace=.inf"], r"stop_grace': inf is not a finite number"),
+    (GOOD, ["--set", "stop_grace=.inf"], r"stop_grace': inf is not a duration"),
     (GOOD, ["--set", "env.X\nY=1"], r"'X\\nY' is not an environment variable name"),
 ]
 
@@ -240,7 +274,8 @@ def test_bad_spec_is_one_line_and_queues_nothing(
 
 def test_missing_spec_file(home: Path) -> None:
     done = submit(home, str(home / "nope.yaml"))
-    assert done.returncode == 1 and "nope.yaml: cannot read" in done.stderr
+    assert done.returncode == 1 and "nope.yaml' (no such file)" in done.stderr
+    assert not list((home / "clusters" / "c4" / "queue").glob("*")), "nothing may be queued"
 
 
 def test_working_dir_over_the_upload_limit_names_the_biggest_folders(home: Path) -> None:

@@ -35,10 +35,24 @@ def test_slurm_time_forms(value: str, seconds: int) -> None:
     assert time_to_seconds(validate_time(value)) == seconds
 
 
-@pytest.mark.parametrize("bad", ["", "0", "1h", "24:00:00:00", "-5", "abc"])
+@pytest.mark.parametrize("bad", ["", "24:00:00:00", "-5", "abc", "UNLIMITED"])
 def test_bad_time_names_the_field_and_the_fix(bad: str) -> None:
-    with pytest.raises(ConfigError, match=r"--time: .* use minutes, HH:MM:SS or D-HH:MM:SS"):
+    with pytest.raises(ConfigError, match=r"--time: .* use minutes, or SLURM's M:S, H:M:S, .* 2h, 1d"):
         validate_time(bad)
+
+
+@pytest.mark.parametrize("zero", ["0", 0, "off", "0s"])
+def test_a_walltime_of_nothing_is_refused(zero: object) -> None:
+    with pytest.raises(ConfigError, match=r"--time: .*(no time at all|cannot be off)"):
+        validate_time(zero)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "sbatch_text"),
+    [("2h", "2:00:00"), ("90m", "1:30:00"), ("1d12h", "1-12:00:00"), ("24:00:00", "24:00:00"), ("30", "30")],
+)
+def test_a_walltime_with_units_reaches_sbatch_in_slurms_form(value: str, sbatch_text: str) -> None:
+    assert validate_time(value) == sbatch_text
 
 
 def test_sizes() -> None:
@@ -65,10 +79,12 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
         ("ray_logs: {evry: 5}\n", r"ray_logs.evry' \(did you mean 'every'.*keys: every, file_mb, node_mb$"),
         ("gpus_per_node: -1\n", r"field 'gpus_per_node'"),
         ("gpus_per_node: four\n", r"field 'gpus_per_node'"),
-        ("time: forever\n", r"field 'time': 'forever' is not a SLURM time; use minutes"),
+        ("time: forever\n", r"field 'time': 'forever' is not a duration; use minutes"),
         ("env: {CUDA_VISIBLE_DEVICES: '0'}\n", r"never set CUDA_VISIBLE_DEVICES"),
         ("env: {'BAD-NAME': x}\n", r"not an environment variable name"),
-        ("extra_sbatch: ['-p gpu']\n", r"must be a long sbatch option"),
+        ("extra_sbatch: ['-p gpu']\n", r"'-p gpu': the profile has a key for it: partition: NAME"),
+        ("extra_sbatch: ['--nodes=3']\n", r"raystack sets --nodes itself|--nodes is raystack up's own"),
+        ("join_timeout: 2s\n", r"field 'join_timeout': '2s' is less than 5s"),
         ("object_store_memory: lots\n", r"field 'object_store_memory'"),
         ("- a\n- b\n", r"must be a mapping"),
         ("time: [unclosed\n", r"not valid YAML"),
@@ -103,7 +119,16 @@ def test_builtin_dir_is_in_the_repo() -> None:
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [("30m", 1800.0), ("1h", 3600.0), (90, 90.0), ("off", None), ("0", None), (None, None)],
+    [
+        ("30m", 1800.0),
+        ("1h", 3600.0),
+        (90, 5400.0),
+        ("90s", 90.0),
+        ("off", None),
+        ("0", None),
+        (0, None),
+        (None, None),
+    ],
 )
 def test_idle_timeout_forms(value: object, seconds: float | None) -> None:
     assert Profile(idle_timeout=value).idle_timeout == seconds  # type: ignore[arg-type]

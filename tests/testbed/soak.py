@@ -50,7 +50,7 @@ time: "01:00:00"
 gpus_per_node: 4
 cpus_per_task: 4
 object_store_memory: 256MB
-join_timeout: 120
+join_timeout: 120s
 join_window: 4
 infeasible_grace: 8s
 chain: 2
@@ -58,7 +58,7 @@ folder_cap: 800M
 env:
   RAYSTACK_TESTBED: "1"
   RAYSTACK_SAMPLE_EVERY: "2"
-ray_logs: {every: 5, file_mb: 4, node_mb: 48}
+ray_logs: {every: 5s, file_mb: 4, node_mb: 48}
 """
 
 

@@ -70,12 +70,12 @@ def chain(testbed: Path) -> Iterator[dict]:
         assert up.returncode == 0, up.stderr
         cluster = Cluster("chain")
         ckpt = home / "chain-ckpt"
-        sets = [f"outputs.checkpoints={ckpt}", "stop_grace=10"]
+        sets = [f"outputs.checkpoints={ckpt}", "stop_grace=10s"]
         entry = "python resume.py --until-chain 3 --extra-steps 10 --step-seconds 0.5 --checkpoint-every 4"
         jobs = {
             "resume": cluster.submit(DEBUG / "resume.yaml", sets=[*sets, f"entrypoint={entry}"]),
             "after1": cluster.submit(py("import os; print('after1 in', os.environ['RAYSTACK_CHAIN_INDEX'])")),
-            "long": cluster.submit(py("print('long')"), sets=["name=long", "min_time=170"]),
+            "long": cluster.submit(py("print('long')"), sets=["name=long", "min_time=170s"]),
             "after2": cluster.submit(py("import os; print('after2 in', os.environ['RAYSTACK_CHAIN_INDEX'])")),
         }
         yield {"cluster": cluster, "jobs": jobs, "ckpt": ckpt, "home": home, "t0": time.time()}

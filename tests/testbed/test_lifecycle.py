@@ -145,7 +145,7 @@ def test_waiting_for_a_pending_allocation_backs_off(rs_home: Path, tmp_path: Pat
     job = clusters.read("later").allocation_id
     calls.write_text("")
     t0 = time.monotonic()
-    done = raystack("wait", "later", "--timeout", "20", env=env)
+    done = raystack("wait", "later", "--timeout", "20s", env=env)
     waited = time.monotonic() - t0
     assert done.returncode == 1 and "not READY after 20s" in done.stderr
     squeues = [c for c in calls.read_text().splitlines() if c.startswith("squeue")]
@@ -166,7 +166,7 @@ def test_node_that_never_joins_fails_the_start_naming_node_and_log(
     profiles.mkdir(parents=True)
     (profiles / "stuck.yaml").write_text(
         "partition: testbed\ngpus_per_node: 1\ncpus_per_task: 1\nobject_store_memory: 128MB\n"
-        f"join_timeout: 10\nsetup: ['RAYSTACK_PYTHON={wrapper}']\n"
+        f"join_timeout: 10s\nsetup: ['RAYSTACK_PYTHON={wrapper}']\n"
     )
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     done = raystack("up", "--nodes", "2", "--profile", "stuck", "--name", "stuck")

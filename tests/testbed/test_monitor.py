@@ -44,7 +44,7 @@ partition: testbed
 gpus_per_node: 4
 cpus_per_task: 4
 object_store_memory: 256MB
-join_timeout: 120
+join_timeout: 120s
 metrics: true
 idle_timeout: {IDLE_TIMEOUT}s
 env:

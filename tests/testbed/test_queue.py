@@ -135,7 +135,7 @@ def test_failing_job_is_recorded_and_the_next_still_runs(qc: dict) -> None:
 def test_stop_running_job_within_grace_and_resume_from_checkpoint(qc: dict) -> None:
     cluster: Cluster = qc["cluster"]
     ckpt = qc["home"] / "resume-ckpt"
-    sets = [f"outputs.checkpoints={ckpt}", "stop_grace=10"]
+    sets = [f"outputs.checkpoints={ckpt}", "stop_grace=10s"]
     long = cluster.submit(
         DEBUG / "resume.yaml", sets=[*sets, "entrypoint=python resume.py --steps 1000 --step-seconds 0.2"]
     )
@@ -178,7 +178,9 @@ def test_retry_after_failure_and_timeout(qc: dict) -> None:
     assert record.attempt_ids == [flaky.id, f"{flaky.id}-retry1"]  # retried once, not twice
     log = flaky.logs()
     assert "--- raystack: attempt 1" in log and "attempt fails" in log and "attempt ok" in log
-    slow = cluster.submit(py("import time; time.sleep(600)"), sets=["name=slow", "timeout=3", "stop_grace=1"])
+    slow = cluster.submit(
+        py("import time; time.sleep(600)"), sets=["name=slow", "timeout=3s", "stop_grace=1s"]
+    )
     record = finished(slow)
     assert record.state is JobState.FAILED and "timed out after 3s" in record.message
 
@@ -224,7 +226,7 @@ def test_cancel_removes_a_queued_job_before_it_reaches_ray(qc: dict) -> None:
 
 def test_now_skips_the_queue_and_status_shows_the_running_job(qc: dict) -> None:
     cluster: Cluster = qc["cluster"]
-    long = cluster.submit(py("import time; time.sleep(600)"), sets=["name=long", "stop_grace=2"])
+    long = cluster.submit(py("import time; time.sleep(600)"), sets=["name=long", "stop_grace=2s"])
     queued = cluster.submit(py("print('waits')"), sets=["name=waiting"])
     wait_until(lambda: long.state is JobState.RUNNING, 120, "the long job to run")
     st = json.loads(raystack("status", "qc", "--json").stdout)

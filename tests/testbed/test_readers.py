@@ -80,7 +80,7 @@ def test_readers_show_an_unrecorded_end_and_write_nothing_down_settles_it(rs_hom
     rows = json.loads(cli("queue", "rd", "--all", "--json").stdout)
     assert [(r["id"], r["state"]) for r in rows] == [(job_id, "FAILED")]
     assert f"allocation {alloc} ended" in rows[0]["message"]
-    waited = cli("wait", "rd", "--timeout", "30")
+    waited = cli("wait", "rd", "--timeout", "30s")
     assert waited.returncode == 1 and "STOPPED" in waited.stderr, waited.stderr
     logs = cli("logs", job_id, "-c", "rd")
     assert logs.returncode == 0, logs.stderr

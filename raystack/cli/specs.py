@@ -1,0 +1,127 @@
+"""Verbs about specs and profiles, no cluster needed: check, profiles."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+import yaml
+from rich.table import Table
+
+from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
+from raystack.cli.jobs import TakesCommand, job_argument
+from raystack.client import check as checking
+from raystack.spec.planning import PlanSpec, describe
+from raystack.spec.profile import available_profiles, load_profile, profile_path
+from raystack.spec.values import duration_text
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", "-P", metavar="NAME", help="Check against the cluster this profile makes."),
+]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", "-N", min=1, metavar="N", help="With --profile.")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=0, metavar="N", help="With --profile.")]
+CpusOpt = Annotated[int | None, typer.Option("--cpus-per-node", min=1, metavar="N", help="With --profile.")]
+
+
+@app.command(cls=TakesCommand, short_help="Validate a job spec (and its plan) without a cluster.")
+def check(
+    ctx: typer.Context,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="SPEC.yaml | -- COMMAND...", show_default=False, help="A job spec, or a command after --."
+        ),
+    ] = None,
+    cluster: ClusterOpt = None,
+    profile: ProfileOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusOpt = None,
+    cpus_per_node: CpusOpt = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: key.sub=value."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate a job spec (or command) and its plan as `submit` would, without a running cluster:
+    against a cluster's record (--cluster, $RAYSTACK_CLUSTER, the only one), or against the
+    cluster a profile would make (--profile [--nodes N]). Nothing is queued. Exit 1 when it
+    could not run there, naming the field and the fix."""
+    job_input = job_argument(ctx, list(args or []))
+    record, against = checking.shape(cluster, profile, nodes, gpus_per_node, cpus_per_node)
+    done = checking.check(job_input, sets or [], record, against)
+    request = done.prepared.request
+    plan_line = ""
+    if request.plan:
+        plan_line = describe(PlanSpec.model_validate(request.plan), record, request.name, request.processes)
+    if as_json:
+        print_json(
+            {
+                "ok": True,
+                "against": against,
+                "request": request.model_dump(mode="json", exclude={"id", "nonce", "queued_at"}),
+                "plan": plan_line or None,
+            }
+        )
+        return
+    out.print(f"ok: {request.name} can run on {against}", markup=False)
+    out.print(f"  entrypoint: {request.planned or request.entrypoint}", markup=False)
+    if request.working_dir:
+        out.print(f"  working_dir: {request.working_dir} (uploaded to every node)", markup=False)
+    if plan_line:
+        out.print(f"  plan: {plan_line}", markup=False)
+    limits = [
+        f"{label} {duration_text(value)}"
+        for label, value in (("timeout", request.timeout), ("min_time", request.min_time))
+        if value
+    ]
+    if limits:
+        out.print(f"  {', '.join(limits)}", markup=False)
+
+
+profiles_app = typer.Typer(
+    rich_markup_mode=None,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="The cluster profiles: a site's sbatch defaults, setup and environment.",
+)
+app.add_typer(profiles_app, name="profiles", short_help="List the cluster profiles, or show one.")
+
+
+@profiles_app.callback()
+def profiles(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List every profile `up --profile` finds (yours in ~/.config/raystack/profiles first)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = []
+    for name in available_profiles():
+        path = profile_path(name)
+        try:
+            description = load_profile(name).description
+        except Exception as exc:  # (a broken profile of the user's is listed with its error)
+            description = f"cannot be loaded: {exc}"
+        rows.append({"name": name, "path": str(path), "description": description})
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("profile", "description", "file")
+    for row in rows:
+        table.add_row(row["name"], row["description"], row["path"])
+    out.print(table)
+    err.print("  one of them: raystack profiles show NAME; use it: raystack up --profile NAME", markup=False)
+
+
+@profiles_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="A profile name, or a .yaml file.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Every setting of one profile, defaults included, and the file it comes from."""
+    prof = load_profile(name)
+    values = prof.model_dump(mode="json")
+    if as_json:
+        print_json({"path": str(profile_path(name)), **values})
+        return
+    out.print(f"# {profile_path(name)}", markup=False)
+    out.print(yaml.safe_dump(values, sort_keys=False, default_flow_style=False).rstrip(), markup=False)

@@ -1,0 +1,76 @@
+"""`raystack check`: a job spec validated and planned before any cluster runs.
+
+The job is resolved exactly as `submit` resolves it (spec.resolve.prepare: the spec, its
+--set overrides, its working_dir, its plan, what the cluster can never give it), against a
+cluster's record or against the cluster a profile would make; nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import raystack.client.allocate as allocate
+from raystack.client.cluster import Cluster
+from raystack.errors import ClusterError, ConfigError, SlurmError
+from raystack.spec.job import JobSpec
+from raystack.spec.profile import load_profile
+from raystack.spec.resolve import Prepared, prepare
+from raystack.spec.values import time_to_seconds
+from raystack.store.cluster import ClusterRecord, ClusterState
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A job that would be queued, and the cluster it was checked against (and how it was had)."""
+
+    prepared: Prepared
+    cluster: ClusterRecord
+    against: str  # "cluster grpo", "profile isambard (4 nodes)"
+
+
+def shape(
+    cluster: str | None = None,
+    profile: str | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    cpus_per_node: int | None = None,
+) -> tuple[ClusterRecord, str]:
+    """The cluster to check against: a cluster's record (named, $RAYSTACK_CLUSTER or the only one)
+    when no profile is given, else the cluster the profile would make on `nodes` nodes."""
+    if profile is None and nodes is None and gpus_per_node is None and cpus_per_node is None:
+        try:
+            record = Cluster.get(cluster).snapshot()
+            return record, f"cluster {record.name}"
+        except ClusterError:
+            if cluster:
+                raise
+    if cluster:
+        raise ConfigError("check: give --cluster, or --profile with --nodes, not both")
+    prof = load_profile(profile or "generic")
+    try:
+        plan = allocate.plan_on_partition(
+            nodes or 1, profile=prof, name="check", gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_node
+        )
+    except SlurmError as exc:
+        raise ConfigError(
+            f"check: profile {prof.name} takes whole nodes, as sinfo says ({exc}); give "
+            "--gpus-per-node and --cpus-per-node, or a profile that sets them"
+        ) from None
+    record = ClusterRecord(
+        name="check",
+        state=ClusterState.SUBMITTED,
+        profile=prof.name,
+        nodes_expected=plan.nodes or 1,
+        gpus_per_node=plan.gpus_per_node,
+        cpus_per_node=plan.cpus_per_task or 0,
+        walltime=time_to_seconds(plan.time) if plan.time else None,
+    )
+    return record, f"profile {prof.name} ({record.nodes_expected} node(s) of {record.gpus_per_node} GPUs)"
+
+
+def check(
+    job: str | Path | JobSpec | list[str], sets: list[str], record: ClusterRecord, against: str
+) -> Checked:
+    """Resolve a job as `submit` would against `record` (ConfigError when it could not run)."""
+    return Checked(prepare(job, list(sets), record, Path.cwd()), record, against)

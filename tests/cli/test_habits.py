@@ -1,0 +1,277 @@
+"""The command line as users type it (sbatch's and `ray job submit`'s habits, typos): every bad
+input is one line on stderr naming the fix, with exit 1 (raystack's checks) or 2 (usage), and
+nothing is queued. The real `main()` runs in-process against a cluster record in a private
+RAYSTACK_HOME (a 4-node x 4-GPU cluster still starting: no SLURM is needed to refuse input)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from raystack.cli import main
+from raystack.store import cluster as clusters
+from raystack.store import queue
+from raystack.store.cluster import ClusterRecord, ClusterState
+
+REPO = Path(__file__).resolve().parents[2]
+HELLO = REPO / "jobs" / "debug" / "hello.yaml"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    monkeypatch.delenv("RAYSTACK_CLUSTER", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for name in ("c4", "other"):
+        clusters.create(name)
+        clusters.write(
+            ClusterRecord(
+                name=name, state=ClusterState.STARTING, nodes_expected=4, gpus_per_node=4, cpus_per_node=16
+            )
+        )
+    (work / "ok.yaml").write_text(HELLO.read_text())
+    (work / "ok2.YAML").write_text(HELLO.read_text())
+    return work
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    sys.argv = ["raystack", *argv]
+    with pytest.raises(SystemExit) as done:
+        main()
+    out, err = capsys.readouterr()
+    return int(done.value.code or 0), out, err
+
+
+def queued(name: str = "c4") -> int:
+    return len(queue.waiting(name))
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["ok.yaml", "--folow"], 2, "No such option: --folow"),
+        (["hello.yam"], 1, "'hello.yam' is not a job spec (.yaml); a command goes after --"),
+        (["nope.yaml"], 1, "no job spec 'nope.yaml' (no such file)"),
+        (["okk.yaml"], 1, "did you mean ok.yaml?"),
+        (["python", "train.py", "-c", "config.yaml"], 1, "a command goes after --: raystack submit"),
+        (["ok.yaml", "--", "python", "x.py"], 1, "give a job spec or a command after --, not both"),
+        (["--"], 1, "nothing after --"),
+        ([], 1, "give a job spec or a command after --"),
+    ],
+)
+def test_submit_never_swallows_what_was_typed(
+    home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, says: str
+) -> None:
+    got, _, err = run(capsys, "submit", "-c", "c4", *argv)
+    assert got == code and says in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert queued() == 0
+
+
+def test_a_bare_command_hint_keeps_the_scripts_own_flags(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-c config.yaml` of the script is not taken as the cluster: the hint puts it after --."""
+    code, _, err = run(capsys, "submit", "-c", "c4", "python", "train.py", "-c", "config.yaml")
+    assert code == 1
+    assert "raystack submit -c c4 -- python train.py -c config.yaml" in err, err
+
+
+def test_a_command_after_dashes_is_taken_verbatim(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "submit", "-c", "c4", "--json", "--", "python", "t.py", "-c", "x.yaml", "--follow"
+    )
+    assert code == 0, err
+    job = queue.waiting("c4")[0].job_id
+    from raystack.store.ledger import read_job
+
+    assert read_job("c4", job).request.entrypoint == "python t.py -c x.yaml --follow"
+
+
+def test_a_spec_file_in_upper_case_is_a_spec(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "submit", "--cluster", "c4", "ok2.YAML")
+    assert code == 0, err
+    assert queued() == 1
+
+
+def test_every_verb_takes_the_cluster_as_positional_or_option(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["queue", "c4"], ["queue", "-c", "c4"], ["queue", "--cluster", "c4"]):
+        code, _, err = run(capsys, *argv, "--json")
+        assert code == 0, (argv, err)
+    code, _, err = run(capsys, "queue", "c4", "-c", "other")
+    assert code == 1 and "two clusters named: 'c4' and --cluster 'other'" in err
+
+
+def test_raystack_cluster_is_the_default_cluster(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run(capsys, "submit", "ok.yaml")
+    assert code == 1 and "several clusters" in err  # (two clusters: which one?)
+    monkeypatch.setenv("RAYSTACK_CLUSTER", "other")
+    code, _, err = run(capsys, "submit", "ok.yaml")
+    assert code == 0 and queued("other") == 1, err
+    monkeypatch.setenv("RAYSTACK_CLUSTER", "gone")
+    code, _, err = run(capsys, "queue")
+    assert code == 1 and "no cluster named 'gone' (from $RAYSTACK_CLUSTER)" in err
+
+
+def test_a_job_verb_on_a_cluster_that_does_not_exist_says_so(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "logs", "abc-12345678", "-c", "grpo")
+    assert code == 1 and "no cluster named 'grpo'" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            [
+                "plan",
+                "grpo",
+                "--learners",
+                "0",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--cpus-per-node",
+                "32",
+            ],
+            "'--learners'",
+        ),
+        (
+            [
+                "plan",
+                "grpo",
+                "--learners",
+                "4",
+                "--tp",
+                "0",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--cpus-per-node",
+                "32",
+            ],
+            "'--tp'",
+        ),
+        (["plan", "memory", "--gpu-memory-utilization", "2"], "'--gpu-memory-utilization'"),
+        (["up", "-N", "0"], "'--nodes'"),
+        (["up", "--bogus"], "No such option: --bogus"),
+    ],
+)
+def test_bad_numbers_are_usage_errors_in_one_line(
+    home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def up_dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    code, out, err = run(capsys, "up", "-P", "testbed", "--dry-run", "--json", *argv)
+    if code:
+        return code, [], err
+    import json
+
+    return code, json.loads(out)["argv"], err
+
+
+def test_sbatchs_letters_mean_what_they_mean_in_sbatch(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, argv, err = up_dry_run(
+        capsys, "-N", "4", "-p", "gpu", "-t", "12:00:00", "-A", "proj", "-J", "grpo", "-q", "high",
+        "-C", "a100", "-c", "8", "--mem", "200G", "--exclusive", "--reservation", "r1", "--gres", "nvme:1",
+        "--gpus-per-node", "volta:2",
+    )  # fmt: skip
+    assert code == 0, err
+    for option in (
+        "--nodes=4", "--partition=gpu", "--time=12:00:00", "--account=proj", "--job-name=raystack-grpo",
+        "--qos=high", "--constraint=a100", "--cpus-per-task=8", "--mem=200G", "--exclusive",
+        "--reservation=r1", "--gres=nvme:1", "--gpus-per-node=volta:2",
+    ):  # fmt: skip
+        assert argv.count(option) == 1, (option, argv)
+
+
+@pytest.mark.parametrize(
+    ("value", "sbatch_text"),
+    [("2h", "--time=2:00:00"), ("30", "--time=30"), ("1-00:00:00", "--time=1-00:00:00")],
+)
+def test_time_takes_slurms_forms_and_units(
+    home: Path, capsys: pytest.CaptureFixture[str], value: str, sbatch_text: str
+) -> None:
+    code, argv, err = up_dry_run(capsys, "-t", value)
+    assert code == 0 and sbatch_text in argv, err
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--sbatch=--nodes=8", "use -N/--nodes"),
+        ("--sbatch=--time=10", "use -t/--time"),
+        ("--sbatch=--array=1-3", "--chain"),
+        ("--sbatch=--ntasks-per-node=4", "one node program per node"),
+        ("--sbatch=--job-name=x", "use -J/--name"),
+        ("--sbatch=--signal=USR1@60", "use --signal-lead"),
+        ("--sbatch=-pgpu", "use -p/--partition"),
+    ],
+)
+def test_sbatch_cannot_override_what_raystack_owns(
+    home: Path, capsys: pytest.CaptureFixture[str], option: str, says: str
+) -> None:
+    code, _, err = up_dry_run(capsys, option)
+    assert code == 1 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sbatch_short_forms_reach_sbatch_as_long_ones(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, argv, err = up_dry_run(capsys, "--sbatch=-w node1", "--sbatch=--mail-type=END")
+    assert code == 0 and "--nodelist=node1" in argv and "--mail-type=END" in argv, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--idle-timeout", "soon"], "--idle-timeout: 'soon' is not a duration"),
+        (["-t", "0"], "--time: '0' is no time at all"),
+        (["-t", "2x"], "--time: '2x' is not a duration"),
+        (["--timeout", "never-ish"], "--timeout: 'never-ish' is not a duration"),
+        (["--gpus-per-node", "volta:two"], "--gpus-per-node: 'volta:two' is not a GPU count"),
+    ],
+)
+def test_bad_durations_and_counts_on_up(
+    home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    code, _, err = up_dry_run(capsys, *argv)
+    assert code == 1 and says in err, err
+
+
+def test_an_unexpected_error_is_one_line_not_a_traceback(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raystack.client import Cluster
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    monkeypatch.setattr(Cluster, "queue", boom)
+    code, _, err = run(capsys, "queue", "c4")
+    assert code == 1 and "internal error: ZeroDivisionError" in err and "RAYSTACK_DEBUG=1" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_help_has_no_placeholders_and_h_is_help(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for verb in ("up", "submit", "queue", "logs", "status", "plan"):
+        code, out, _ = run(capsys, verb, "-h")
+        assert code == 0 and "Usage: raystack" in out
+        assert (
+            "<list[str]>" not in out and "{args}" not in out and "<str>" not in out and "<int>" not in out
+        ), out
