@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 NODES ?= 4
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install demo test test-fast lint format bench testbed-up testbed-down clean
+.PHONY: install demo test test-fast lint format docs bench testbed-up testbed-down clean
 
 # The debug jobs need torch and DeepSpeed, grpo_tiny vLLM. TORCH is pinned to the CPU build that
 # this machine kind has locally: an unpinned torch pulls GBs of CUDA wheels. On a GPU cluster:
@@ -44,13 +44,18 @@ test-fast: install
 	$(BIN)/pytest -v -m 'not testbed and not ray' tests
 
 lint: install
-	$(BIN)/ruff check raystack tests bench jobs
-	$(BIN)/ruff format --check raystack tests bench jobs
+	$(BIN)/ruff check raystack tests bench jobs docs
+	$(BIN)/ruff format --check raystack tests bench jobs docs
 	$(BIN)/mypy
 
+# The reference pages are generated from the code (docs/gen.py); the site is checked by the tests.
+docs: install
+	$(BIN)/python docs/gen.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 format: install
-	$(BIN)/ruff format raystack tests bench jobs
-	$(BIN)/ruff check --fix raystack tests bench jobs
+	$(BIN)/ruff format raystack tests bench jobs docs
+	$(BIN)/ruff check --fix raystack tests bench jobs docs
 
 bench: install testbed-up
 	$(BIN)/python bench/cluster_ready.py

@@ -1,6 +1,6 @@
 """grpo_tiny: a tiny but real GRPO run, end to end, without a model hub.
 
-What seed 000's verification plan checks by hand, in one job: Ray init, rollouts from vLLM
+What the Isambard-AI GRPO run book checks by hand, in one job: Ray init, rollouts from vLLM
 engines (Ray actors, PACK bundles), group-normalised advantages and a clipped policy loss,
 learners training with DeepSpeed ZeRO-3 across nodes (STRICT_SPREAD bundles), new weights pushed
 into the engines after every step over a process group (gloo on CPU, NCCL on GPUs), checkpoints

@@ -478,7 +478,7 @@ def down(
 
 @app.command(short_help="Remove ended clusters' folders (record, ledger, logs).")
 def forget(
-    names: Annotated[list[str], typer.Argument(metavar="CLUSTER...", help="Ended clusters to remove.")],
+    names: Annotated[list[str], typer.Argument(metavar="CLUSTER", help="Ended clusters to remove.")],
     yes: YesOpt = False,
 ) -> None:
     """Remove the folder of each ended cluster: its record, token, queue, ledger and every log.

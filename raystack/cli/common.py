@@ -52,7 +52,7 @@ out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 CLUSTER_HELP = "Cluster name.  [default: $RAYSTACK_CLUSTER, else the only live cluster]"
-NameArg = Annotated[str | None, typer.Argument(metavar="[CLUSTER]", show_default=False, help=CLUSTER_HELP)]
+NameArg = Annotated[str | None, typer.Argument(metavar="CLUSTER", show_default=False, help=CLUSTER_HELP)]
 ClusterOpt = Annotated[
     str | None, typer.Option("--cluster", "-c", metavar="NAME", show_default=False, help=CLUSTER_HELP)
 ]

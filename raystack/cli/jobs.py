@@ -81,7 +81,7 @@ def submit(
     args: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="SPEC.yaml | -- COMMAND...", show_default=False, help="A job spec, or a command after --."
+            metavar="SPEC.yaml | -- COMMAND", show_default=False, help="A job spec, or a command after --."
         ),
     ] = None,
     cluster: ClusterOpt = None,

@@ -1,7 +1,7 @@
 """Effective batch = processes x micro-batch x gradient accumulation steps.
 
 Moving a run to another GPU count changes the effective batch unless the gradient accumulation
-changes with it (seed 002: 1 x 8 x 64 = 512 on one GPU -> 4 x 8 x 16 = 512 on four; on six,
+changes with it (the BRTX RLCR run: 1 x 8 x 64 = 512 on one GPU -> 4 x 8 x 16 = 512 on four; on six,
 512 / 48 is not whole: 11 steps give 528, 3.1% over, the nearest). Pure arithmetic.
 """
 

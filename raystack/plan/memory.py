@@ -4,7 +4,7 @@ Learner (ZeRO-3 over N learners, bf16 weights, AdamW):
   parameters   2 P / N        bf16 shards
   gradients    2 P / N        bf16 shards
   optimizer   12 P / N        fp32 master weights + Adam's m and v (DeepSpeed's bf16 mixed
-                              precision keeps the master copy; seed 001 counts only m and v,
+                              precision keeps the master copy; the 32B write-up counts only m and v,
                               8 P / N: `optimizer_bytes=8` reproduces its tables exactly)
   live params  2 min(P, 1e9)  stage3_max_live_parameters: layers gathered for compute
   activations                 with gradient checkpointing: every layer's input (2 s b h bytes

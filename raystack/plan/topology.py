@@ -172,7 +172,7 @@ def place(
 
 def spread(learners: int, shape: Shape, per_bundle: int | None = None) -> list[int]:
     """Learners as bundles: `per_bundle` GPUs each, or spread evenly over as many nodes as
-    needed (seed 000: 20 learners on 10 nodes -> ten bundles of 2)."""
+    needed (open-instruct's 7B run: 20 learners on 10 nodes -> ten bundles of 2)."""
     if per_bundle:
         full, rest = divmod(learners, per_bundle)
         return [per_bundle] * full + ([rest] if rest else [])

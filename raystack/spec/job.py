@@ -78,21 +78,27 @@ DEFAULT_EXCLUDES = [
 class Needs(BaseModel):
     """What the job needs from the cluster; checked against the live cluster before queueing."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     nodes: int | None = Field(default=None, ge=1)
+    """Nodes the job needs (refused at submit when the cluster has fewer; with packing, what it occupies)."""
     gpus: int | None = Field(default=None, ge=0)
+    """GPUs in all."""
     gpus_per_node: int | None = Field(default=None, ge=0)
+    """GPUs on each node it uses."""
     cpus_per_gpu: float | None = Field(default=None, ge=0)
+    """CPUs for each GPU (refused when a node has fewer)."""
 
 
 class Resume(BaseModel):
     """How an interrupted job is submitted again (besides RAYSTACK_RESUME=1 in its env)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    set: list[str] = Field(default_factory=list)  # --set overrides, e.g. ["entrypoint=python t.py --resume"]
+    set: list[str] = Field(default_factory=list)
+    """--set overrides for the resumed run, e.g. ["entrypoint=python t.py --resume"]."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment added for the resumed run."""
 
     @field_validator("env", mode="before")
     @classmethod
@@ -103,36 +109,63 @@ class Resume(BaseModel):
 class JobSpec(BaseModel):
     """One job: what to run, with what environment, needing what, with which outputs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str
-    kind: Literal["ray", "spmd"] = "ray"  # spmd: a launcher on every node (raystack.launch.spmd)
-    entrypoint: str = ""  # kind ray: the driver's command; kind spmd: made from the fields below
+    """The job's name (default: the spec file's name); its id is <name>-<8 hex digits>. At most 63
+    letters, digits, '.', '_', '-'."""
+    kind: Literal["ray", "spmd"] = "ray"
+    """`ray`: a Ray driver (entrypoint); `spmd`: a launcher on every node (launcher, command)."""
+    entrypoint: str = ""
+    """kind ray: the driver's shell command, run on the head with the working_dir as its folder."""
     launcher: Literal["torchrun", "deepspeed", "accelerate"] | None = None
-    command: str | None = None  # after the launcher: the training script and its arguments, verbatim
-    launcher_args: list[str] = Field(default_factory=list)  # e.g. ["--use_deepspeed", ...] for accelerate
-    nodes: int | None = Field(default=None, ge=1)  # default: every node of the cluster
-    procs_per_node: int | None = Field(default=None, ge=1)  # default: the node's GPUs, or 1
+    """kind spmd: the launcher raystack starts on every node with the rendezvous filled in."""
+    command: str | None = None
+    """kind spmd: after the launcher, the training script and its arguments, verbatim."""
+    launcher_args: list[str] = Field(default_factory=list)
+    """kind spmd: the launcher's own arguments, e.g. ["--use_deepspeed"] for accelerate."""
+    nodes: int | None = Field(default=None, ge=1)
+    """kind spmd: nodes to run on (default: every node of the cluster)."""
+    procs_per_node: int | None = Field(default=None, ge=1)
+    """kind spmd: processes per node (default: the node's GPUs, or 1)."""
     working_dir: str | None = None
+    """A folder uploaded to every node (relative to the spec's folder; .gitignore and excludes
+    honoured; at most 500 MB)."""
     excludes: list[str] = Field(default_factory=list)
+    """Patterns left out of the working_dir upload, besides .git, venvs, caches and checkpoints."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment of the driver and every worker (values as written; Ray expands $VAR)."""
     entrypoint_num_cpus: float = Field(default=0, ge=0)
+    """CPUs reserved for the driver (Ray's --entrypoint-num-cpus)."""
     entrypoint_num_gpus: float = Field(default=0, ge=0)
+    """GPUs reserved for the driver (Ray's --entrypoint-num-gpus)."""
     entrypoint_resources: dict[str, float] = Field(default_factory=dict)
+    """Other Ray resources for the driver; one no node has is refused at submit."""
     needs: Needs = Field(default_factory=Needs)
-    timeout: float | None = None  # seconds; the job is stopped after it
-    retries: int = Field(default=0, ge=0, le=100)  # FAILED within retry_window: run again
-    retry_window: float | None = None  # seconds after its start (default 5m; off: any failure)
-    # Stopped when it prints nothing and uses no CPU or GPU this long (default: the profile's;
-    # off: never), and when a demand of it cannot fit any node this long (the profile's: 60 s)
+    """What the job needs from the cluster, checked before it is queued."""
+    timeout: float | None = None
+    """Stop the job after this long (a duration; 0/off: never)."""
+    retries: int = Field(default=0, ge=0, le=100)
+    """Run a job that FAILED within retry_window of its start again, up to this many times."""
+    retry_window: float | None = None
+    """How soon after its start a failure is retried (default 5m; 0/off: any failure)."""
     hang_timeout: float | None = None
+    """Stop the job after a stack dump when it prints nothing and uses no CPU or GPU this long
+    (default: the profile's; 0/off: never)."""
     infeasible_grace: float | None = None
-    stop_grace: float = 30.0  # seconds between SIGTERM and kill on `raystack stop`
-    outputs: dict[str, str] = Field(default_factory=dict)  # name -> path (absolute once resolved)
-    uv: bool = False  # let Ray manage workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)
-    min_time: float | None = None  # seconds of walltime the job needs to be worth starting
+    """Stop the job when a demand of it fits no node this long (default: the profile's, 60s; 0/off: never)."""
+    stop_grace: float = 30.0
+    """Time between SIGTERM and kill on `raystack stop` and at the walltime warning (at least 1s)."""
+    outputs: dict[str, str] = Field(default_factory=dict)
+    """Named paths made absolute on the shared filesystem and exported as RAYSTACK_OUTPUT_<NAME>."""
+    uv: bool = False
+    """Let Ray run workers with `uv run` (RAY_ENABLE_UV_RUN_RUNTIME_ENV)."""
+    min_time: float | None = None
+    """Walltime left that the job needs to be worth starting; it waits for the next allocation otherwise."""
     resume: Resume = Field(default_factory=Resume)
-    plan: PlanSpec | None = None  # a layout computed from the cluster, put into {plan.*}
+    """How the job is submitted again after a walltime interruption."""
+    plan: PlanSpec | None = None
+    """A layout the planner computes from the cluster, filled into {plan.*} in the entrypoint."""
 
     @field_validator("name")
     @classmethod

@@ -37,20 +37,28 @@ PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
 class PlanSpec(BaseModel):
     """What a job asks the planner for: a GRPO layout, or the batch arithmetic of a new GPU count."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     kind: Literal["grpo", "batch"] = "grpo"
-    # batch: keep the effective batch of `old` (processes x micro-batch x accumulation, e.g.
-    # "1x8x64") on `processes` (default: an SPMD job's nodes x processes per node)
+    """`grpo`: learners and vLLM engines on the nodes; `batch`: keep an effective batch on a new GPU count."""
     old: str | None = Field(default=None, pattern=r"^\d+x\d+x\d+$")
+    """batch: the old run as processes x micro-batch x accumulation, e.g. 1x8x64."""
     processes: int | None = Field(default=None, ge=1)
+    """batch: processes of the new run (default: an SPMD job's nodes x processes per node)."""
     micro: int | None = Field(default=None, ge=1)
+    """batch: micro-batch of the new run (default: the old one's)."""
     framework: Literal["open-instruct", "verl", "openrlhf"] = "open-instruct"
-    learners: int = Field(default=1, ge=1, le=100_000)  # (verl: every GPU learns and rolls out)
-    engines: int | None = Field(default=None, ge=0, le=100_000)  # default: as many as fit
+    """grpo: whose flags {plan.args} holds."""
+    learners: int = Field(default=1, ge=1, le=100_000)
+    """grpo: learner GPUs (the DeepSpeed world size; verl: every GPU learns and rolls out)."""
+    engines: int | None = Field(default=None, ge=0, le=100_000)
+    """grpo: vLLM engines (default: as many as fit the GPUs left)."""
     tp: int = Field(default=1, ge=1, le=64)
-    per_bundle: int | None = Field(default=None, ge=1, le=64)  # learner GPUs per bundle
+    """grpo: tensor parallel size of each engine."""
+    per_bundle: int | None = Field(default=None, ge=1, le=64)
+    """grpo: learner GPUs per placement bundle (default: spread over the nodes)."""
     cpus_per_learner_gpu: int = Field(default=LEARNER_CPUS_PER_GPU, ge=0, le=1024)
+    """grpo: CPUs each learner GPU's bundle asks for (open-instruct: 10)."""
 
 
 def shape_of(cluster: ClusterRecord) -> Shape:

@@ -45,66 +45,85 @@ RESERVED_ENV = (
 class Profile(BaseModel):
     """A cluster profile: sbatch defaults, environment setup and Ray node settings of a site."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str = "generic"
+    """The profile's name (its file name without .yaml)."""
     description: str = ""
-    # sbatch defaults
+    """One line about the site, shown by `raystack profiles`."""
     partition: str | None = None
+    """sbatch --partition (`up -p` overrides it)."""
     account: str | None = None
+    """sbatch --account (`up -A`)."""
     qos: str | None = None
+    """sbatch --qos (`up -q`)."""
     time: str = "01:00:00"
-    # "auto": every GPU / CPU the partition's nodes have (read from sinfo): a whole node each.
+    """Walltime of each allocation (`up -t`): minutes, H:M:S, D-H:M:S, or 2h, 1d."""
     gpus_per_node: int | Literal["auto"] = "auto"
-    gpu_type: str | None = None  # e.g. "volta" -> --gpus-per-node=volta:2
-    cpus_per_task: int | Literal["auto"] | None = "auto"  # None: SLURM's default (one CPU)
-    mem: str | None = None  # e.g. "0" (all of the node) or "200G"
-    constraint: str | None = None  # sbatch --constraint, e.g. "a100|h100"
+    """GPUs per node; `auto`: every GPU the partition's nodes have (sinfo), a whole node."""
+    gpu_type: str | None = None
+    """A GPU type for sbatch: `volta` gives --gpus-per-node=volta:N."""
+    cpus_per_task: int | Literal["auto"] | None = "auto"
+    """CPUs per node (one task per node); `auto`: every CPU of the node; null: SLURM's default."""
+    mem: str | None = None
+    """sbatch --mem per node, e.g. 200G; "0" is all of it (the default with `auto` counts)."""
+    constraint: str | None = None
+    """sbatch --constraint, e.g. "a100|h100"."""
     reservation: str | None = None
-    gres: str | None = None  # sbatch --gres beyond the GPUs, e.g. "nvme:1"
-    exclusive: bool = False  # sbatch --exclusive: no other job on the nodes
-    extra_sbatch: list[str] = Field(default_factory=list)  # any other sbatch option (--name=value)
-    # the allocation's environment
-    setup: list[str] = Field(default_factory=list)  # shell lines run before Ray starts
+    """sbatch --reservation."""
+    gres: str | None = None
+    """sbatch --gres beyond the GPUs, e.g. nvme:1."""
+    exclusive: bool = False
+    """sbatch --exclusive: no other job on the nodes."""
+    extra_sbatch: list[str] = Field(default_factory=list)
+    """Any other sbatch option, as --name=value (raystack's own options are refused here)."""
+    setup: list[str] = Field(default_factory=list)
+    """Shell lines run on every node before Ray starts: `module load ...`, `source venv/bin/activate`."""
     env: dict[str, str] = Field(default_factory=dict)
-    # Ray on each node
-    local_scratch: str = "/tmp"  # node-local folder for Ray's temp dir (sockets: keep it short)
-    object_store_memory: str | None = None  # default: min(30% of RAM, half of /dev/shm)
-    join_timeout: float = 300.0  # for every node to join the head (a duration, at least 5s)
-    # Workers starting Ray and registering with the head at once (0: all at once); the others
-    # wait for a turn. A large start then never swamps the head's GCS (or a shared filesystem
-    # with N nodes importing Ray at once)
+    """Environment of Ray and of every job (NCCL settings, caches); RAYSTACK_* names are refused."""
+    local_scratch: str = "/tmp"
+    """Node-local folder for Ray's temp dir (Unix socket paths: keep it short)."""
+    object_store_memory: str | None = None
+    """Ray's object store per node, e.g. 20G; default min(30% of RAM, half of /dev/shm)."""
+    join_timeout: float = 300.0
+    """How long a node may take to join the head before the start fails (a duration, >= 5s)."""
     join_window: int = Field(default=16, ge=0, le=4096)
-    # Ray's metrics (Prometheus exporter on every node): off by default; when on, its port
-    # listens on every interface without auth
+    """Workers that start Ray at once (0: all at once); the rest wait for a turn, so a large start
+    never swamps the head's GCS or the shared filesystem."""
     metrics: bool = False
-    # With metrics on: a Prometheus the head runs on 127.0.0.1 for the dashboard (its path; by
-    # default `prometheus` on PATH when found) and a site's Grafana for the Metrics tab's charts
+    """Ray's metrics (a Prometheus exporter on every node); its port listens on every interface without
+    auth, so it is off by default."""
     prometheus: str | None = None
-    grafana_host: str | None = None  # RAY_GRAFANA_HOST, as the head reaches it
-    grafana_iframe_host: str | None = None  # RAY_GRAFANA_IFRAME_HOST, as the browser reaches it
-    # Idle autostop: the cluster goes down after this long with an empty queue, no job running
-    # and no driver attached (e.g. 30m; None: never)
+    """With metrics on: the Prometheus binary the head runs on 127.0.0.1 for the dashboard (default:
+    `prometheus` on PATH, when found)."""
+    grafana_host: str | None = None
+    """With metrics on: a site's Grafana as the head reaches it (RAY_GRAFANA_HOST)."""
+    grafana_iframe_host: str | None = None
+    """A site's Grafana as the browser reaches it (RAY_GRAFANA_IFRAME_HOST)."""
     idle_timeout: float | None = None
-    # Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in
-    # front of the dashboard: for a cluster network other users' hosts share
+    """Go down after this long with an empty queue, no job running and no driver attached (`up --idle-
+    timeout`; 0/off: never)."""
     tls: bool = False
-    # Ray's own logs copied into the cluster folder (logs/ray/<host>/) while the node runs:
-    # every N seconds, capped per file and per node; `false` copies nothing
+    """Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in front
+    of the dashboard (`up --tls`)."""
     ray_logs: Caps = Field(default_factory=Caps)
-    # walltime: allocations in a chain, and how long before each one's end SLURM warns
+    """Ray's own logs copied into logs/ray/<host>/ while the node runs, capped per file and node;
+    `false` copies nothing."""
     chain: int = Field(default=1, ge=1, le=1000)
+    """Allocations in a chain (`up --chain`): the cluster and its queue live across this many walltimes."""
     signal_lead: float = 600.0
-    # The unattended queue: a job whose actor, task or placement group cannot fit any node for
-    # this long is stopped (FAILED, naming the demand); a job with no output and no CPU or GPU
-    # use for hang_timeout is stopped after a stack dump (None: never; a spec may set its own)
+    """How long before each walltime end SLURM warns, so jobs can checkpoint (`up --signal-lead`)."""
     infeasible_grace: float = 60.0
+    """A job whose actor, task or placement group fits no node for this long is stopped, FAILED naming
+    the demand (0/off: never)."""
     hang_timeout: float | None = None
-    # The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage
-    # samples and gathered worker logs are pruned beyond it (0 or off: never); and each
-    # attempt's driver log (its start and its end are kept beyond it)
+    """A job with no output and no CPU or GPU use for this long is stopped after a stack dump (0/off:
+    never; a spec may set its own)."""
     folder_cap: str | None = "8G"
+    """The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage samples and
+    worker logs are pruned beyond it (0/off: never)."""
     job_log_cap: str = "1G"
+    """Each attempt's driver log: beyond it, its start and its end are kept."""
 
     @field_validator("signal_lead", mode="before")
     @classmethod
@@ -178,7 +197,7 @@ class Profile(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, value: Any) -> dict[str, str]:
-        return validate_env(value, reserved=RESERVED_ENV)
+        return validate_env(value, reserved=RESERVED_ENV, expands=False)
 
     @field_validator("extra_sbatch")
     @classmethod

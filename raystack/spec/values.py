@@ -89,9 +89,11 @@ def env_value(key: str, value: Any) -> str:
     raise ValueError(f"{key} is a {kind}; environment values are strings, numbers or booleans")
 
 
-def validate_env(value: Any, reserved: tuple[str, ...] = ()) -> dict[str, str]:
+def validate_env(value: Any, reserved: tuple[str, ...] = (), expands: bool = True) -> dict[str, str]:
     """Environment of a profile or job spec: valid names, scalar values (kept as text), and no
-    variable that SLURM, Ray or raystack set (`reserved`: names or prefixes ending in '_')."""
+    variable that SLURM, Ray or raystack set (`reserved`: names or prefixes ending in '_').
+    `expands`: whether $VAR in a value is expanded where it is set (a job's env: Ray does; a
+    profile's env is exported as written, so PATH there belongs in a setup line)."""
     if not isinstance(value, dict):
         raise ValueError("must be a mapping of variable names to values, e.g. {LR: 1e-6}")
     env = {}
@@ -102,7 +104,21 @@ def validate_env(value: Any, reserved: tuple[str, ...] = ()) -> dict[str, str]:
             raise ValueError(f"never set {key}: SLURM and Ray assign GPUs to each actor")
         if any(key == r or (r.endswith("_") and key.startswith(r)) for r in reserved):
             raise ValueError(f"{key} is set by raystack itself; choose another name")
+        if key.startswith("SLURM_") and expands:  # (a profile may set srun's input variables)
+            raise ValueError(f"{key} is set by SLURM for the allocation; choose another name")
+        if key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_ID"):
+            raise ValueError(f"{key} is set by Ray for every job (it is how ray.init() finds the cluster)")
         text = env_value(key, raw)
+        if key == "PATH" and not expands:
+            raise ValueError(
+                "PATH here is exported as written: extend it in a setup line instead, e.g. "
+                "setup: ['export PATH=/opt/tool/bin:$PATH']"
+            )
+        if key == "PATH" and "$PATH" not in text and "${PATH}" not in text:
+            raise ValueError(
+                "PATH would replace the nodes' search path (python, your venv): extend it, e.g. "
+                "PATH: /opt/tool/bin:$PATH (Ray expands $PATH on the node)"
+            )
         if "\0" in text:
             raise ValueError(f"{key} holds a NUL byte, which no environment can carry")
         env[key] = text
@@ -177,7 +193,14 @@ RAW_TEXT_PATHS = (("env",), ("resume", "env"))
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML, stricter: duplicate keys are refused (YAML would keep the last silently)."""
+    """Safe YAML, stricter: duplicate keys are refused (YAML would keep the last silently), and
+    `24:00:00` or `1:30` is text, as YAML 1.2 reads it: YAML 1.1 (PyYAML) makes such a time a
+    base-60 number (86400), which no duration field could tell from minutes."""
+
+    yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML reads it per class)
+        first: [(tag, regexp) for tag, regexp in resolvers if not tag.endswith((":int", ":float"))]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -189,6 +212,22 @@ class _Loader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# PyYAML's int and float patterns, less their base-60 forms.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int], depth: int = 0) -> int:

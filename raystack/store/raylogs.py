@@ -57,11 +57,14 @@ class Caps(BaseModel):
     """How a node copies Ray's logs (a profile's `ray_logs:`): every `every` seconds (0: only
     at teardown), at most `file_mb` per file and `node_mb` per node (0: no copy at all)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     every: float = Field(default=30.0, ge=0)
+    """How often each node copies (a duration; 0: only at teardown)."""
     file_mb: float = Field(default=32.0, ge=0.01)
+    """MB kept of one log file: its start and its newest end."""
     node_mb: float = Field(default=512.0, ge=0)
+    """MB kept per node (0: no copy at all)."""
 
     @field_validator("every", mode="before")
     @classmethod
@@ -316,10 +319,14 @@ class WorkerLog:
     ray_job_id: str
     attempt: int
     worker_id: str = ""
-    files: list[str] = field(default_factory=list)  # relative to logs/jobs/<id>/
-    error: str | None = None  # its first error line (from its output, or the error Ray recorded)
-    at: float | None = None  # when that error happened (Ray's time) or was copied (its log's)
-    last_err: list[str] = field(default_factory=list)  # its stderr's last lines (Ray's markers aside)
+    files: list[str] = field(default_factory=list)
+    """Relative to logs/jobs/<id>/."""
+    error: str | None = None
+    """Its first error line (from its output, or the error Ray recorded)."""
+    at: float | None = None
+    """When that error happened (Ray's time) or was copied (its log's)."""
+    last_err: list[str] = field(default_factory=list)
+    """Its stderr's last lines (Ray's markers aside)."""
 
     @property
     def label(self) -> str:
@@ -377,7 +384,8 @@ def gather(
     hosts by `hosts`), kept as <actor>-<pid>.error. Workers with an error first, earliest first."""
     p = paths.cluster(cluster)
     out_dir = p.job_files(record.id)
-    by_allocation: dict[str | None, dict[str, int]] = {}  # Ray job id -> attempt, per allocation
+    by_allocation: dict[str | None, dict[str, int]] = {}
+    """Ray job id -> attempt, per allocation."""
     for n, attempt in enumerate(record.attempts, 1):
         if attempt.ray_job_id:
             by_allocation.setdefault(attempt.allocation, {})[attempt.ray_job_id] = n

@@ -440,3 +440,9 @@ def test_non_utf8_spec_is_one_line(home: Path) -> None:
     done = submit(home, str(path))
     assert done.returncode == 1 and "is not UTF-8 text (byte 23); save it as UTF-8" in done.stderr
     assert done.stderr.strip().count("\n") == 0
+
+
+def test_unquoted_yaml_times_in_a_spec(home: Path) -> None:
+    (home / "t.yaml").write_text("name: t\nentrypoint: x\ntimeout: 2:00:00\nstop_grace: 1:30\nmin_time: 30\n")
+    spec = load_spec(home / "t.yaml")
+    assert (spec.timeout, spec.stop_grace, spec.min_time) == (7200, 90, 1800)

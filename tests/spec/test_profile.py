@@ -132,3 +132,23 @@ def test_builtin_dir_is_in_the_repo() -> None:
 )
 def test_idle_timeout_forms(value: object, seconds: float | None) -> None:
     assert Profile(idle_timeout=value).idle_timeout == seconds  # type: ignore[arg-type]
+
+
+def test_isambard_has_both_nccl_paths() -> None:
+    plugin, system = load_profile("isambard"), load_profile("isambard-nccl")
+    assert any("brics/aws-ofi-nccl" in line for line in plugin.setup)
+    assert not any("LD_PRELOAD" in line for line in plugin.setup)
+    assert any("brics/nccl/2.26.6-1" in line for line in system.setup)
+    assert any(line.startswith("export LD_PRELOAD=") for line in system.setup)
+    for prof in (plugin, system):
+        assert prof.exclusive and prof.env["FI_PROVIDER"] == "cxi" and prof.env["NCCL_CUMEM_ENABLE"] == "0"
+
+
+def test_unquoted_yaml_times_are_times_not_base_60_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """YAML 1.1 reads 24:00:00 as 86400; raystack reads it as SLURM does."""
+    path = tmp_path / "site.yaml"
+    path.write_text("time: 24:00:00\nsignal_lead: 5:00\nidle_timeout: 1:30:00\ngpus_per_node: 4\n")
+    prof = load_profile(str(path))
+    assert time_to_seconds(prof.time) == 86400 and prof.signal_lead == 300 and prof.idle_timeout == 5400
