@@ -5,6 +5,7 @@ RAYSTACK_HOME (a 4-node x 4-GPU cluster still starting: no SLURM is needed to re
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -180,8 +181,6 @@ def up_dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, lis
     code, out, err = run(capsys, "up", "-P", "testbed", "--dry-run", "--json", *argv)
     if code:
         return code, [], err
-    import json
-
     return code, json.loads(out)["argv"], err
 
 
@@ -275,3 +274,120 @@ def test_help_has_no_placeholders_and_h_is_help(home: Path, capsys: pytest.Captu
         assert (
             "<list[str]>" not in out and "{args}" not in out and "<str>" not in out and "<int>" not in out
         ), out
+
+
+def queue_two(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """Two jobs on c4; the first started (RUNNING in allocation 7), the second waiting."""
+    from raystack.store.ledger import JobState, update_job
+
+    ids = []
+    for name in ("first", "second"):
+        code, out, err = run(
+            capsys, "submit", "-c", "c4", "--json", "--set", f"name={name}", "--", "python", "x.py"
+        )
+        assert code == 0, err
+        ids.append(json.loads(out)["id"])
+    entry = queue.waiting("c4")[0]
+    assert queue.start("c4", entry, "7") is not None
+    update_job("c4", ids[0], state=JobState.RUNNING, started=1.0)
+    return ids[0], ids[1]
+
+
+def test_a_queued_job_says_where_it_waits(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, waiting = queue_two(capsys)
+    code, out, err = run(capsys, "logs", waiting, "-c", "c4")
+    assert code == 0 and out == ""
+    assert f"job {waiting} queued, next (running: first, " in err and "cluster STARTING" in err, err
+    code, out, _ = run(capsys, "job", waiting, "--json")
+    row = json.loads(out)
+    assert (
+        code == 0
+        and row["state"] == "QUEUED"
+        and row["position"] == 1
+        and row["waiting"].startswith("queued, next")
+    )
+
+
+def test_queue_filters_by_state_and_refuses_an_unknown_one(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running, waiting = queue_two(capsys)
+    code, out, _ = run(capsys, "queue", "c4", "--state", "running", "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == [running]
+    code, out, _ = run(capsys, "queue", "c4", "-s", "queued,RUNNING", "--json")
+    assert code == 0 and {r["id"] for r in json.loads(out)} == {running, waiting}
+    code, _, err = run(capsys, "queue", "c4", "--state", "runing")
+    assert code == 1 and "--state: no job state 'RUNING'; did you mean RUNNING?" in err
+
+
+def test_logs_tail_shows_the_last_lines(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    running, _ = queue_two(capsys)
+    from raystack.store import paths
+
+    log = paths.cluster("c4").job_log(running, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(f"line {i}\n" for i in range(1, 101)))
+    code, out, _ = run(capsys, "logs", running, "--tail", "3")
+    assert code == 0 and out == "line 98\nline 99\nline 100\n"
+
+
+def test_forget_removes_an_ended_cluster_and_refuses_a_live_one(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raystack.store import paths
+
+    code, _, err = run(capsys, "forget", "c4", "--yes")
+    assert code == 1 and "c4 still live: `raystack down c4` first" in err
+    record = clusters.read("other").model_copy(update={"state": ClusterState.STOPPED})
+    clusters.write(record)
+    code, _, err = run(capsys, "forget", "other")  # (no terminal: --yes is needed)
+    assert code == 1 and "add --yes" in err and paths.cluster("other").root.exists()
+    code, out, _ = run(capsys, "forget", "other", "-y")
+    assert code == 0 and "removed" in out and not paths.cluster("other").root.exists()
+    assert clusters.list_names() == ["c4"]
+
+
+def test_down_all_asks_first(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "down", "--all")
+    assert (
+        code == 1
+        and "Stop 2 cluster(s): c4 (STARTING), other (STARTING)? Not on a terminal: add --yes" in err
+    )
+    assert all(not clusters.read(n).state.is_terminal() for n in ("c4", "other"))
+
+
+def test_check_validates_a_spec_against_a_profile_without_a_cluster(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "big.yaml").write_text("name: big\nentrypoint: python x.py\nmin_time: 3h\nneeds: {gpus: 8}\n")
+    code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "2")
+    assert code == 1 and "min_time 3h but cluster 'check' gets 2h per allocation" in err, err
+    code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "1", "--set", "min_time=1h")
+    assert code == 1 and "needs.gpus=8" in err, err
+    code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "2", "--set", "min_time=1h")
+    assert code == 0 and "ok: big can run on profile testbed (2 node(s) of 4 GPUs)" in out, err
+    assert queued() == 0
+
+
+def test_submit_refuses_what_could_never_start(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = clusters.read("c4").model_copy(update={"walltime": 3600.0})
+    clusters.write(record)
+    code, _, err = run(capsys, "submit", "-c", "c4", "--set", "min_time=2h", "--", "python", "x.py")
+    assert code == 1 and "min_time 2h but cluster 'c4' gets 1h per allocation: it would never start" in err
+    code, _, err = run(
+        capsys, "submit", "-c", "c4", "--set", "entrypoint_resources={TPU: 4}", "--", "python", "x.py"
+    )
+    assert code == 1 and "no node of cluster 'c4' has a resource 'TPU'" in err
+    assert queued() == 0
+
+
+def test_profiles_lists_and_shows(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "profiles", "--json")
+    names = {p["name"] for p in json.loads(out)}
+    assert code == 0 and {"generic", "isambard", "isambard-nccl", "brtx", "supercloud", "testbed"} <= names
+    code, out, _ = run(capsys, "profiles", "show", "isambard", "--json")
+    assert code == 0 and json.loads(out)["exclusive"] is True
+    code, _, err = run(capsys, "profiles", "show", "isambrd")
+    assert code == 1 and "did you mean 'isambard'?" in err
+    code, _, err = run(capsys, "up", "-P", "mysite.yaml", "--dry-run")
+    assert code == 1 and "no profile file mysite.yaml" in err and "mysite.yaml.yaml" not in err
