@@ -26,11 +26,15 @@ from typing import Any
 
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
+from raystack.allocation import pipcheck
 from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held
 from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import LogTail, last_line
+from raystack.allocation.picker import Picker
+from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
+from raystack.launch import PIN_DIR
 from raystack.spec import workdir
 from raystack.spec.submission import DRIVER_PREFIX, submit_options
 from raystack.store import cluster as records
@@ -96,8 +100,8 @@ class Runner:
         self.active: set[str] = set()
         self.journal = store.JournalReader(name)
         self.rescan_at = -1.0
-        self.min_times: dict[str, float | None] = {}
-        self.deferred: set[str] = set()
+        self.node_drains: dict[str, tuple[Drain, list[str]]] = {}  # a packed job's nodes, releasing
+        self.picker = Picker(name, api, self.allocation, self.cluster, clock)
         # Started again after a walltime warning of this allocation: keep interrupting.
         self.interrupting = self.cluster.ending is not None and self.cluster.allocation_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
@@ -153,13 +157,13 @@ class Runner:
     def tick(self) -> None:
         """One pass: follow the jobs in flight, start what may start."""
         self.refresh()
-        line_busy = False
+        board = Board(alive=[])
         for job_id in sorted(self.active):
             try:
                 record = read_job(self.name, job_id)
             except Unreadable as exc:  # (EIO, ESTALE, a torn copy: read again next pass)
                 log.warning("%s", exc)
-                line_busy = True
+                board.whole = True
                 continue
             except ClusterError as exc:
                 log.warning("%s", exc)
@@ -169,57 +173,37 @@ class Runner:
             if self.follow(record):
                 self.active.discard(job_id)
             elif not record.now:
-                line_busy = True
+                nodes = record.attempts[-1].nodes if record.attempts else []
+                if nodes:
+                    board.held[job_id] = list(nodes)
+                else:
+                    board.whole = True
+        self.release(board)
         if not self.interrupting:
-            self.start_what_may(line_busy)
+            self.start_what_may(board)
         for sid in list(self.abandoned):  # (a submit that timed out but went through after all)
             if self.api.info(sid) is not None:
                 self.api.stop(sid)
                 self.abandoned.discard(sid)
+
+    def release(self, board: Board) -> None:
+        """Resources of ended jobs that are free again; those that are not stay on the board."""
         if self.drain and self.resources_free(self.drain):
             log.info("resources of %s are free", self.drain.job_id)
             self.drain = None
+        board.whole = board.whole or self.drain is not None
+        for job_id, (drain, nodes) in list(self.node_drains.items()):
+            if self.clock() > drain.deadline or not self.api.job_leftovers(drain.ray_job_id or ""):
+                del self.node_drains[job_id]
+            else:
+                board.held.setdefault(job_id, nodes)
 
-    def start_what_may(self, line_busy: bool) -> None:
-        """Start --now jobs at once, and the first job in line that fits once the line is free.
-
-        A job whose `min_time` is more than the allocation has left is passed over (it keeps its
-        place for the next allocation, and says so); the jobs behind it may start meanwhile."""
-        i = 0
-        while i < len(self.waiting) and (self.waiting[i].now or not (line_busy or self.drain)):
-            entry = self.waiting[i]
-            if self.too_late(entry):
-                i += 1
-                continue
-            del self.waiting[i]
-            started = store.start(self.name, entry, self.allocation)
-            if started is None:
-                continue
+    def start_what_may(self, board: Board) -> None:
+        """Start what the picker chooses (allocation/picker.py): --now jobs at once, then what
+        fits, in queue order."""
+        for started in self.picker.pick(self.waiting, board):
             self.active.add(started.id)
             self.submit(started)
-            line_busy = line_busy or not started.now
-
-    def too_late(self, entry: Entry) -> bool:
-        """The job needs more walltime than this allocation has left (its ledger is read once)."""
-        if entry.job_id not in self.min_times:
-            try:
-                self.min_times[entry.job_id] = read_job(self.name, entry.job_id).request.min_time
-            except ClusterError:
-                self.min_times[entry.job_id] = None  # store.start moves a bad entry aside
-        need, end = self.min_times[entry.job_id], self.cluster.walltime_end
-        if need is None or not end:
-            return False
-        left = end - time.time()
-        if left >= need:
-            return False
-        if entry.job_id not in self.deferred:
-            self.deferred.add(entry.job_id)
-            update_job(
-                self.name,
-                entry.job_id,
-                message=f"waits for an allocation with {_hm(need)} left (min_time; {_hm(max(0, left))} now)",
-            )
-        return True
 
     def interrupt(self, *_: object) -> None:
         """The allocation is about to end (walltime warning, a lost node): stop the jobs in flight
@@ -239,11 +223,18 @@ class Runner:
         log.info("submitting %s as %s%s", record.id, attempt.id, f" (resume {resumes})" if resumes else "")
         try:
             options = submit_options(request, cluster, resumes)
-            if request.working_dir:  # (it may have changed while the job waited: a FIFO blocks Ray)
+            if request.working_dir and "://" not in request.working_dir:  # (a FIFO since? it blocks Ray)
                 workdir.check(Path(request.working_dir), request.excludes, f"job {record.id}")
         except ConfigError as exc:  # its plan does not fit this allocation, or its working_dir
             self.finish(record, JobState.FAILED, str(exc))
             return
+        why = pipcheck.check(request.runtime_env) if request.runtime_env else None
+        if why:  # (no index reachable from the nodes: say so now, not after Ray's setup timeout)
+            self.finish(record, JobState.FAILED, why)
+            return
+        nodes, ids = self.nodes_of(record)
+        if nodes:
+            options = pinned(options, nodes, ids)
         try:
             if not within(self.submit_timeout, self.api.submit, attempt.id, **options):
                 self.abandoned.add(attempt.id)
@@ -272,6 +263,15 @@ class Runner:
             message += f"; its plan changed with the cluster since it was queued: {ran}"
             log.warning("job %s: %s", record.id, message)
         update_job(self.name, record.id, {"entrypoint": ran}, state=JobState.SUBMITTED, message=message)
+
+    def nodes_of(self, record: JobRecord) -> tuple[list[str], list[str]]:
+        """A packed job's nodes (addresses, Ray node ids); a retry keeps those of its attempt."""
+        for attempt in reversed(record.attempts):
+            if attempt.nodes:
+                return list(attempt.nodes), list(attempt.node_ids)
+            if attempt.allocation == self.allocation and not attempt.id.startswith(f"{record.id}-retry"):
+                break
+        return [], []
 
     def is_ours(self, sid: str, record: JobRecord) -> bool:
         info = self.api.info(sid)
@@ -303,7 +303,8 @@ class Runner:
             if record.stop_requested:
                 self.finish(record, JobState.STOPPED, "stopped before it was submitted")
                 return True
-            if not self.drain or record.now:
+            nodes, _ = self.nodes_of(record)
+            if record.now or (record.id not in self.node_drains if nodes else not self.drain):
                 self.submit(record)
             return False
         state = RAY_STATES.get(rayapi.ray_state(info), JobState.SUBMITTED)
@@ -400,7 +401,10 @@ class Runner:
         """The attempt ended in Ray: retry it, or record the job's final state."""
         sid = record.attempts[-1].id
         self.close_tail(record, sid)
-        if not record.now:
+        nodes, _ = self.nodes_of(record)
+        if nodes:  # (a packed job: its nodes, once its actors are gone)
+            self.node_drains[record.id] = (Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT), nodes)
+        elif not record.now:
             self.drain = Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT)
         if self.retries(record, state, info):
             n = len(record.attempts)
@@ -536,14 +540,24 @@ class Runner:
             return False
 
 
+def pinned(options: dict[str, Any], nodes: list[str], node_ids: list[str]) -> dict[str, Any]:
+    """A packed job's submission: its driver on its first node (Ray's `node:<ip>` resource), and
+    every process of it with the hook that keeps its tasks, actors and placement groups on its
+    nodes (launch/pinned/sitecustomize.py); RAYSTACK_NODES tells the job where it runs."""
+    renv = dict(options["runtime_env"])
+    env = dict(renv["env_vars"])
+    env["RAYSTACK_PIN_NODES"] = ",".join(i for i in node_ids if i)
+    env["RAYSTACK_NODES"] = ",".join(nodes)
+    env["PYTHONPATH"] = f"{PIN_DIR}:{env.get('PYTHONPATH', '${PYTHONPATH}')}"
+    renv["env_vars"] = env
+    resources = {**(options.get("entrypoint_resources") or {}), f"node:{nodes[0]}": 0.001}
+    return {**options, "runtime_env": renv, "entrypoint_resources": resources}
+
+
 def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:
     """The job's attempts, the last one knowing its Ray job id."""
     last = record.attempts[-1].model_copy(update={"ray_job_id": ray_job_id or record.attempts[-1].ray_job_id})
     return [*record.attempts[:-1], last]
-
-
-def _hm(seconds: float) -> str:
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
 def main() -> None:

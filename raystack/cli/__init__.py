@@ -17,7 +17,7 @@ try:  # NOTE: typer 0.2x carries its own copy of click, and raises its exception
 except ImportError:  # pragma: no cover (typer with click as a dependency)
     import click.exceptions as click  # type: ignore[no-redef]
 
-from raystack.cli import clusters, jobs, monitor, plan, specs  # noqa: F401 (their verbs register on the app)
+from raystack.cli import clusters, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.errors import RaystackError
 

@@ -3,118 +3,20 @@
 from __future__ import annotations
 
 import difflib
-import shlex
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
-from typer.core import TyperCommand
 
 from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, cluster_name, err, out, print_json
+from raystack.cli.submit import exit_for
 from raystack.client import Cluster, Job, JobRecord, JobState
-from raystack.errors import ConfigError
-from raystack.spec.planning import PlanSpec, describe
+from raystack.client.job import Sweep
+from raystack.errors import ClusterError, ConfigError
 from raystack.spec.values import parse_duration
-
-
-def _exit_for(record: JobRecord) -> None:
-    """`--follow` and `logs -f` exit with the job's outcome: 0 only when it SUCCEEDED."""
-    if record.state is not JobState.SUCCEEDED:
-        err.print(f"job {record.id} {record.state.value}: {record.message}", markup=False)
-        raise typer.Exit(1)
-
-
-class TakesCommand(TyperCommand):
-    """A verb whose command comes after `--`, verbatim (as `ray job submit -- ...` takes it):
-    keeps the raw argv and how many words came after the `--` for the verb to check."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        ctx.meta["raw_args"] = list(args)
-        ctx.meta["after_dashes"] = len(args) - args.index("--") - 1 if "--" in args else None
-        return super().parse_args(ctx, args)
-
-
-def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
-    """A spec file, or the command after `--`. A bare command without `--` is refused (its own
-    flags would be read as raystack's: `-c config.yaml` as the cluster), and so is a spec
-    file that does not exist, before anything is read or queued."""
-    after = ctx.meta.get("after_dashes")
-    before, command = (args, []) if after is None else (args[: len(args) - after], args[len(args) - after :])
-    if after is not None:
-        if before:
-            raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
-        if not command:
-            raise ConfigError("nothing after --: give the command, e.g. raystack submit -- python train.py")
-        return command
-    if not before:
-        raise ConfigError(
-            "give a job spec or a command after --: raystack submit job.yaml, raystack submit -- python x.py"
-        )
-    if len(before) == 1 and before[0].lower().endswith((".yaml", ".yml")):
-        if not Path(before[0]).is_file():
-            raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")
-        return before[0]
-    raw = ctx.meta.get("raw_args", before)
-    i = raw.index(before[0]) if before[0] in raw else len(raw)
-    fix = shlex.join(["raystack", "submit", *raw[:i], "--", *raw[i:]])
-    near = _nearest_spec(before[0]) if len(before) == 1 else ""
-    raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
-
-
-def _nearest_spec(given: str) -> str:
-    """'; did you mean X?' for a spec file whose name is close to `given`, else ''."""
-    folder = Path(given).parent
-    names = (
-        [p.name for p in folder.glob("*") if p.suffix.lower() in (".yaml", ".yml")] if folder.is_dir() else []
-    )
-    close = difflib.get_close_matches(Path(given).name, names, n=1, cutoff=0.75)
-    return f"; did you mean {folder / close[0] if str(folder) != '.' else close[0]}?" if close else ""
-
-
-@app.command(cls=TakesCommand, short_help="Queue a job: a spec file, or a command after --.")
-def submit(
-    ctx: typer.Context,
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(
-            metavar="SPEC.yaml | -- COMMAND", show_default=False, help="A job spec, or a command after --."
-        ),
-    ] = None,
-    cluster: ClusterOpt = None,
-    sets: Annotated[
-        list[str] | None,
-        typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: key.sub=value."),
-    ] = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Stream the log; exit with the job's outcome.")
-    ] = False,
-    now: Annotated[
-        bool, typer.Option("--now", help="Skip the queue: submit as soon as the cluster is READY.")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in SLURM."""
-    job_input = job_argument(ctx, list(args or []))
-    target = Cluster.get(cluster)
-    job = target.submit(job_input, sets=sets or [], now=now)
-    record, pos = job.seen or job.record(), job.position()
-    if as_json:
-        print_json({"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": pos})
-    else:
-        where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
-        err.print(f"queued job {job.id} on cluster {job.cluster} ({where})", markup=False)
-        if record.request.plan:
-            plan = PlanSpec.model_validate(record.request.plan)
-            line = describe(plan, target.snapshot(), f"job {job.id}", record.request.processes)
-            err.print(f"  plan: {line}", markup=False)
-        if not follow:
-            err.print(f"  follow it: raystack logs {job.id} -f    stop it: raystack stop {job.id}")
-    if follow:
-        _exit_for(job.follow())
 
 
 @app.command("queue", short_help="The cluster's jobs: running, queued, finished.")
@@ -143,8 +45,15 @@ def queue_(
     for r, row in zip(records, rows, strict=True):
         start = time.strftime("%H:%M:%S", time.localtime(r.started)) if r.started else "-"
         dur = f"{row['duration_s']:.1f}s" if row["duration_s"] is not None else "-"
-        table.add_row(r.id, r.name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
+        name = r.name + (
+            f" [{' '.join(f'{k}={v}' for k, v in r.request.sweep_values.items())}]" if r.request.sweep else ""
+        )
+        table.add_row(r.id, name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
     out.print(table)
+    for sweep, counts in _sweeps(records).items():
+        err.print(
+            f"  sweep {sweep}: {', '.join(f'{n} {s.lower()}' for s, n in counts.items())}", markup=False
+        )
     if not wanted and (view.more_queued or view.more_finished):
         err.print(
             f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "
@@ -210,7 +119,20 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "exit_code": r.exit_code,
         "message": r.message,
         "actor_error": r.actor_error,
+        "sweep": r.request.sweep,
+        "sweep_values": r.request.sweep_values,
+        "after": r.request.after,
     }
+
+
+def _sweeps(records: list[JobRecord]) -> dict[str, dict[str, int]]:
+    """Per sweep shown, how many of its jobs are in each state."""
+    found: dict[str, dict[str, int]] = {}
+    for r in records:
+        if r.request.sweep:
+            counts = found.setdefault(r.request.sweep, {})
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+    return found
 
 
 @app.command(short_help="A job's log (-f: follow; --all: its workers' errors).")
@@ -245,7 +167,7 @@ def logs(
     A job still in the queue says where it stands: `queued, position 3 (running: grpo-7b, 40m in)`."""
     job = Job.get(job_id, cluster)
     if follow:
-        _exit_for(job.follow(out=sys.stderr if as_json else None))
+        exit_for(job.follow(out=sys.stderr if as_json else None))
     filtered = node is not None or actor is not None
     found = job.workers(node, actor) if workers or filtered else None
     shown = [w for w in found or [] if w.error or filtered]
@@ -319,11 +241,25 @@ def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
     _print_job(record, as_json)
 
 
-@app.command(short_help="Remove a job that has not started from the queue.")
+@app.command(short_help="Remove a queued job (or the rest of a sweep) from the queue.")
 def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
-    """Remove a job that has not started from the queue (CANCELLED)."""
-    record = Job.get(job_id, cluster).cancel()
-    _print_job(record, as_json)
+    """Remove a job that has not started from the queue (CANCELLED); a sweep's id cancels every
+    job of it that has not started (those running go on: `raystack stop ID`)."""
+    try:
+        job = Job.get(job_id, cluster)
+    except ClusterError:
+        sweep = Sweep.get(job_id, cluster)
+        if sweep is None:
+            raise
+        cancelled, left = sweep.cancel()
+        if as_json:
+            print_json({"sweep": sweep.id, "cancelled": [r.id for r in cancelled], "not_cancelled": left})
+            return
+        out.print(f"sweep {sweep.id}: {len(cancelled)} job(s) cancelled", markup=False)
+        if left:
+            out.print(f"  started already (raystack stop ID): {', '.join(left)}", markup=False)
+        return
+    _print_job(job.cancel(), as_json)
 
 
 def _print_job(record: JobRecord, as_json: bool) -> None:

@@ -9,7 +9,7 @@ import yaml
 from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
-from raystack.cli.jobs import TakesCommand, job_argument
+from raystack.cli.submit import TakesCommand, job_argument
 from raystack.client import check as checking
 from raystack.spec.planning import PlanSpec, describe
 from raystack.spec.profile import available_profiles, load_profile, profile_path

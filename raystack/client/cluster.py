@@ -23,13 +23,13 @@ from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
-from raystack.errors import ClusterError, RayApiError
+from raystack.errors import ClusterError, ConfigError, RayApiError
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
-from raystack.spec.resolve import prepare
+from raystack.spec.resolve import prepare_jobs
 from raystack.store import cluster as records
-from raystack.store import files, paths, tls
+from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.paths import ClusterPaths
@@ -42,6 +42,7 @@ HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows
 DEGRADED = "DEGRADED"  # (shown, never recorded: the record keeps what the head last wrote)
 Argv = list[str]  # (inside Cluster, `list` is the classmethod)
 JobRecords = list[JobRecord]
+Jobs = list[Job]
 
 
 @dataclass
@@ -405,9 +406,50 @@ class Cluster:
         Works while the allocation is still PENDING: the job starts once the cluster is READY.
         Bad input raises ConfigError before anything is written.
         """
-        prepared = prepare(spec, list(sets or []), self.settle(), Path.cwd())
-        record = enqueue(prepared.request, now=now, new_id=specs.new_job_id, resume_request=prepared.resume)
-        return Job(self.name, record.id, record)
+        return self.submit_jobs(spec, sets=sets, now=now)[0]
+
+    def submit_jobs(
+        self,
+        spec: str | Path | JobSpec | Argv,
+        *,
+        sets: Argv | None = None,
+        now: bool = False,
+        sweeps: Argv | None = None,
+        after: Argv | None = None,
+        job_id: str | None = None,
+    ) -> Jobs:
+        """`submit`, for a sweep (one job per combination of `sweeps`, e.g. ["env.LR=1e-6,3e-6"],
+        and of the spec's `sweep:` block), with dependencies (`after`: ["ID", "ID:any", ...],
+        added to the spec's) and a chosen id (`job_id`, as ray job submit's --submission-id).
+        Every job is checked before the first is queued."""
+        if job_id is not None:
+            try:
+                paths.validate_job_id(job_id)
+            except ConfigError as exc:
+                raise ConfigError(f"--submission-id: {exc}") from None
+            if paths.cluster(self.name).ledger(job_id).exists():
+                raise ConfigError(
+                    f"--submission-id {job_id}: cluster {self.name} has a job {job_id}; choose another"
+                )
+        for item in after or []:
+            if not specs.AFTER.fullmatch(item):
+                raise ConfigError(
+                    f"--after {item!r}: give a job or sweep id, optionally with :ok, :any or :notok"
+                )
+        jobs = prepare_jobs(spec, list(sets or []), self.settle(), Path.cwd(), list(sweeps or []), job_id)
+        for one in jobs:
+            for request in (one.request, one.resume):
+                if request is not None:
+                    request.after = [*request.after, *(after or [])]
+        why = deps.unknown(self.name, jobs[0].request.after, {j.request.id for j in jobs})
+        if why:
+            raise ConfigError(why)
+        new_id = None if job_id or len(jobs) > 1 else specs.new_job_id
+        out = []
+        for one in jobs:
+            record = enqueue(one.request, now=now, new_id=new_id, resume_request=one.resume)
+            out.append(Job(self.name, record.id, record))
+        return out
 
     def jobs(self) -> JobRecords:
         """Every job of this cluster's ledger, oldest first."""

@@ -18,7 +18,7 @@ from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RaystackError
 from raystack.spec.values import duration_text
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs, stacks
+from raystack.store import deps, paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job
 from raystack.store.queue import active, cancel, position
 
@@ -244,3 +244,33 @@ class Job:
 def _header(n: int, record: JobRecord) -> str:
     sid = record.attempts[n - 1].id if n <= len(record.attempts) else "?"
     return f"--- raystack: attempt {n} ({sid}) ---\n"
+
+
+class Sweep:
+    """The jobs of one sweep (ids <sweep>-<k>) in a cluster's ledger."""
+
+    def __init__(self, cluster: str, sweep_id: str, job_ids: list[str]):
+        self.cluster, self.id, self.job_ids = cluster, sweep_id, job_ids
+
+    @classmethod
+    def get(cls, sweep_id: str, cluster: str | None = None) -> Sweep | None:
+        """The sweep of this id (searching every cluster when none is named), or None."""
+        names = [records.resolve(cluster)] if cluster else records.list_names()
+        for name in names:
+            found = deps.members(sweep_id, deps.job_ids(name))
+            if found and found != [sweep_id]:
+                return cls(name, sweep_id, found)
+        return None
+
+    def cancel(self) -> tuple[list[JobRecord], list[str]]:
+        """Cancel every job of the sweep that has not started; (cancelled, the ids left)."""
+        done, left = [], []
+        for job_id in self.job_ids:
+            record = read_job(self.cluster, job_id)
+            if record.state.is_terminal():
+                continue
+            try:
+                done.append(cancel(self.cluster, job_id))
+            except ClusterError:
+                left.append(job_id)
+        return done, left

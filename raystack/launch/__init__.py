@@ -1,1 +1,7 @@
-"""SPMD launchers (torchrun, the DeepSpeed launcher, accelerate) run as Ray actors, one per node."""
+"""SPMD launchers (torchrun, the DeepSpeed launcher, accelerate) run as Ray actors, one per node;
+and the hook that keeps a packed job on its own nodes (pinned/sitecustomize.py)."""
+
+from pathlib import Path
+
+# On PYTHONPATH of every process of a packed job (the queue runner puts it there).
+PIN_DIR = Path(__file__).resolve().parent / "pinned"

@@ -8,6 +8,9 @@ names the file, the field and the fix.
 
 from __future__ import annotations
 
+import difflib
+import json
+import math
 import re
 import secrets
 import shlex
@@ -36,10 +39,31 @@ from raystack.spec.values import (
     parse_duration,
     parse_yaml,
     quote,
+    size_to_mb,
     validate_env,
 )
 from raystack.store.paths import NAME
 
+# The keys of Ray's runtime_env (ray.runtime_env.RuntimeEnv) a job may give.
+RUNTIME_ENV_KEYS = (
+    "working_dir",
+    "py_modules",
+    "py_executable",
+    "excludes",
+    "pip",
+    "uv",
+    "conda",
+    "container",
+    "image_uri",
+    "env_vars",
+    "config",
+    "nsight",
+    "rocprof_sys",
+    "worker_process_setup_hook",
+    "java_jars",
+)
+MAX_SWEEP = 1000  # jobs in one sweep
+AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
 
 # Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
@@ -81,9 +105,12 @@ class Needs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     nodes: int | None = Field(default=None, ge=1)
-    """Nodes the job needs (refused at submit when the cluster has fewer; with packing, what it occupies)."""
+    """Nodes the job needs. A job that declares needs (nodes, or gpus/cpus rounded up to whole
+    nodes) occupies only those and runs beside others; one that declares none has the cluster."""
     gpus: int | None = Field(default=None, ge=0)
     """GPUs in all."""
+    cpus: int | None = Field(default=None, ge=0)
+    """CPUs in all."""
     gpus_per_node: int | None = Field(default=None, ge=0)
     """GPUs on each node it uses."""
     cpus_per_gpu: float | None = Field(default=None, ge=0)
@@ -141,6 +168,14 @@ class JobSpec(BaseModel):
     """GPUs reserved for the driver (Ray's --entrypoint-num-gpus)."""
     entrypoint_resources: dict[str, float] = Field(default_factory=dict)
     """Other Ray resources for the driver; one no node has is refused at submit."""
+    entrypoint_memory: int = Field(default=0, ge=0)
+    """Memory reserved for the driver, in bytes or as a size (4G) (Ray's --entrypoint-memory)."""
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    """Ray's runtime_env as Ray takes it (pip, uv, conda, py_modules, py_executable, image_uri,
+    container, nsight, config, ...), validated by Ray's own RuntimeEnv at submit and merged with
+    what raystack sets: its working_dir, env_vars and excludes join the spec's own."""
+    metadata: dict[str, str] = Field(default_factory=dict)
+    """Ray job metadata shown by the dashboard and `ray job list` (raystack's own keys win)."""
     needs: Needs = Field(default_factory=Needs)
     """What the job needs from the cluster, checked before it is queued."""
     timeout: float | None = None
@@ -165,6 +200,12 @@ class JobSpec(BaseModel):
     resume: Resume = Field(default_factory=Resume)
     """How the job is submitted again after a walltime interruption."""
     plan: PlanSpec | None = None
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    """One job per combination of these values, e.g. {env.LR: [1e-6, 3e-6], env.SEED: [1, 2]}:
+    4 jobs of one sweep, with ids <name>-<sweep>-<k> (as `submit --sweep env.LR=1e-6,3e-6`)."""
+    after: list[str] = Field(default_factory=list)
+    """Jobs (or sweeps) this one waits for, as SLURM's dependencies: ID or ID:ok (it SUCCEEDED),
+    ID:any (it ended), ID:notok (it FAILED, STOPPED or was CANCELLED)."""
     """A layout the planner computes from the cluster, filled into {plan.*} in the entrypoint."""
 
     @field_validator("name")
@@ -183,6 +224,81 @@ class JobSpec(BaseModel):
         if info.data.get("kind", "ray") == "ray" and not value.strip():
             raise ValueError("is empty; give the command to run, e.g. 'python train.py'")
         return check_command(value)
+
+    @field_validator("runtime_env", mode="before")
+    @classmethod
+    def _runtime_env(cls, value: Any) -> dict[str, Any]:
+        """Ray's keys only (a typo would be taken by Ray as a plugin and ignored); env_vars
+        checked as `env` is. Ray's own RuntimeEnv checks the rest at submit (spec.resolve)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError("must be a mapping, e.g. {pip: [requests], env_vars: {A: '1'}}")
+        for key in value:
+            if key not in RUNTIME_ENV_KEYS:
+                close = difflib.get_close_matches(str(key), RUNTIME_ENV_KEYS, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(f"unknown key {key!r}; {hint}Ray's keys: {', '.join(RUNTIME_ENV_KEYS)}")
+        if "env_vars" in value:
+            value = {**value, "env_vars": validate_env(value["env_vars"], reserved=("RAYSTACK_",))}
+        return value
+
+    @field_validator("entrypoint_memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> int:
+        if isinstance(value, str) and not value.strip().isdigit():
+            return size_to_mb(value) * 2**20
+        return value  # type: ignore[no-any-return,unused-ignore]
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata(cls, value: Any) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError('must be a mapping of names to text, e.g. {"team": "rl"}')
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _sweep(cls, value: Any) -> dict[str, list[Any]]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
+            raise ValueError("must map spec keys to lists of values, e.g. {env.LR: [1e-6, 3e-6]}")
+        for key in value:
+            try:
+                apply_sets({}, [f"{key}=0"])  # (a key that is no field of the spec: named now)
+            except ConfigError as exc:
+                raise ValueError(f"{key!r}: {str(exc).split(': ', 1)[1]}") from None
+        if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
+            raise ValueError(f"more than {MAX_SWEEP} combinations; split the sweep")
+        return value
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after(cls, value: Any) -> list[str]:
+        if value is None:
+            return []
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ValueError("give a list of job or sweep ids, e.g. [train-3fa2c1d4:ok]")
+        for item in items:
+            if not isinstance(item, str) or not AFTER.fullmatch(item):
+                raise ValueError(f"{item!r}: give a job or sweep id, optionally with :ok, :any or :notok")
+        return list(items)
+
+    @model_validator(mode="after")
+    def _one_working_dir(self) -> JobSpec:
+        if self.working_dir is not None and self.runtime_env.get("working_dir") is not None:
+            raise ValueError("working_dir is given twice (the spec's and runtime_env's): keep one")
+        both = set(self.env) & set(self.runtime_env.get("env_vars", {}))
+        for key in sorted(both):
+            if self.env[key] != self.runtime_env["env_vars"][key]:
+                raise ValueError(
+                    f"{key} is set twice, differently: in env and runtime_env.env_vars; keep one"
+                )
+        return self
 
     @model_validator(mode="after")
     def _kind(self) -> JobSpec:

@@ -7,17 +7,28 @@ absolute paths on the shared filesystem, and `needs` must fit the cluster.
 from __future__ import annotations
 
 import contextlib
-import os
+import itertools
+import math
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from raystack import slurmtime
 from raystack.errors import ConfigError
-from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, command_spec, load_spec, new_job_id, resumed_spec
+from raystack.spec import runtime_env
+from raystack.spec.job import (
+    DEFAULT_EXCLUDES,
+    MAX_SWEEP,
+    JobSpec,
+    apply_sets,
+    command_spec,
+    load_spec,
+    new_job_id,
+    resumed_spec,
+)
 from raystack.spec.planning import substitute
+from raystack.spec.runtime_env import expand
 from raystack.spec.values import duration_text
-from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -37,6 +48,8 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     have = f"cluster '{cluster.name}' has {nodes} nodes x {gpn} GPUs"
     if n.nodes is not None and n.nodes > nodes:
         raise ConfigError(f"{source}: needs.nodes={n.nodes} but {have}; {fix}")
+    if n.cpus is not None and cpn and n.cpus > nodes * cpn:
+        raise ConfigError(f"{source}: needs.cpus={n.cpus} but {have} x {cpn} CPUs = {nodes * cpn}; {fix}")
     if n.gpus is not None and n.gpus > nodes * gpn:
         raise ConfigError(f"{source}: needs.gpus={n.gpus} but {have} = {nodes * gpn}; {fix}")
     if n.gpus_per_node is not None and n.gpus_per_node > gpn:
@@ -101,43 +114,33 @@ def cluster_walltime(cluster: ClusterRecord) -> float | None:
     return None
 
 
-def expand(path: str) -> str:
-    """~ and $VARS in a path, as the submitter's shell would expand them."""
-    return os.path.expandvars(os.path.expanduser(path))
-
-
 def resolve(
-    spec: JobSpec, cluster: ClusterRecord, base_dir: Path, source: str, spec_file: str | None = None
+    spec: JobSpec,
+    cluster: ClusterRecord,
+    base_dir: Path,
+    source: str,
+    spec_file: str | None = None,
+    job_id: str | None = None,
 ) -> JobRequest:
     """Check and resolve a spec for a cluster; nothing is written."""
     check_needs(spec, cluster, source)
     planned = substitute(spec.entrypoint, spec.plan, cluster, source, spmd_processes(spec, cluster))
-    working_dir = None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
-    if spec.working_dir is not None:
-        folder = (base_dir / expand(spec.working_dir)).resolve()
-        if not folder.is_dir():
-            raise ConfigError(
-                f"{source}: working_dir '{spec.working_dir}' is not a folder ({folder}); "
-                "fix the path (relative paths start at the spec's folder)"
-            )
-        home = paths.home().resolve()
-        if folder == home or folder in home.parents:
-            raise ConfigError(
-                f"{source}: working_dir {folder} holds RAYSTACK_HOME ({home}), the clusters' tokens "
-                "among it: choose a folder that does not, or move RAYSTACK_HOME out of it"
-            )
-        workdir.check(folder, excludes, source)
-        working_dir = str(folder)
+    joined = runtime_env.resolve(
+        spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
+    )
     outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
     return JobRequest(
-        id=new_job_id(spec.name),
+        id=job_id or new_job_id(spec.name),
         name=spec.name,
         cluster=cluster.name,
         entrypoint=spec.entrypoint,
-        working_dir=working_dir,
-        excludes=excludes,
-        env=dict(spec.env),
+        working_dir=joined.working_dir,
+        excludes=joined.excludes,
+        env=joined.env,
+        runtime_env=joined.runtime_env,
+        entrypoint_memory=spec.entrypoint_memory,
+        metadata=dict(spec.metadata),
         entrypoint_num_cpus=spec.entrypoint_num_cpus,
         entrypoint_num_gpus=spec.entrypoint_num_gpus,
         entrypoint_resources=dict(spec.entrypoint_resources),
@@ -148,6 +151,8 @@ def resolve(
         infeasible_grace=spec.infeasible_grace,
         stop_grace=spec.stop_grace,
         outputs=outputs,
+        after=list(spec.after),
+        needs=spec.needs.model_dump(exclude_none=True),
         uv=spec.uv,
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
@@ -167,7 +172,11 @@ class Prepared:
 
 
 def prepare(
-    job: str | Path | JobSpec | list[str], sets: list[str], cluster: ClusterRecord, cwd: Path
+    job: str | Path | JobSpec | list[str],
+    sets: list[str],
+    cluster: ClusterRecord,
+    cwd: Path,
+    job_id: str | None = None,
 ) -> Prepared:
     """Load (a spec file, a command argv or a JobSpec), validate and resolve a job for a cluster:
     what `submit` queues and `check` shows. Nothing is written. Raises ConfigError."""
@@ -179,7 +188,54 @@ def prepare(
         source, file = f"job spec {path}", str((cwd / path).resolve())
     else:
         spec, base, source, file = job, cwd, f"job spec {job.name}", None
-    request = resolve(spec, cluster, base, source, file)
+    request = resolve(spec, cluster, base, source, file, job_id)
     resumed = resumed_spec(spec, source)
-    again = resolve(resumed, cluster, base, f"{source} (resume)", file) if resumed else None
+    again = resolve(resumed, cluster, base, f"{source} (resume)", file, request.id) if resumed else None
     return Prepared(request, again, spec)
+
+
+def prepare_jobs(
+    job: str | Path | JobSpec | list[str],
+    sets: list[str],
+    cluster: ClusterRecord,
+    cwd: Path,
+    sweeps: list[str] | None = None,
+    job_id: str | None = None,
+) -> list[Prepared]:
+    """The job, or one job per combination of its sweep (the spec's `sweep:` block and `--sweep
+    KEY=V1,V2`), each resolved as `prepare` does: one sweep id, job ids <name>-<sweep>-<k>."""
+    first = prepare(job, sets, cluster, cwd, job_id)
+    axes = {**first.spec.sweep, **dict(parse_sweep(item) for item in sweeps or [])}
+    if not axes:
+        return [first]
+    if job_id:
+        raise ConfigError(f"--submission-id {job_id}: names one job, and a sweep makes several; drop it")
+    if math.prod(len(v) for v in axes.values()) > MAX_SWEEP:
+        raise ConfigError(f"--sweep: more than {MAX_SWEEP} combinations; split the sweep")
+    sweep_id = f"{first.spec.name[:40]}-{secrets.token_hex(3)}"
+    out = []
+    for k, combo in enumerate(itertools.product(*axes.values()), start=1):
+        values = dict(zip(axes, (str(v) for v in combo), strict=True))
+        one = prepare(
+            job, [*sets, *(f"{key}={v}" for key, v in values.items())], cluster, cwd, f"{sweep_id}-{k}"
+        )
+        for request in (one.request, one.resume):
+            if request is not None:
+                request.sweep, request.sweep_values = sweep_id, values
+        out.append(one)
+    return out
+
+
+def parse_sweep(item: str) -> tuple[str, list[str]]:
+    """--sweep KEY=V1,V2,... (or KEY=[V1, V2]): the key and its values as text."""
+    key, eq, values = item.partition("=")
+    if not eq or not key.strip() or not values.strip():
+        raise ConfigError(f"--sweep {item!r}: give KEY=V1,V2,..., e.g. --sweep env.LR=1e-6,3e-6")
+    text = values.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    found = [v.strip() for v in text.split(",") if v.strip()]
+    if not found:
+        raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
+    apply_sets({}, [f"{key.strip()}={found[0]}"])  # (a key that is no field: named now)
+    return key.strip(), found

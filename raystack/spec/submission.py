@@ -59,7 +59,9 @@ def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> di
 
 
 def runtime_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, Any]:
-    renv: dict[str, Any] = {"env_vars": job_env(request, cluster, resumes)}
+    """The user's runtime_env (pip, py_modules, ...) with raystack's env_vars, working_dir and
+    excludes: the user's env_vars are in request.env already, below raystack's own names."""
+    renv: dict[str, Any] = {**request.runtime_env, "env_vars": job_env(request, cluster, resumes)}
     if request.working_dir:
         renv["working_dir"] = request.working_dir
         renv["excludes"] = request.excludes
@@ -79,7 +81,9 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,
         "entrypoint_resources": request.entrypoint_resources or None,
+        "entrypoint_memory": request.entrypoint_memory or None,
         "metadata": {
+            **request.metadata,
             "job_name": request.name,  # the dashboard's Name column
             "raystack_job": request.id,
             "raystack_name": request.name,

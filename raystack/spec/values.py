@@ -189,7 +189,9 @@ def quote(value: Any) -> str:
 MAX_FILE = 1 << 20  # bytes: a profile or job spec is a few lines
 MAX_NODES = 10_000  # YAML values after expanding aliases (a "billion laughs" spec stays small on disk)
 # mappings whose values are kept as written (LR: 1e-6 stays "1e-6", 010 stays "010", yes stays "yes")
-RAW_TEXT_PATHS = (("env",), ("resume", "env"))
+RAW_TEXT_PATHS = (("env",), ("resume", "env"), ("runtime_env", "env_vars"), ("metadata",))
+# Mappings whose values are lists of text as written (a sweep's values: applied as --set text).
+RAW_TEXT_LISTS = (("sweep",),)
 
 
 class _Loader(yaml.SafeLoader):
@@ -256,7 +258,12 @@ def _raw_text_values(node: yaml.Node, path: tuple[str, ...] = ()) -> None:
         if not isinstance(key, yaml.ScalarNode):
             continue
         here = (*path, key.value)
-        if here in RAW_TEXT_PATHS and isinstance(value, yaml.MappingNode):
+        if here in RAW_TEXT_LISTS and isinstance(value, yaml.MappingNode):
+            for _, items in value.value:
+                for item in items.value if isinstance(items, yaml.SequenceNode) else []:
+                    if isinstance(item, yaml.ScalarNode) and item.tag != "tag:yaml.org,2002:null":
+                        item.tag = "tag:yaml.org,2002:str"
+        elif here in RAW_TEXT_PATHS and isinstance(value, yaml.MappingNode):
             for _, item in value.value:
                 if isinstance(item, yaml.ScalarNode):
                     if item.tag == "tag:yaml.org,2002:null":

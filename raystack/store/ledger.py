@@ -62,6 +62,13 @@ class JobRequest(BaseModel):
     entrypoint_num_cpus: float = 0
     entrypoint_num_gpus: float = 0
     entrypoint_resources: dict[str, float] = Field(default_factory=dict)
+    entrypoint_memory: int = 0  # bytes
+    runtime_env: dict[str, Any] = Field(default_factory=dict)  # Ray's keys beyond working_dir/env
+    metadata: dict[str, str] = Field(default_factory=dict)  # the user's: raystack's own keys win
+    after: list[str] = Field(default_factory=list)  # dependencies: ID[:ok|:any|:notok] (ok by default)
+    needs: dict[str, Any] = Field(default_factory=dict)  # what it declared it occupies ({}: the cluster)
+    sweep: str | None = None  # the sweep it belongs to (<name>-<hex>), and its values there
+    sweep_values: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = None
     retries: int = 0
     retry_window: float | None = None  # None: RETRY_WINDOW; 0: any failure is retried
@@ -92,6 +99,8 @@ class Attempt(BaseModel):
     ray_job_id: str | None = None  # Ray's id of it (hex): its workers' log files carry it
     entrypoint: str | None = None  # what Ray ran (a plan's {plan.*} filled for the cluster then)
     outcome: str | None = None  # how it ended when another attempt followed: "FAILED: exit code 1 ..."
+    nodes: list[str] = Field(default_factory=list)  # a packed job's nodes (addresses); []: the cluster
+    node_ids: list[str] = Field(default_factory=list)  # their Ray node ids (its actors are pinned to them)
 
 
 class JobRecord(BaseModel):

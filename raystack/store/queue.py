@@ -167,7 +167,7 @@ def enqueue(
     return record
 
 
-def cancel(name: str, job_id: str) -> JobRecord:
+def cancel(name: str, job_id: str, message: str = "cancelled before it started") -> JobRecord:
     """Remove a job that has not started from the queue: CANCELLED (one transaction)."""
     p = paths.cluster(name)
     with locked(p):
@@ -180,16 +180,16 @@ def cancel(name: str, job_id: str) -> JobRecord:
                 f"job {job_id} is {record.state.value}, not queued: "
                 f"`raystack stop {job_id}` stops a running job"
             )
-        record = change_job(
-            name, job_id, state=JobState.CANCELLED, message="cancelled before it started", ended=time.time()
-        )
+        record = change_job(name, job_id, state=JobState.CANCELLED, message=message, ended=time.time())
         if record.entry is not None:  # (after the ledger says CANCELLED: `start` drops a leftover)
             (p.queue / record.entry).unlink(missing_ok=True)
             append_line(p.journal, f"- {record.entry}")
         return record
 
 
-def start(name: str, entry: Entry, allocation: str | None) -> JobRecord | None:
+def start(
+    name: str, entry: Entry, allocation: str | None, nodes: tuple[list[str], list[str]] | None = None
+) -> JobRecord | None:
     """Take a job off the queue and record its next attempt (one transaction): the submission id
     is the job id, or <id>-r<n> for the n-th time it resumes after an interruption.
 
@@ -225,6 +225,8 @@ def start(name: str, entry: Entry, allocation: str | None) -> JobRecord | None:
         # (an active marker without this attempt: a start or requeue cut short; this start redoes it)
         touch(p.active / entry.job_id)
         attempt = Attempt(id=sid, allocation=allocation)
+        if nodes is not None:  # (a packed job: its nodes' addresses and Ray node ids)
+            attempt.nodes, attempt.node_ids = list(nodes[0]), list(nodes[1])
         changed = change_job(name, entry.job_id, attempts=[*record.attempts, attempt])
         written = read_job(name, entry.job_id)  # (re-check: a filesystem that lost the write)
         if not written.attempts or written.attempts[-1].id != sid:

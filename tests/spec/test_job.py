@@ -209,7 +209,8 @@ BAD = [
     (
         GOOD + "needs: {gpu: 1}\n",
         [],
-        r"unknown key 'needs.gpu' \(did you mean 'gpus'\?\); valid keys: cpus_per_gpu, gpus, gpus_per_node",
+        r"unknown key 'needs.gpu' \(did you mean 'gpus'\?\); valid keys: cpus, cpus_per_gpu, gpus, "
+        r"gpus_per_node, nodes",
     ),
     (GOOD + "entrypoint_num_gpus: 8\n", [], r"entrypoint_num_gpus=8 but cluster 'c4'"),
     (GOOD + "working_dir: nowhere\n", [], r"working_dir 'nowhere' is not a folder .* fix the path"),
@@ -224,7 +225,7 @@ BAD = [
     ("- a\n- b\n", [], r"must be a mapping"),
     ("name: [unclosed\n", [], r"not valid YAML"),
     (GOOD, ["--set", "nedds.gpus=1"], r"--set 'nedds.gpus=1': 'nedds' is not a field of the spec; valid: "),
-    (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus_per_gpu, gpus"),
+    (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus, cpus_per_gpu, gpus"),
     (GOOD, ["--set", "needs"], r"--set 'needs': use --set key.sub=value"),
     (GOOD, ["--set", "name.x=1"], r"'name' is not a mapping"),
     # What first real use and a code review found (each used to be a traceback, a hang or silence).

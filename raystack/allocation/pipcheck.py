@@ -1,0 +1,94 @@
+"""Before a job with a `pip` or `uv` runtime_env is submitted, the queue runner checks on the head
+node that its packages can be had there, so a job whose nodes cannot reach a package index
+fails in seconds with that reason instead of after Ray's setup timeout (10 minutes by default):
+
+* with `--no-index` (wheels on the shared filesystem: `--find-links=/shared/wheels`), pip resolves
+  the packages there (`pip install --dry-run`, offline and quick);
+* otherwise the index (`--index-url`, `PIP_INDEX_URL`, or PyPI) must answer a TCP connection.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+CONNECT_TIMEOUT = 5.0  # seconds for the index to accept a connection
+RESOLVE_TIMEOUT = 120.0  # seconds for pip to resolve the packages from local wheels
+
+
+def packages_and_options(renv: dict[str, Any]) -> tuple[str, list[str], list[str]] | None:
+    """('pip'|'uv', packages, install options) of a runtime_env, or None without either."""
+    for key in ("pip", "uv"):
+        value = renv.get(key)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            return key, [str(v) for v in value], []
+        if isinstance(value, dict):
+            options = value.get("pip_install_options") or value.get("uv_pip_install_options") or []
+            return key, [str(v) for v in value.get("packages") or []], [str(o) for o in options]
+    return None
+
+
+def index_of(options: list[str], env: dict[str, str]) -> str:
+    for i, option in enumerate(options):
+        if option in ("-i", "--index-url") and i + 1 < len(options):
+            return options[i + 1]
+        if option.startswith("--index-url="):
+            return option.split("=", 1)[1]
+    return env.get("PIP_INDEX_URL") or env.get("UV_INDEX_URL") or DEFAULT_INDEX
+
+
+def reachable(url: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
+    """None when the index's host accepts a TCP connection; else why not."""
+    parts = urlsplit(url)
+    if parts.scheme == "file" or not parts.hostname:
+        return None if os.path.exists(parts.path or url) else f"{url} does not exist here"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{parts.hostname}:{port} does not answer ({exc.strerror or exc})"
+
+
+def check(
+    renv: dict[str, Any], python: str = sys.executable, env: dict[str, str] | None = None
+) -> str | None:
+    """Why this runtime_env's packages cannot be installed on the nodes, or None."""
+    found = packages_and_options(renv)
+    if found is None or not found[1]:
+        return None
+    key, packages, options = found
+    env = dict(os.environ if env is None else env)
+    if "--no-index" not in options:
+        url = index_of(options, env)
+        why = reachable(url)
+        if why is None:
+            return None
+        return (
+            f"runtime_env {key}: the nodes cannot reach the package index {url}: {why}; put wheels on the "
+            f"shared filesystem and give {key}: {{packages: [...], pip_install_options: [--no-index, "
+            "--find-links=/shared/wheels]}, or install them into the environment before raystack up"
+        )
+    command = [python, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check"]
+    try:
+        done = subprocess.run(
+            [*command, *options, *packages],
+            capture_output=True,
+            text=True,
+            timeout=RESOLVE_TIMEOUT,
+            env={**env, "PIP_NO_INPUT": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        return f"runtime_env {key}: pip could not resolve {' '.join(packages)} within {RESOLVE_TIMEOUT:.0f}s"
+    if done.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip().startswith("ERROR")]
+    why = lines[0] if lines else (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+    return f"runtime_env {key}: {why} (pip {' '.join(options)})"

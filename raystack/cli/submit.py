@@ -1,0 +1,263 @@
+"""`raystack submit`: a spec file or a command after --, with `ray job submit`'s own flags,
+sweeps and dependencies."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from typer.core import TyperCommand
+
+from raystack.cli.common import ClusterOpt, JsonOpt, app, err, print_json
+from raystack.client import Cluster, Job, JobRecord, JobState
+from raystack.errors import ConfigError
+from raystack.spec.planning import PlanSpec, describe
+
+
+class TakesCommand(TyperCommand):
+    """A verb whose command comes after `--`, verbatim (as `ray job submit -- ...` takes it):
+    keeps the raw argv and how many words came after the `--` for the verb to check."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["raw_args"] = list(args)
+        ctx.meta["after_dashes"] = len(args) - args.index("--") - 1 if "--" in args else None
+        return super().parse_args(ctx, args)
+
+
+def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
+    """A spec file, or the command after `--`. A bare command without `--` is refused (its own
+    flags would be read as raystack's: `-c config.yaml` as the cluster), and so is a spec
+    file that does not exist, before anything is read or queued."""
+    after = ctx.meta.get("after_dashes")
+    before, command = (args, []) if after is None else (args[: len(args) - after], args[len(args) - after :])
+    if after is not None:
+        if before:
+            raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
+        if not command:
+            raise ConfigError("nothing after --: give the command, e.g. raystack submit -- python train.py")
+        return command
+    if not before:
+        raise ConfigError(
+            "give a job spec or a command after --: raystack submit job.yaml, raystack submit -- python x.py"
+        )
+    if len(before) == 1 and before[0].lower().endswith((".yaml", ".yml")):
+        if not Path(before[0]).is_file():
+            raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")
+        return before[0]
+    raw = ctx.meta.get("raw_args", before)
+    i = raw.index(before[0]) if before[0] in raw else len(raw)
+    fix = shlex.join(["raystack", "submit", *raw[:i], "--", *raw[i:]])
+    near = _nearest_spec(before[0]) if len(before) == 1 else ""
+    raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
+
+
+def _nearest_spec(given: str) -> str:
+    """'; did you mean X?' for a spec file whose name is close to `given`, else ''."""
+    folder = Path(given).parent
+    names = (
+        [p.name for p in folder.glob("*") if p.suffix.lower() in (".yaml", ".yml")] if folder.is_dir() else []
+    )
+    close = difflib.get_close_matches(Path(given).name, names, n=1, cutoff=0.75)
+    return f"; did you mean {folder / close[0] if str(folder) != '.' else close[0]}?" if close else ""
+
+
+# The options of `submit`, one alias each; `ray job submit`'s flags mean what they mean there.
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: key.sub=value.")
+]
+FollowOpt = Annotated[
+    bool, typer.Option("--follow", "-f", help="Stream the log; exit with the job's outcome.")
+]
+NowOpt = Annotated[
+    bool, typer.Option("--now", help="Skip the queue: submit as soon as the cluster is READY.")
+]
+SweepOpt = Annotated[
+    list[str] | None,
+    typer.Option("--sweep", metavar="KEY=V1,V2", help="One job per value (repeat: every combination)."),
+]
+AfterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--after", metavar="ID[:ok|:any|:notok]", help="Wait for a job or sweep to end so (repeatable)."
+    ),
+]
+WorkingDirOpt = Annotated[
+    str | None,
+    typer.Option("--working-dir", metavar="DIR", help="Uploaded to every node (as ray job submit)."),
+]
+CpusOpt = Annotated[
+    float | None, typer.Option("--entrypoint-num-cpus", min=0, metavar="N", help="CPUs for the driver.")
+]
+GpusOpt = Annotated[
+    float | None, typer.Option("--entrypoint-num-gpus", min=0, metavar="N", help="GPUs for the driver.")
+]
+MemoryOpt = Annotated[
+    str | None, typer.Option("--entrypoint-memory", metavar="BYTES", help="Memory for the driver (or 4G).")
+]
+ResourcesOpt = Annotated[
+    str | None, typer.Option("--entrypoint-resources", metavar="JSON", help="Other resources for the driver.")
+]
+MetadataOpt = Annotated[str | None, typer.Option("--metadata-json", metavar="JSON", help="Ray job metadata.")]
+RuntimeEnvOpt = Annotated[
+    Path | None, typer.Option("--runtime-env", metavar="FILE", help="Ray's runtime_env, a YAML or JSON file.")
+]
+RuntimeEnvJsonOpt = Annotated[
+    str | None, typer.Option("--runtime-env-json", metavar="JSON", help="Ray's runtime_env.")
+]
+SubmissionIdOpt = Annotated[
+    str | None, typer.Option("--submission-id", metavar="ID", help="The job's id (default: <name>-<8 hex>).")
+]
+NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once queued (the default).")]
+
+
+@app.command(cls=TakesCommand, short_help="Queue a job: a spec file, or a command after --.")
+def submit(
+    ctx: typer.Context,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="SPEC.yaml | -- COMMAND", show_default=False, help="A job spec, or a command after --."
+        ),
+    ] = None,
+    cluster: ClusterOpt = None,
+    sets: SetOpt = None,
+    sweep: SweepOpt = None,
+    after: AfterOpt = None,
+    working_dir: WorkingDirOpt = None,
+    entrypoint_num_cpus: CpusOpt = None,
+    entrypoint_num_gpus: GpusOpt = None,
+    entrypoint_memory: MemoryOpt = None,
+    entrypoint_resources: ResourcesOpt = None,
+    metadata_json: MetadataOpt = None,
+    runtime_env: RuntimeEnvOpt = None,
+    runtime_env_json: RuntimeEnvJsonOpt = None,
+    submission_id: SubmissionIdOpt = None,
+    no_wait: NoWaitOpt = False,
+    follow: FollowOpt = False,
+    now: NowOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in
+    SLURM. ray job submit's flags add to the spec (--working-dir, --entrypoint-num-cpus/-gpus/
+    -memory, --entrypoint-resources, --metadata-json, --runtime-env[-json], --submission-id);
+    --sweep makes one job per value, --after makes it wait for other jobs."""
+    job_input = job_argument(ctx, list(args or []))
+    flags = {
+        "working_dir": _absolute(working_dir),
+        "entrypoint_num_cpus": entrypoint_num_cpus,
+        "entrypoint_num_gpus": entrypoint_num_gpus,
+        "entrypoint_memory": entrypoint_memory,
+        "entrypoint_resources": _json("--entrypoint-resources", entrypoint_resources),
+        "metadata": _json("--metadata-json", metadata_json),
+    }
+    extra = [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
+    extra += runtime_env_sets(runtime_env, runtime_env_json)
+    target = Cluster.get(cluster)
+    jobs = target.submit_jobs(
+        job_input, sets=[*extra, *(sets or [])], now=now, sweeps=sweep, after=after, job_id=submission_id
+    )
+    _tell(target, jobs, follow, as_json)
+    if follow:
+        exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
+
+
+def exit_for(record: JobRecord) -> None:
+    """`--follow` and `logs -f` exit with the job's outcome: 0 only when it SUCCEEDED."""
+    if record.state is not JobState.SUCCEEDED:
+        err.print(f"job {record.id} {record.state.value}: {record.message}", markup=False)
+        raise typer.Exit(1)
+
+
+def _follow_many(jobs: list[Job]) -> JobRecord:
+    """A sweep followed: each job's log in turn; the first that did not succeed, else the last."""
+    records = [job.follow() for job in jobs]
+    return next((r for r in records if r.state is not JobState.SUCCEEDED), records[-1])
+
+
+def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None:
+    rows = []
+    for job in jobs:
+        record = job.seen or job.record()
+        rows.append(
+            {"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": job.position()}
+        )
+    if as_json:
+        print_json(rows[0] if len(rows) == 1 else rows)
+        return
+    first = jobs[0].seen or jobs[0].record()
+    if first.request.sweep:
+        err.print(
+            f"queued sweep {first.request.sweep} on cluster {target.name}: {len(jobs)} jobs, "
+            f"{jobs[0].id} ... {jobs[-1].id}",
+            markup=False,
+        )
+    else:
+        pos = rows[0]["position"]
+        where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
+        err.print(f"queued job {jobs[0].id} on cluster {target.name} ({where})", markup=False)
+    if first.request.after:
+        err.print(f"  after: {', '.join(first.request.after)}", markup=False)
+    if first.request.plan:
+        plan = PlanSpec.model_validate(first.request.plan)
+        line = describe(plan, target.snapshot(), f"job {jobs[0].id}", first.request.processes)
+        err.print(f"  plan: {line}", markup=False)
+    if not follow:
+        what = first.request.sweep or jobs[0].id
+        err.print(
+            f"  follow it: raystack logs {jobs[0].id} -f    stop it: raystack cancel {what}", markup=False
+        )
+
+
+def _absolute(folder: str | None) -> str | None:
+    """--working-dir is relative to where the command runs (as ray job submit takes it)."""
+    if folder is None or "://" in folder:
+        return folder
+    return str(Path(folder).expanduser().resolve())
+
+
+def _json(flag: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag}: not JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f'{flag}: give a JSON object, e.g. {{"key": "value"}}')
+    return value
+
+
+def runtime_env_sets(path: Path | None, text: str | None) -> list[str]:
+    """--runtime-env FILE / --runtime-env-json as --set items, key by key (they join the spec's
+    runtime_env; env_vars join variable by variable). Local paths are the current folder's."""
+    renv: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"--runtime-env {path}: cannot read it ({exc})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--runtime-env {path}: not a mapping of runtime_env keys")
+        renv.update(loaded)
+    if text is not None:
+        given = _json("--runtime-env-json", text)
+        env = {**(renv.get("env_vars") or {}), **(given.pop("env_vars", None) or {})}
+        renv.update(given)
+        if env:
+            renv["env_vars"] = env
+    for key in ("working_dir", "pip", "uv", "conda"):
+        value = renv.get(key)
+        if isinstance(value, str) and "://" not in value and Path(value).expanduser().exists():
+            renv[key] = str(Path(value).expanduser().resolve())
+    if isinstance(renv.get("py_modules"), list):
+        renv["py_modules"] = [
+            str(Path(m).expanduser().resolve()) if isinstance(m, str) and "://" not in m else m
+            for m in renv["py_modules"]
+        ]
+    items = [f"runtime_env.env_vars.{k}={v}" for k, v in (renv.pop("env_vars", None) or {}).items()]
+    return [*(f"runtime_env.{k}={json.dumps(v)}" for k, v in renv.items()), *items]

@@ -1,0 +1,109 @@
+"""Dependencies between jobs, in SLURM's words: a job queued `--after ID[:ok|:any|:notok]` waits
+until ID (a job, or every job of a sweep) ended in the asked way, and is cancelled with the
+reason once that can no longer happen: it never waits forever.
+
+    ok     (afterok)     every one of them SUCCEEDED            (the default)
+    any    (afterany)    every one of them ended, however
+    notok  (afternotok)  every one of them FAILED, was STOPPED or CANCELLED
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from raystack.errors import ClusterError
+from raystack.store import paths
+from raystack.store.ledger import JobRecord, JobState, read_job
+
+NOT_OK = {JobState.FAILED, JobState.STOPPED, JobState.CANCELLED}
+WORDS = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
+
+
+@dataclass(frozen=True)
+class Dependency:
+    target: str  # a job id, or a sweep id (<name>-<hex>: every job <sweep>-<k>)
+    when: str  # ok, any, notok
+
+    def met_by(self, state: JobState) -> bool:
+        if self.when == "ok":
+            return state is JobState.SUCCEEDED
+        if self.when == "notok":
+            return state in NOT_OK
+        return state.is_terminal()
+
+    def __str__(self) -> str:
+        return f"{WORDS[self.when]}:{self.target}"
+
+
+def parse(item: str) -> Dependency:
+    target, _, when = item.partition(":")
+    return Dependency(target, when or "ok")
+
+
+def job_ids(name: str) -> set[str]:
+    """Every job id of the cluster's ledger (one directory listing)."""
+    folder = paths.cluster(name).jobs
+    return {p.stem for p in folder.glob("*.json")} if folder.is_dir() else set()
+
+
+def members(target: str, ids: Iterable[str]) -> list[str]:
+    """The jobs a dependency names: the job itself, or every job of the sweep <target>-<k>."""
+    ids = set(ids)
+    if target in ids:
+        return [target]
+    pattern = re.compile(re.escape(target) + r"-\d+")
+    return sorted(i for i in ids if pattern.fullmatch(i))
+
+
+def unknown(name: str, after: list[str], own: set[str]) -> str | None:
+    """Why `after` cannot be accepted at submit (an id that is no job or sweep of this cluster,
+    or one of the jobs being queued: a cycle), else None."""
+    ids = job_ids(name)
+    for item in after:
+        dep = parse(item)
+        if dep.target in own or any(m in own for m in members(dep.target, own)):
+            return f"--after {item}: a job cannot wait for itself"
+        if not members(dep.target, ids):
+            return (
+                f"--after {item}: no job or sweep {dep.target!r} in cluster {name} (see raystack queue --all)"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ready: bool
+    never: bool
+    reason: str
+
+
+def verdict(
+    name: str, after: list[str], read: Callable[[str, str], JobRecord] = read_job, ids: set[str] | None = None
+) -> Verdict:
+    """Whether a job with these dependencies may start now, must wait, or never can."""
+    waiting = []
+    ids = job_ids(name) if ids is None else ids
+    for item in after:
+        dep = parse(item)
+        targets = members(dep.target, ids)
+        if not targets:
+            return Verdict(False, True, f"dependency {dep.target} is no job of the cluster ({dep})")
+        for job_id in targets:
+            try:
+                state = read(name, job_id).state
+            except ClusterError:
+                waiting.append(f"{dep} (its ledger cannot be read now)")
+                continue
+            if state.is_terminal() and not dep.met_by(state):
+                return Verdict(
+                    False, True, f"dependency {job_id} ended {state.value}: {dep} can never be met"
+                )
+            if not state.is_terminal():
+                waiting.append(f"{dep}" if len(targets) == 1 else f"{WORDS[dep.when]}:{job_id}")
+    if waiting:
+        return Verdict(
+            False, False, f"waits for {', '.join(waiting[:3])}" + (" ..." if len(waiting) > 3 else "")
+        )
+    return Verdict(True, False, "")
