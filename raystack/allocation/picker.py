@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation.schedule import LOOKAHEAD, Board, Want, choose, nodes_wanted
+from raystack.allocation.schedule import LOOKAHEAD, Board, Want, choose
 from raystack.errors import ClusterError
+from raystack.plan.topology import nodes_wanted
 from raystack.store import cluster as records
 from raystack.store import deps
 from raystack.store import queue as store

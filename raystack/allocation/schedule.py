@@ -11,7 +11,6 @@ waits forever behind smaller jobs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 BACKFILL = 4  # jobs that may start ahead of one waiting for room
@@ -45,22 +44,6 @@ class Board:
 
     def idle(self) -> bool:
         return not self.whole and not self.held
-
-
-def nodes_wanted(
-    nodes: int | None, gpus: int | None, cpus: int | None, gpus_per_node: int, cpus_per_node: int
-) -> int | None:
-    """Whole nodes a job's `needs` occupies; None when it declares nothing (the whole cluster)."""
-    if nodes is not None:
-        return nodes
-    counts = []
-    if gpus:
-        counts.append(math.ceil(gpus / gpus_per_node) if gpus_per_node else 10**9)
-    if cpus:
-        counts.append(math.ceil(cpus / cpus_per_node) if cpus_per_node else 1)
-    if not counts and gpus == 0 and cpus is None:
-        return 1  # (needs: {gpus: 0}: a CPU job that says it is small)
-    return max(counts) if counts else None
 
 
 def choose(wants: list[Want], board: Board, overtaken: dict[str, int]) -> list[tuple[Want, list[str] | None]]:

@@ -11,7 +11,7 @@ from rich.table import Table
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
 from raystack.cli.submit import TakesCommand, job_argument
 from raystack.client import check as checking
-from raystack.spec.planning import PlanSpec, describe
+from raystack.spec.planning import PlanSpec, describe, occupied
 from raystack.spec.profile import available_profiles, load_profile, profile_path
 from raystack.spec.values import duration_text
 
@@ -54,7 +54,8 @@ def check(
     request = done.prepared.request
     plan_line = ""
     if request.plan:
-        plan_line = describe(PlanSpec.model_validate(request.plan), record, request.name, request.processes)
+        mine = occupied(record, request.needs)
+        plan_line = describe(PlanSpec.model_validate(request.plan), mine, request.name, request.processes)
     if as_json:
         print_json(
             {

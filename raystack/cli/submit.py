@@ -16,7 +16,7 @@ from typer.core import TyperCommand
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.errors import ConfigError
-from raystack.spec.planning import PlanSpec, describe
+from raystack.spec.planning import PlanSpec, describe, occupied
 
 
 class TakesCommand(TyperCommand):
@@ -204,7 +204,8 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
     if first.request.plan:
         plan = PlanSpec.model_validate(first.request.plan)
-        line = describe(plan, target.snapshot(), f"job {jobs[0].id}", first.request.processes)
+        mine = occupied(target.snapshot(), first.request.needs)
+        line = describe(plan, mine, f"job {jobs[0].id}", first.request.processes)
         err.print(f"  plan: {line}", markup=False)
     if not follow:
         what = first.request.sweep or jobs[0].id

@@ -10,6 +10,7 @@ and an infeasible one is refused with the reason and the nearest layout that fit
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -285,3 +286,19 @@ def nearest(
                     if best is None or cost < best[0]:
                         best = (cost, layout)
     return best[1] if best else None
+
+
+def nodes_wanted(
+    nodes: int | None, gpus: int | None, cpus: int | None, gpus_per_node: int, cpus_per_node: int
+) -> int | None:
+    """Whole nodes a job's `needs` occupies; None when it declares nothing (the whole cluster)."""
+    if nodes is not None:
+        return nodes
+    counts = []
+    if gpus:
+        counts.append(math.ceil(gpus / gpus_per_node) if gpus_per_node else 10**9)
+    if cpus:
+        counts.append(math.ceil(cpus / cpus_per_node) if cpus_per_node else 1)
+    if not counts and gpus == 0 and cpus is None:
+        return 1  # (needs: {gpus: 0}: a CPU job that says it is small)
+    return max(counts) if counts else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,7 @@ from raystack.plan.topology import (
     GrpoLayout,
     Infeasible,
     Shape,
+    nodes_wanted,
     plan_colocated,
     plan_grpo,
 )
@@ -59,6 +60,21 @@ class PlanSpec(BaseModel):
     """grpo: learner GPUs per placement bundle (default: spread over the nodes)."""
     cpus_per_learner_gpu: int = Field(default=LEARNER_CPUS_PER_GPU, ge=0, le=1024)
     """grpo: CPUs each learner GPU's bundle asks for (open-instruct: 10)."""
+
+
+def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRecord:
+    """The part of the cluster a job plans on: the whole, or the nodes its `needs` occupies (a
+    job side by side with others plans its layout on its own nodes)."""
+    nodes = nodes_wanted(
+        (needs or {}).get("nodes"),
+        (needs or {}).get("gpus"),
+        (needs or {}).get("cpus"),
+        cluster.gpus_per_node,
+        cluster.cpus_per_node,
+    )
+    if nodes is None or nodes >= cluster.nodes_expected:
+        return cluster
+    return cluster.model_copy(update={"nodes_expected": nodes})
 
 
 def shape_of(cluster: ClusterRecord) -> Shape:

@@ -26,7 +26,7 @@ from raystack.spec.job import (
     new_job_id,
     resumed_spec,
 )
-from raystack.spec.planning import substitute
+from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
 from raystack.spec.values import duration_text
 from raystack.store.cluster import ClusterRecord
@@ -124,7 +124,8 @@ def resolve(
 ) -> JobRequest:
     """Check and resolve a spec for a cluster; nothing is written."""
     check_needs(spec, cluster, source)
-    planned = substitute(spec.entrypoint, spec.plan, cluster, source, spmd_processes(spec, cluster))
+    mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))  # (a packed job's nodes)
+    planned = substitute(spec.entrypoint, spec.plan, mine, source, spmd_processes(spec, mine))
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
@@ -157,7 +158,7 @@ def resolve(
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
         planned=planned if spec.plan else None,
-        processes=spmd_processes(spec, cluster),
+        processes=spmd_processes(spec, mine),
         spec_file=spec_file,
     )
 

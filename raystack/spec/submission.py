@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from raystack.spec.planning import PlanSpec, substitute
+from raystack.spec.planning import PlanSpec, occupied, substitute
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -74,7 +74,8 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
     A plan is computed again here, from the cluster as it is now. Raises ConfigError when it no
     longer fits."""
     plan = PlanSpec.model_validate(request.plan) if request.plan else None
-    entrypoint = substitute(request.entrypoint, plan, cluster, f"job {request.id}", request.processes)
+    mine = occupied(cluster, request.needs)  # (a packed job plans on its own nodes)
+    entrypoint = substitute(request.entrypoint, plan, mine, f"job {request.id}", request.processes)
     return {
         "entrypoint": driver_entrypoint(entrypoint),
         "runtime_env": runtime_env(request, cluster, resumes),

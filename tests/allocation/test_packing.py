@@ -14,8 +14,9 @@ import pytest
 
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation import pipcheck
-from raystack.allocation.schedule import BACKFILL, Board, Want, choose, nodes_wanted
+from raystack.allocation.schedule import BACKFILL, Board, Want, choose
 from raystack.launch import PIN_DIR
+from raystack.plan.topology import nodes_wanted
 from raystack.store import queue
 from raystack.store.ledger import JobState, read_job, update_job
 

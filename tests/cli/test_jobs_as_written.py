@@ -174,3 +174,13 @@ def test_dependencies_name_existing_jobs_or_sweeps(capsys: pytest.CaptureFixture
     assert request(after["id"]).after == [train["id"], f"{sweep}:any"]
     code, _, err = run(capsys, "submit", "-c", "c4", "--submission-id", "me", "--after", "me", "--", "x")
     assert code == 1 and "a job cannot wait for itself" in err
+
+
+def test_a_packed_job_plans_its_layout_on_its_own_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    Path("g.yaml").write_text(
+        "name: g\nentrypoint: python grpo_fast.py {plan.flags}\nneeds: {nodes: 2}\n"
+        "plan: {kind: grpo, learners: 4, tp: 1, cpus_per_learner_gpu: 4}\n"
+    )
+    [row] = submitted(capsys, "g.yaml")
+    planned = request(row["id"]).planned
+    assert "--num_learners_per_node 2 2 " in planned and "--vllm_num_engines 4" in planned, planned
