@@ -3,10 +3,13 @@ installed (the job says which it used).
 
 Weights reach the engines as open-instruct sends them: learner rank 0 and every engine form a
 process group of their own (gloo on CPU, NCCL on GPUs), and rank 0 broadcasts each parameter
-after each step. In a vLLM engine the receiving end runs inside vLLM's worker process (a
-`worker_extension_cls`), and the weights are loaded through vLLM's own layerwise reload
-(initialize_layerwise_reload -> load_weights -> finalize_layerwise_reload): plain
-`model.load_weights` fails on CPU, whose kernels repack the weights after the first load.
+after each step. With one GPU for both (`--single_gpu_mode`: the learner and the engine share
+it, as open-instruct colocates them) NCCL cannot join two processes on one device, so the same
+broadcast goes over gloo through host memory. In a vLLM engine the receiving end runs inside
+vLLM's worker process (a `worker_extension_cls`), and the weights are loaded through vLLM's own
+layerwise reload where vLLM has it (initialize_layerwise_reload -> load_weights ->
+finalize_layerwise_reload: plain `model.load_weights` fails on CPU, whose kernels repack the
+weights after the first load); older vLLMs (0.2x, on CUDA) load them directly.
 """
 
 from __future__ import annotations
@@ -27,29 +30,30 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def join_group(host: str, port: int, rank: int, world: int, cuda: bool) -> Any:
+def join_group(host: str, port: int, rank: int, world: int, nccl: bool) -> Any:
     """A process group of `world` ranks outside torch.distributed's default one."""
     import torch.distributed as dist
 
     store = dist.TCPStore(
         host, port, world, is_master=rank == 0, wait_for_workers=False, timeout=GROUP_TIMEOUT
     )
-    if cuda:
+    if nccl:
         return dist.ProcessGroupNCCL(store, rank, world)
     return dist.ProcessGroupGloo(store, rank, world, GROUP_TIMEOUT)
 
 
 def receive(
-    group: Any, names_shapes: list[tuple[str, list[int]]], device: str
+    group: Any, names_shapes: list[tuple[str, list[int]]], device: str, nccl: bool
 ) -> tuple[list[tuple[str, Any]], float]:
-    """Receive every parameter rank 0 broadcasts; return them and their checksum."""
+    """Receive every parameter rank 0 broadcasts (into host memory over gloo, into the device over
+    NCCL), on `device`; return them and their checksum."""
     import torch
 
     weights, total = [], 0.0
     for name, shape in names_shapes:
-        tensor = torch.empty(shape, dtype=torch.float32, device=device)
+        tensor = torch.empty(shape, dtype=torch.float32, device=device if nccl else "cpu")
         group.broadcast(tensor, 0).wait()
-        weights.append((name, tensor))
+        weights.append((name, tensor.to(device)))
         total += float(tensor.double().sum())
     return weights, total
 
@@ -58,18 +62,21 @@ class WeightSync:
     """vLLM worker_extension_cls: these methods run inside vLLM's worker process (their names must
     not clash with the worker's own: vLLM 0.32 has an `update_weights` of its own)."""
 
-    def tiny_init_weight_group(self, host: str, port: int, rank: int, world: int, cuda: bool) -> bool:
-        self._weight_group = join_group(host, port, rank, world, cuda)
+    def tiny_init_weight_group(self, host: str, port: int, rank: int, world: int, nccl: bool) -> bool:
+        self._weight_group = join_group(host, port, rank, world, nccl)
         return True
 
-    def tiny_update_weights(self, names_shapes: list[tuple[str, list[int]]], cuda: bool) -> float:
-        from vllm.model_executor.model_loader.reload import (
-            finalize_layerwise_reload,
-            initialize_layerwise_reload,
-        )
-
-        weights, checksum = receive(self._weight_group, names_shapes, "cuda" if cuda else "cpu")
+    def tiny_update_weights(self, names_shapes: list[tuple[str, list[int]]], cuda: bool, nccl: bool) -> float:
+        weights, checksum = receive(self._weight_group, names_shapes, "cuda" if cuda else "cpu", nccl)
         model = self.model_runner.model  # type: ignore[attr-defined]
+        try:
+            from vllm.model_executor.model_loader.reload import (
+                finalize_layerwise_reload,
+                initialize_layerwise_reload,
+            )
+        except ImportError:  # (vLLM 0.2x: no layerwise reload; on CUDA load_weights is enough)
+            model.load_weights(weights=weights)
+            return checksum
         initialize_layerwise_reload(model)
         model.load_weights(weights=weights)
         finalize_layerwise_reload(model, self.model_runner.model_config)  # type: ignore[attr-defined]
@@ -80,8 +87,10 @@ class WeightSync:
 class Engine:
     """One rollout engine: generates groups of samples, takes new weights after each step."""
 
-    def __init__(self, model_dir: str, backend: str, cuda: bool, seed: int):
+    def __init__(self, model_dir: str, backend: str, cuda: bool, seed: int, memory: float = 0.2):
+        """`memory`: vLLM's share of the GPU (capped when the engine shares its GPU with a learner)."""
         self.backend, self.cuda, self.seed = backend, cuda, seed
+        self.nccl = cuda
         t0 = time.time()
         if backend == "vllm":
             # NOTE: vLLM finds its own address by routing towards a public one; a node without a
@@ -96,7 +105,7 @@ class Engine:
                 dtype="float32",
                 enforce_eager=True,
                 max_model_len=32,
-                gpu_memory_utilization=0.1 if not cuda else 0.2,
+                gpu_memory_utilization=0.1 if not cuda else memory,
                 enable_prefix_caching=False,  # prompts repeat: never serve KV cached under old weights
                 seed=seed,
                 worker_extension_cls="engines.WeightSync",
@@ -140,23 +149,23 @@ class Engine:
         responses = seqs[:, len(prompts[0]) :].tolist()
         return [responses[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def init_weight_group(self, host: str, port: int, rank: int, world: int) -> bool:
+    def init_weight_group(self, host: str, port: int, rank: int, world: int, nccl: bool) -> bool:
+        self.nccl = nccl
         if self.backend == "vllm":
             return bool(
-                self.llm.collective_rpc("tiny_init_weight_group", args=(host, port, rank, world, self.cuda))[
-                    0
-                ]
+                self.llm.collective_rpc("tiny_init_weight_group", args=(host, port, rank, world, nccl))[0]
             )
-        self.group = join_group(host, port, rank, world, self.cuda)
+        self.group = join_group(host, port, rank, world, nccl)
         return True
 
     def update_weights(self, names_shapes: list[tuple[str, list[int]]]) -> float:
         """Take the weights learner rank 0 broadcasts; return their checksum as received."""
         if self.backend == "vllm":
-            return float(self.llm.collective_rpc("tiny_update_weights", args=(names_shapes, self.cuda))[0])
+            args = (names_shapes, self.cuda, self.nccl)
+            return float(self.llm.collective_rpc("tiny_update_weights", args=args)[0])
         import torch
 
-        weights, checksum = receive(self.group, names_shapes, self.device)
+        weights, checksum = receive(self.group, names_shapes, self.device, self.nccl)
         with torch.no_grad():
             params = dict(self.model.named_parameters())
             for name, tensor in weights:

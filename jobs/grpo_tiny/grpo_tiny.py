@@ -11,7 +11,8 @@ The layout comes in open-instruct's own flags, so a spec fills them from the pla
 
 Prints one `GRPO_STEP {json}` line per step and a `GRPO {json}` summary: rewards, the rollout
 backend it used (vllm, or torch where vLLM is not installed), engine start time, and the step
-time split (generation / training / weight sync).
+time split (generation / training / weight sync). `--single_gpu_mode` (what the planner gives a
+one-GPU cluster) puts one learner and one engine on one GPU, as open-instruct does.
 """
 
 from __future__ import annotations
@@ -68,9 +69,30 @@ def bundles(sizes: list[int], cpus_per_gpu: int, gpus: bool) -> list[dict]:
     return [({"GPU": n} if gpus else {}) | {"CPU": max(1, cpus_per_gpu * n)} for n in sizes]
 
 
+SHARED_GPU = 0.48  # each of the learner and the engine on one GPU (open-instruct's share)
+SHARED_VLLM_MEMORY = 0.3  # vLLM's share of that GPU's memory: the learner needs the rest
+
+
+def place_single_gpu(args: argparse.Namespace, cuda: bool, backend: str, model_dir: str) -> tuple[list, list]:
+    """--single_gpu_mode: one learner and one engine on one GPU, in one bundle, as open-instruct
+    colocates them (fractional GPUs; vLLM's memory share capped)."""
+    if args.num_learners_per_node != [1] or args.vllm_num_engines != 1 or args.vllm_tensor_parallel_size != 1:
+        raise SystemExit("grpo_tiny: --single_gpu_mode takes one learner and one engine of TP 1")
+    pg = placement_group([{"GPU": 1, "CPU": max(2, args.learner_cpus_per_gpu)}], "PACK")
+    ray.get(pg.ready(), timeout=600)
+    here = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+    learner = Learner.options(scheduling_strategy=here, num_gpus=SHARED_GPU, num_cpus=1).remote(0, 1, cuda)
+    engine = Engine.options(scheduling_strategy=here, num_gpus=SHARED_GPU, num_cpus=1).remote(
+        model_dir, backend, cuda, args.seed, SHARED_VLLM_MEMORY
+    )
+    return [learner], [engine]
+
+
 def place_actors(
     args: argparse.Namespace, gpus: bool, cuda: bool, backend: str, model_dir: str
 ) -> tuple[list, list]:
+    if args.single_gpu_mode and gpus:
+        return place_single_gpu(args, cuda, backend, model_dir)
     learner_pg = placement_group(
         bundles(args.num_learners_per_node, args.learner_cpus_per_gpu, gpus), "STRICT_SPREAD"
     )
@@ -132,9 +154,8 @@ def main() -> int:
 
     gpus = ray.cluster_resources().get("GPU", 0) > 0
     cuda = gpus and torch.cuda.is_available()
-    backend = (
-        args.rollouts if args.rollouts != "auto" else ("vllm" if vllm_available() and not cuda else "torch")
-    )
+    backend = args.rollouts if args.rollouts != "auto" else ("vllm" if vllm_available() else "torch")
+    nccl = cuda and not (args.single_gpu_mode and gpus)  # (NCCL cannot join two ranks on one GPU)
     out = Path(args.dir)
     model_dir = out / "model"
     if not (model_dir / "config.json").exists():
@@ -153,13 +174,13 @@ def main() -> int:
     world = 1 + len(engines)
     host = ray.get(learners[0].endpoint.remote())[0]
     ray.get(
-        [learners[0].init_weight_group.remote(port, world)]
-        + [e.init_weight_group.remote(host, port, i + 1, world) for i, e in enumerate(engines)]
+        [learners[0].init_weight_group.remote(port, world, nccl)]
+        + [e.init_weight_group.remote(host, port, i + 1, world, nccl) for i, e in enumerate(engines)]
     )
     names_shapes = ray.get(learners[0].names_shapes.remote())
     sync(learners, engines, names_shapes)  # the engines start from the learners' weights (a resumed run too)
     print(f"grpo_tiny: starting at step {start} (resumed: {start > 0}), rollouts: {backend}", flush=True)
-    rows, checksums, step, learner_hosts = [], [], start, []
+    rows, checksums, step, learner_hosts, learner_gpus = [], [], start, [], []
     while step < args.steps and not stopping:
         prompts = tiny.prompts(step, args.prompts_per_step, args.seed)
         t = time.time()
@@ -179,6 +200,7 @@ def main() -> int:
         )
         train_s = time.time() - t
         learner_hosts = sorted({t["host"] for t in trained})
+        learner_gpus = sorted({g for t in trained for g in t["gpus"]})
         t = time.time()
         sent, received = sync(learners, engines, names_shapes)
         sync_s = time.time() - t
@@ -201,11 +223,14 @@ def main() -> int:
     summary = {
         "rollouts": backend,
         "device": "cuda" if cuda else "cpu",
-        "sync_backend": "nccl" if cuda else "gloo",  # the learner -> engines weight broadcast
+        "sync_backend": "nccl" if nccl else "gloo",  # the learner -> engines weight broadcast
+        "single_gpu_mode": bool(args.single_gpu_mode and gpus),
         "engines": len(engines),
         "learners": len(learners),
         "learner_hosts": learner_hosts,
         "engine_hosts": sorted({i["host"] for i in infos}),
+        "learner_gpus": learner_gpus,
+        "engine_gpus": sorted({g for i in infos for g in i["gpu_ids"]}),
         "engine_start_s": round(engine_start, 1),
         "start_step": start,
         "end_step": step,

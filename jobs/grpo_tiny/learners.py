@@ -83,14 +83,17 @@ class Learner:
             self.engine.backward(loss)
             self.engine.step()
             losses.append(float(loss.detach()))
-        return {"rank": self.rank, "host": socket.gethostname(), "losses": losses}
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        return {"rank": self.rank, "host": socket.gethostname(), "gpus": gpus, "losses": losses}
 
     def names_shapes(self) -> list[tuple[str, list[int]]]:
         return [(n, list(p.ds_shape)) for n, p in self.engine.module.named_parameters()]
 
-    def init_weight_group(self, port: int, world: int) -> bool:
-        """Rank 0 hosts the weight-sync group with the engines (ranks 1..)."""
-        self.group = join_group(ray.util.get_node_ip_address(), port, 0, world, self.cuda)
+    def init_weight_group(self, port: int, world: int, nccl: bool) -> bool:
+        """Rank 0 hosts the weight-sync group with the engines (ranks 1..): NCCL between GPUs,
+        gloo through host memory on the CPU or when an engine shares this learner's GPU."""
+        self.nccl = nccl
+        self.group = join_group(ray.util.get_node_ip_address(), port, 0, world, nccl)
         return True
 
     def broadcast_weights(self) -> float | None:
@@ -104,6 +107,8 @@ class Learner:
             if self.rank == 0:
                 for p in params:
                     data = p.data.float().contiguous()
+                    if not self.nccl:
+                        data = data.cpu()
                     self.group.broadcast(data, 0).wait()
                     total += float(data.double().sum())
         return total if self.rank == 0 else None

@@ -17,6 +17,7 @@ from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare
 from raystack.spec.values import time_to_seconds
+from raystack.store import cluster as records
 from raystack.store.cluster import ClusterRecord, ClusterState
 
 
@@ -43,8 +44,8 @@ def shape(
             record = Cluster.get(cluster).snapshot()
             return record, f"cluster {record.name}"
         except ClusterError:
-            if cluster:
-                raise
+            if cluster or records.list_names():
+                raise  # (a cluster named that does not exist, or several: say which)
     if cluster:
         raise ConfigError("check: give --cluster, or --profile with --nodes, not both")
     prof = load_profile(profile or "generic")

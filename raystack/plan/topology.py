@@ -208,8 +208,14 @@ def plan_grpo(
             raise ConfigError(f"{what}: {value} is less than {least}; use {least} or more")
     total = shape.nodes * shape.gpus_per_node
     if total == 1 and learners == 1:
-        # open-instruct's --single_gpu_mode: the engine shares the learner's GPU.
-        return GrpoLayout(shape, (1,), engines or 1, 1, single_gpu=True, placement=((1, engines or 1),))
+        # open-instruct's --single_gpu_mode: one engine shares the learner's GPU.
+        if (engines or 1) != 1 or tp != 1:
+            raise Infeasible(
+                f"one GPU holds one learner and one engine of TP 1 (--single_gpu_mode), not {engines} "
+                f"engines of TP {tp}",
+                GrpoLayout(shape, (1,), 1, 1, single_gpu=True, placement=((1, 1),)),
+            )
+        return GrpoLayout(shape, (1,), 1, 1, single_gpu=True, placement=((1, 1),))
     bundles = spread(learners, shape, per_bundle)
     try:
         place(shape, bundles, 0, tp, cpus_per_learner_gpu)  # the learners alone first: the true reason

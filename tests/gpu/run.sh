@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite, one command on a GPU machine (no SLURM needed): a `raystack up --local` cluster
-# runs hello, allreduce (NCCL), zero3 (CUDA), grpo_tiny (torch rollouts, NCCL weight sync), the
+# runs hello, allreduce (NCCL), zero3 (CUDA), grpo_tiny (vLLM where staged; NCCL weight sync), the
 # SPMD torchrun job and the placement check back to back, then measures each figure beside its
 # baseline in the same run (tests/gpu/suite.py says which), stops the cluster and checks that
 # nothing is left holding a GPU. Results: bench/results/gpu_suite.{json,txt} (and $OUT/ if set).

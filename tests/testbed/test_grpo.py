@@ -103,3 +103,31 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_debug_job_follows(gc: d
     assert s["start_step"] == saved and s["end_step"] == 16 and len(s["rewards"]) == 16 - saved
     after = hello.wait(timeout=300)
     assert after.state is JobState.SUCCEEDED and record.ended <= after.started  # type: ignore[operator]
+
+
+def test_on_one_gpu_the_learner_and_the_engine_share_it(testbed: Path) -> None:
+    """The planner gives a one-GPU cluster --single_gpu_mode: one learner and one engine in one
+    bundle on that GPU (fractional GPUs, as open-instruct colocates them), the weights pushed over
+    gloo (NCCL cannot join two processes on one device), and the run still learns."""
+    with module_home(testbed, "grpo1") as home:
+        cluster = Cluster.up(1, profile="testbed", name="g1", gpus_per_node=1, timeout=300)
+        try:
+            job = cluster.submit(
+                SPEC,
+                sets=[
+                    f"outputs.checkpoints={home / 'one'}",
+                    "plan.learners=1",
+                    "plan.engines=1",
+                    "name=grpo-one-gpu",
+                    "entrypoint=python grpo_tiny.py {plan.flags} --steps 6 --learner-cpus-per-gpu 1",
+                ],
+            )
+            record = job.wait(timeout=1200)
+            assert record.state is JobState.SUCCEEDED, job.logs()[-4000:]
+            assert "--single_gpu_mode" in job.logs()
+            s = summary(job)
+            assert s["single_gpu_mode"] and s["sync_backend"] == "gloo"
+            assert s["learner_gpus"] == s["engine_gpus"] == ["0"], s
+            assert s["weights_synced_every_step"] and s["weights_changed_every_step"]
+        finally:
+            cluster.down()

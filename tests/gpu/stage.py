@@ -1,0 +1,179 @@
+"""Stage what the GPU machine lacks (Ray, DeepSpeed, vLLM 0.22 and their small dependencies) for a
+machine without network, in parts small enough for one run each.
+
+Here (a machine with the package registry):
+    python tests/gpu/stage.py prepare            # -> .stage/part-00 ... part-NN, .stage/MANIFEST.json
+There, one run per part (each run carries one part: `carry: [.stage/part-00]`, ...), back to back
+while the machine stays warm (about 30 s after a run):
+    python tests/gpu/stage.py receive            # keeps the parts this run carried in /tmp/stage
+and in the run that carries the last part, before the work:
+    python tests/gpu/stage.py install            # checks every part, unpacks into /tmp/site
+
+What is left out of vLLM: FlashAttention 2's kernels (H100/H200 run FA3), the MoE kernels
+(dense models only), vllm-rs and DeepGEMM builds for other Pythons; of its dependencies, the
+optional GPU-kernel packages (flashinfer, tilelang, cutlass-dsl, quack, tokenspeed, humming) and
+what the machine has (torch, torchvision, torchaudio, transformers, numba, ...). The manifest
+records every file of every part with its sha256, and what was left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+STAGE = REPO / ".stage"
+PART_MB = 56  # one part per run: the runs carry at most 64 MiB with the working tree
+SITE, INBOX = Path("/tmp/site"), Path("/tmp/stage")
+PLATFORM = [
+    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+    *(f"--platform={p}" for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64",
+                                   "manylinux_2_5_x86_64", "manylinux1_x86_64", "linux_x86_64", "any")),
+]  # fmt: skip
+# What the GPU machine lacks (it has torch 2.11, transformers, tokenizers, numba, pillow, ...).
+RAY = [
+    "ray==2.60.0", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "aiohttp_cors",
+    "colorful", "py-spy", "opencensus", "opencensus-context", "google-api-core", "googleapis-common-protos",
+    "proto-plus", "google-auth", "cachetools", "pyasn1", "pyasn1-modules", "rsa", "opentelemetry-sdk",
+    "opentelemetry-api", "opentelemetry-exporter-prometheus", "opentelemetry-proto",
+    "opentelemetry-semantic-conventions", "smart_open", "virtualenv", "distlib", "platformdirs",
+    "importlib-metadata", "zipp", "msgpack", "aiohttp", "aiosignal", "frozenlist", "multidict", "yarl",
+    "propcache", "aiohappyeyeballs", "attrs", "grpcio", "protobuf",
+]  # fmt: skip
+RAYSTACK = [
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing_extensions", "httpx",
+    "httpcore", "h11", "anyio", "sniffio", "idna", "certifi", "typer", "click", "rich", "markdown-it-py",
+    "mdurl", "pygments", "shellingham", "pathspec", "psutil", "pyyaml", "cryptography", "cffi", "pycparser",
+]  # fmt: skip
+VLLM = [
+    "vllm==0.22.1", "lm-format-enforcer==0.11.3", "outlines_core==0.2.14", "diskcache==5.6.3", "lark==1.2.2",
+    "compressed-tensors==0.15.0.1", "depyf==0.20.0", "astor", "dill", "blake3", "openai", "jiter", "distro",
+    "prometheus-fastapi-instrumentator", "llguidance<1.8", "xgrammar<1.0", "partial-json-parser", "pyzmq",
+    "msgspec", "gguf", "watchfiles", "python-json-logger", "pybase64", "cbor2", "ijson", "setproctitle",
+    "openai-harmony", "anthropic", "docstring-parser", "mcp", "fastapi", "starlette", "uvicorn",
+    "mistral_common", "pycountry", "py-cpuinfo", "einops", "interegular", "cloudpickle", "ninja",
+    "model-hosting-container-standards", "jmespath", "pydantic-settings", "python-dotenv", "sse-starlette",
+    "httpx-sse", "python-multipart", "opentelemetry-exporter-otlp", "opentelemetry-exporter-otlp-proto-grpc",
+    "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-common",
+    "opentelemetry-semantic-conventions-ai", "fastsafetensors", "nvidia-ml-py", "tqdm", "regex",
+]  # fmt: skip
+DEEPSPEED = "deepspeed>=0.19,<0.20"
+# Members of the vLLM wheel a small dense model on sm90 does not load.
+STRIP = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm-rs"]
+STRIP_GLOBS = ["vllm/third_party/**/*.cpython-3*.so"]  # (but the 3.12 build)
+
+
+def run(*argv: str) -> None:
+    subprocess.run(argv, check=True)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare() -> int:
+    wheels, site = STAGE / "wheels", STAGE / "site"
+    shutil.rmtree(STAGE, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    pip = [sys.executable, "-m", "pip", "-q"]
+    run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *RAY, *RAYSTACK, *VLLM)
+    build = {**os.environ, "DS_BUILD_OPS": "0"}  # (DeepSpeed builds its ops at run time, if ever)
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), DEEPSPEED], check=True, env=build)
+    found = sorted(str(w) for w in wheels.glob("*.whl"))
+    run(*pip, "install", "--no-deps", "--no-compile", *PLATFORM, "--target", str(site), *found)
+    removed = []
+    for rel in STRIP:
+        path = site / rel
+        if path.exists():
+            removed.append(rel)
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for pattern in STRIP_GLOBS:
+        for path in site.glob(pattern):
+            if "cpython-312" not in path.name:
+                removed.append(str(path.relative_to(site)))
+                path.unlink()
+    archive = STAGE / "site.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
+        tar.add(site, arcname=".")
+    parts = split(archive)
+    manifest = {
+        "archive_sha256": sha256(archive),
+        "parts": {p.name: sha256(p) for p in parts},
+        "wheels": sorted(p.name for p in wheels.glob("*.whl")),
+        "left_out": removed,
+    }
+    (STAGE / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(site)
+    shutil.rmtree(wheels)
+    archive.unlink()
+    size = sum(p.stat().st_size for p in parts) / 2**20
+    print(f"{len(parts)} parts, {size:.0f} MiB in all, in {STAGE} (manifest: {STAGE / 'MANIFEST.json'})")
+    return 0
+
+
+def split(archive: Path) -> list[Path]:
+    parts = []
+    with open(archive, "rb") as fh:
+        while chunk := fh.read(PART_MB * 2**20):
+            part = STAGE / f"part-{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part)
+    return parts
+
+
+def receive() -> int:
+    """Keep the parts this run carried (under .stage/ in the run's working tree) in /tmp/stage."""
+    INBOX.mkdir(parents=True, exist_ok=True)
+    got = sorted(STAGE.glob("part-*"))
+    for part in got:
+        shutil.copy(part, INBOX / part.name)
+    shutil.copy(STAGE / "MANIFEST.json", INBOX / "MANIFEST.json")
+    print(f"received {[p.name for p in got]}; in {INBOX}: {sorted(p.name for p in INBOX.glob('part-*'))}")
+    return 0
+
+
+def install() -> int:
+    receive()
+    manifest = json.loads((INBOX / "MANIFEST.json").read_text())
+    missing = [name for name in manifest["parts"] if not (INBOX / name).exists()]
+    if missing:
+        print(f"missing parts: {missing} (the machine went cold? send them again)", file=sys.stderr)
+        return 1
+    bad = [name for name, digest in manifest["parts"].items() if sha256(INBOX / name) != digest]
+    if bad:
+        print(f"parts that do not match the manifest: {bad}", file=sys.stderr)
+        return 1
+    archive = INBOX / "site.tar.gz"
+    with open(archive, "wb") as out:
+        for name in sorted(manifest["parts"]):
+            out.write((INBOX / name).read_bytes())
+    if sha256(archive) != manifest["archive_sha256"]:
+        print("the joined archive does not match the manifest", file=sys.stderr)
+        return 1
+    SITE.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(SITE, filter="data")
+    archive.unlink()
+    print(f"installed into {SITE}: use PYTHONPATH={SITE} PATH={SITE}/bin:$PATH")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=["prepare", "receive", "install"])
+    return {"prepare": prepare, "receive": receive, "install": install}[parser.parse_args().step]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
