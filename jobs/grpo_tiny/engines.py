@@ -96,6 +96,8 @@ class Engine:
             # NOTE: vLLM finds its own address by routing towards a public one; a node without a
             # default route (the testbed's) ends up with 0.0.0.0: give it Ray's.
             os.environ.setdefault("VLLM_HOST_IP", ray.util.get_node_ip_address())
+            if importlib.util.find_spec("flashinfer") is None:  # (vLLM 0.22 samples with it by default)
+                os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
             if not cuda:
                 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GB of RAM for the KV cache
             from vllm import LLM

@@ -231,7 +231,9 @@ def run_head(ctx: NodeContext) -> int:
             head.end(None, f"SIGTERM ({stop})")
         return 0
     except Exception as exc:
-        if not isinstance(exc, RaystackError | OSError):
+        if isinstance(exc, RaystackError | OSError):
+            log.error("the head cannot go on: %s", exc)  # (said: a start that fails is never silent)
+        else:
             log.exception("the head's node program failed")
         end = (
             ending(EndKind.CRASHED, f"the head's node program failed: {exc}")

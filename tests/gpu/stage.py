@@ -63,6 +63,9 @@ VLLM = [
     "httpx-sse", "python-multipart", "opentelemetry-exporter-otlp", "opentelemetry-exporter-otlp-proto-grpc",
     "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-common",
     "opentelemetry-semantic-conventions-ai", "fastsafetensors", "nvidia-ml-py", "tqdm", "regex",
+    # seen missing on the machine: openai's httpx2, xgrammar's tvm-ffi (a newer one than vLLM's
+    # pin: the xgrammar pip takes needs it), mistral_common's extra types; DeepSpeed's hjson
+    "httpx2", "httpcore2", "truststore", "apache-tvm-ffi", "pydantic-extra-types", "hjson",
 ]  # fmt: skip
 DEEPSPEED = "deepspeed>=0.19,<0.20"
 # Members of the vLLM wheel a small dense model on sm90 does not load.
@@ -165,6 +168,12 @@ def install() -> int:
     with tarfile.open(archive) as tar:
         tar.extractall(SITE, filter="data")
     archive.unlink()
+    # NOTE: pip --target wrote the console scripts (ray, deepspeed, ...) with the preparing
+    # machine's interpreter in their first line: this machine's python3 runs them here.
+    for script in (SITE / "bin").glob("*"):
+        text = script.read_bytes()
+        if text.startswith(b"#!") and b"python" in text.split(b"\n", 1)[0]:
+            script.write_bytes(f"#!{sys.executable}".encode() + text[text.index(b"\n") :])
     print(f"installed into {SITE}: use PYTHONPATH={SITE} PATH={SITE}/bin:$PATH")
     return 0
 

@@ -24,6 +24,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="vllm-smoke-"))
     model = tiny.build(folder / "model")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # (flashinfer is not staged)
     llm = LLM(
         model=str(model), dtype="float32", enforce_eager=True, max_model_len=32, gpu_memory_utilization=0.2
     )
