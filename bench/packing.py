@@ -2,10 +2,12 @@
 `needs: {nodes: 1}`, so four run at once on nodes of their own) against one after another (the
 same jobs declaring nothing), on one testbed cluster, alternating the two orders each round.
 
-Each job is jobs/debug/spread.py: 4 GPU actors on its node, held --hold seconds. Makespan: from
+Each job is jobs/debug/spread.py: --actors GPU actors on its node, held --hold seconds (the
+testbed's 2 cores start four jobs' drivers and actors at once slower than one: fewer actors and
+a longer hold measure the scheduling rather than that). Makespan: from
 the first submit to the last job's end (the ledger's times). Target: packed <= 0.3x.
 
-    python bench/packing.py [--jobs 8] [--hold 20] [--rounds 2]
+    python bench/packing.py [--jobs 8] [--hold 45] [--actors 1] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from raystack import Cluster
 DEBUG = Path(__file__).resolve().parents[1] / "jobs" / "debug"
 
 
-def makespan(cluster: Cluster, jobs: int, hold: float, packed: bool) -> dict:
+def makespan(cluster: Cluster, jobs: int, hold: float, packed: bool, actors: int) -> dict:
     sets = [f"working_dir={DEBUG}", "name=pack" if packed else "name=seq"]
     if packed:
         sets.append("needs.nodes=1")
@@ -51,7 +53,8 @@ def makespan(cluster: Cluster, jobs: int, hold: float, packed: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
-    parser.add_argument("--hold", type=float, default=20.0)
+    parser.add_argument("--hold", type=float, default=45.0)
+    parser.add_argument("--actors", type=int, default=1, help="GPU actors per job")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     on_testbed("packing-", nodes=4)
@@ -61,7 +64,7 @@ def main() -> int:
         for i in range(args.rounds):
             order = [False, True] if i % 2 == 0 else [True, False]
             for packed in order:
-                row = makespan(cluster, args.jobs, args.hold, packed)
+                row = makespan(cluster, args.jobs, args.hold, packed, args.actors)
                 runs["packed" if packed else "one after another"].append(row)
                 print(json.dumps({"packed": packed, **row}), flush=True)
     finally:

@@ -127,7 +127,8 @@ def test_on_one_gpu_the_learner_and_the_engine_share_it(testbed: Path) -> None:
             assert "--single_gpu_mode" in job.logs()
             s = summary(job)
             assert s["single_gpu_mode"] and s["sync_backend"] == "gloo"
-            assert s["learner_gpus"] == s["engine_gpus"] == ["0"], s
+            # one and the same GPU; which index SLURM hands out depends on what else holds the node
+            assert len(s["learner_gpus"]) == 1 and s["engine_gpus"] == s["learner_gpus"], s
             assert s["weights_synced_every_step"] and s["weights_changed_every_step"]
         finally:
             cluster.down()
