@@ -1,5 +1,5 @@
-"""SLURM's time format, read one way everywhere: `--time` values a user writes and the time
-limits squeue prints.
+"""Durations and SLURM's time format, read one way everywhere: `--time` values a user writes, the
+time limits squeue prints, and every timeout, grace period and interval of a spec or profile.
 
 SLURM (sbatch(1), `--time`) takes "minutes", "minutes:seconds", "hours:minutes:seconds",
 "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds": after a day count the first
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
+
+from raystack.errors import ConfigError
 
 FORMAT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
 
@@ -72,3 +75,58 @@ def slurm_text(secs: float) -> str:
     s = math.ceil(secs)
     d, h, m, sec = s // 86400, s % 86400 // 3600, s % 3600 // 60, s % 60
     return f"{d}-{h:02d}:{m:02d}:{sec:02d}" if d else f"{h}:{m:02d}:{sec:02d}"
+
+
+def time_to_seconds(value: str | float) -> int:
+    """Seconds in a walltime (any form `parse_duration` reads)."""
+    return round(duration(value))
+
+
+def validate_time(value: str | float, field: str = "--time") -> str:
+    """A walltime for sbatch's --time: SLURM's own text kept as written, a duration with units
+    (2h, 1d12h) turned into SLURM's D-HH:MM:SS. 0, off and UNLIMITED are refused."""
+    text = str(value).strip()
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
+    return text if FORMAT.fullmatch(text) else slurm_text(seconds)
+
+
+MAX_DURATION = 365 * 86400.0  # seconds: anything longer is a typo (and overflows timers)
+OFF = ("off", "none", "never")
+
+
+def parse_duration(
+    value: int | float | str, limit: float = MAX_DURATION, off: bool = False, least: float = 0.0
+) -> float:
+    """Seconds in a duration: every duration raystack takes is read by `duration` (a
+    bare number is minutes, as in SLURM; 90s, 30m, 2h, 1d; SLURM's M:S, H:M:S, D-H[:M[:S]]).
+    0 (and off/none/never) means off where `off` allows it, and is refused elsewhere."""
+    if isinstance(value, str) and value.strip().lower() in OFF:
+        if off:
+            return 0.0
+        raise ValueError(f"{value!r} cannot be off here; give a duration such as 30m")
+    seconds = duration(value)
+    if seconds == 0 and not off:
+        raise ValueError(f"{value!r} is no time at all; give a duration such as 30m or 24:00:00")
+    if 0 < seconds < least:
+        raise ValueError(f"{value!r} is less than {duration_text(least)}")
+    if seconds > limit:
+        raise ValueError(f"{value!r} is longer than {limit / 86400:g} days; use e.g. 2h or 3d")
+    return seconds
+
+
+def off_or_duration(value: Any, limit: float = MAX_DURATION) -> float | None:
+    """A duration where 0, off, none and never mean off (None); None stays None (unset)."""
+    if value is None:
+        return None
+    return parse_duration(value, limit, off=True) or None
+
+
+def duration_text(seconds: float) -> str:
+    """90 -> '1m30s', 1800 -> '30m', 5400 -> '1h30m'."""
+    s = round(seconds)
+    h, m, sec = s // 3600, s % 3600 // 60, s % 60
+    text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "")
+    return text or "0s"

@@ -297,9 +297,10 @@ def job_info(job_id: str) -> JobInfo | None:
 
 def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
     """This user's jobs called `name` that slurmctld knows (active or recently finished)."""
-    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-    argv = ["squeue", "--noheader", f"--name={name}", f"--format={SQUEUE_FORMAT}"]
-    return parse_squeue(_run([*argv, f"--user={user}"] if user else argv))
+    # (never every user's: another user's cluster of the same name is no twin of this one)
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+    argv = ["squeue", "--noheader", f"--name={name}", f"--format={SQUEUE_FORMAT}", f"--user={user}"]
+    return parse_squeue(_run(argv))
 
 
 def node_shape(partition: str | None) -> NodeShape:

@@ -23,7 +23,7 @@ from typing import Any
 from raystack.adapters import ray as rayapi
 from raystack.errors import RaystackError
 from raystack.plan.feasible import Demand, fmt, why_infeasible
-from raystack.spec.values import duration_text
+from raystack.slurmtime import duration_text
 from raystack.store import paths
 from raystack.store.ledger import JobRecord
 from raystack.waiting import REAL, Clock

@@ -189,7 +189,7 @@ def up(
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
-    plan = Cluster.plan(nodes, profile=prof, name=name or "default", **slurm_options)
+    plan = allocate.plan_on_partition(nodes, profile=prof, name=name or "default", **slurm_options)
     _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
 
 
@@ -251,10 +251,11 @@ def _up_slurm(
             print("# sbatch argv:\n" + shlex.join(plan.sbatch_argv()))
             print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
-    cluster = Cluster.submit_plan(plan)
+    record = allocate.submit(plan)
+    cluster = Cluster(record.name, record)
     if not as_json:
-        err.print(f"submitted {where(cluster.snapshot())} for cluster {cluster.name}")
-        warning = Cluster.space_warning(plan.profile)
+        err.print(f"{record.message} for cluster {cluster.name}", markup=False)
+        warning = allocate.space_warning(plan.profile)
         if warning:
             err.print(f"  warning: {warning}")
     if not no_wait:

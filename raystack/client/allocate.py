@@ -21,9 +21,10 @@ from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
+from raystack.slurmtime import parse_duration, time_to_seconds, validate_time
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
-from raystack.spec.values import parse_duration, size_to_mb, time_to_seconds, validate_time
+from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import growth, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -48,6 +49,7 @@ class AllocationPlan:
     note: str = ""  # what was asked and why (whole nodes: read from sinfo)
     chain: int = 1  # allocations in all: the cluster lives across this many walltimes
     signal_lead: int = 600  # seconds before the end at which SLURM sends USR1
+    walltime: int | None = None  # seconds in `time`
     python: str = "python3"
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -137,12 +139,13 @@ def plan(
     _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch)
     name = paths.validate_name(name)
     walltime = validate_time(time or prof.time)
+    walltime_s = time_to_seconds(walltime)
     links = prof.chain if chain is None else chain
     if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
         raise ConfigError(
             f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
         )
-    lead = _signal_lead(prof, signal_lead, walltime)
+    lead = _signal_lead(prof, signal_lead, walltime, walltime_s)
     gpus, cpus, mem, note = _node_size(
         prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
         prof.cpus_per_task if cpus_per_task is None else cpus_per_task,
@@ -163,6 +166,7 @@ def plan(
         note=note,
         chain=links,
         signal_lead=max(1, round(lead)),
+        walltime=walltime_s,
         python=python or sys.executable,
         extra_sbatch=(*prof.extra_sbatch, *(sbatch.check(o) for o in extra_sbatch or [])),
         env=dict(prof.env),
@@ -182,13 +186,13 @@ def _check_counts(
         sbatch.check(option)
 
 
-def _signal_lead(prof: Profile, signal_lead: str | float | None, walltime: str) -> float:
+def _signal_lead(prof: Profile, signal_lead: str | float | None, walltime: str, walltime_s: int) -> float:
     """Seconds before the walltime end at which SLURM warns: less than the walltime."""
     try:
         lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
     except ValueError as exc:
         raise ConfigError(f"--signal-lead: {exc}") from None
-    if lead >= time_to_seconds(walltime):
+    if lead >= walltime_s:
         raise ConfigError(
             f"--signal-lead: {lead:g}s is not less than the walltime {walltime}; "
             "lower it (e.g. --signal-lead 60s)"
@@ -430,26 +434,22 @@ def submit(p: AllocationPlan) -> ClusterRecord:
 def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
     """A fresh cluster folder for a plan: its launch script and its first record."""
     assert p.name and p.script_path
-    records.create(p.name)
+    records.begin(
+        p.name,
+        profile=p.profile.name,
+        nodes_expected=p.nodes or 0,
+        tls=p.profile.tls,
+        gpus_per_node=p.gpus_per_node,
+        cpus_per_node=p.cpus_per_task or 0,
+        walltime=p.walltime if fields.get("backend") != "local" else None,
+        history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
+        **fields,
+    )
     if p.profile.tls:
         tls.create_ca(p.name)  # fresh, like the token: an earlier cluster's certificates fail
     else:
         shutil.rmtree(tls.folder(p.name), ignore_errors=True)
-    records.clear_node_entries(p.name)
     atomic_write(p.script_path, script, mode=0o700)
-    records.write(
-        ClusterRecord(
-            name=p.name,
-            profile=p.profile.name,
-            nodes_expected=p.nodes or 0,
-            tls=p.profile.tls,
-            gpus_per_node=p.gpus_per_node,
-            cpus_per_node=p.cpus_per_task or 0,
-            walltime=time_to_seconds(p.time) if p.time and fields.get("backend") != "local" else None,
-            history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
-            **fields,
-        )
-    )
 
 
 def space_warning(profile: Profile) -> str | None:

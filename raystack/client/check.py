@@ -13,10 +13,10 @@ from pathlib import Path
 import raystack.client.allocate as allocate
 from raystack.client.cluster import Cluster
 from raystack.errors import ClusterError, ConfigError, SlurmError
+from raystack.slurmtime import time_to_seconds
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare
-from raystack.spec.values import time_to_seconds
 from raystack.store import cluster as records
 from raystack.store.cluster import ClusterRecord, ClusterState
 

@@ -16,7 +16,7 @@ from typing import TextIO
 from raystack.client.access import live_dashboard
 from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RaystackError
-from raystack.spec.values import duration_text
+from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import deps, paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, update_job

@@ -28,15 +28,14 @@ from pydantic import (
 )
 
 from raystack.errors import ConfigError
+from raystack.slurmtime import off_or_duration, parse_duration
 from raystack.spec.planning import PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
     ENV_NAME,
     RAW_TEXT_PATHS,
     load_yaml,
-    off_or_duration,
     one_line_error,
-    parse_duration,
     parse_yaml,
     quote,
     size_to_mb,

@@ -14,16 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
+from raystack.slurmtime import off_or_duration, parse_duration, validate_time
 from raystack.spec import sbatch
-from raystack.spec.values import (
-    load_yaml,
-    off_or_duration,
-    one_line_error,
-    parse_duration,
-    size_to_mb,
-    validate_env,
-    validate_time,
-)
+from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env
 from raystack.store.raylogs import Caps
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to

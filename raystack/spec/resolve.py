@@ -15,6 +15,7 @@ from pathlib import Path
 
 from raystack import slurmtime
 from raystack.errors import ConfigError
+from raystack.slurmtime import duration_text
 from raystack.spec import runtime_env
 from raystack.spec.job import (
     DEFAULT_EXCLUDES,
@@ -28,7 +29,6 @@ from raystack.spec.job import (
 )
 from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
-from raystack.spec.values import duration_text
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 

@@ -302,6 +302,16 @@ def create(name: str) -> ClusterPaths:
     return p
 
 
+def begin(name: str, **fields: Any) -> ClusterRecord:
+    """A fresh cluster folder (private, a new token, no node entry of an earlier allocation) and
+    its first record, made of `fields`."""
+    create(name)
+    clear_node_entries(name)
+    record = ClusterRecord(name=name, **fields)
+    write(record)
+    return record
+
+
 def ensure_token(name: str) -> Path:
     """The token file, created (0600) when missing: an allocation started by hand has none yet."""
     p = paths.cluster(name)

@@ -60,6 +60,8 @@ def members(target: str, ids: Iterable[str]) -> list[str]:
 def unknown(name: str, after: list[str], own: set[str]) -> str | None:
     """Why `after` cannot be accepted at submit (an id that is no job or sweep of this cluster,
     or one of the jobs being queued: a cycle), else None."""
+    if not after:
+        return None
     ids = job_ids(name)
     for item in after:
         dep = parse(item)
