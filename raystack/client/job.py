@@ -159,9 +159,12 @@ class Job:
         record = record or self.record()
         if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
             return None
+        running = active(self.cluster)
+        if self.id in running:  # (taken from the queue, not yet handed to Ray)
+            return f"{record.state.value.lower()}, starting now"
         pos = position(self.cluster, self.id)
         why = []
-        for job_id in active(self.cluster)[:1]:
+        for job_id in running[:1]:
             with contextlib.suppress(ClusterError):
                 ahead = read_job(self.cluster, job_id)
                 since = f", {duration_text(time.time() - ahead.started)} in" if ahead.started else ""

@@ -308,6 +308,20 @@ def test_a_queued_job_says_where_it_waits(home: Path, capsys: pytest.CaptureFixt
     )
 
 
+def test_a_job_taken_from_the_queue_says_it_starts_not_that_it_waits_for_itself(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Between the runner taking a job and Ray accepting it, the ledger still says QUEUED: the
+    line is `starting now`, never `running: <itself>`."""
+    first, _ = queue_two(capsys)
+    from raystack.store.ledger import JobState, update_job
+
+    update_job("c4", first, state=JobState.QUEUED, started=None)
+    code, out, _ = run(capsys, "job", first, "--json")
+    row = json.loads(out)
+    assert code == 0 and row["waiting"] == "queued, starting now", row
+
+
 def test_queue_filters_by_state_and_refuses_an_unknown_one(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
