@@ -49,7 +49,6 @@ class AllocationPlan:
     note: str = ""  # what was asked and why (whole nodes: read from sinfo)
     chain: int = 1  # allocations in all: the cluster lives across this many walltimes
     signal_lead: int = 600  # seconds before the end at which SLURM sends USR1
-    walltime: int | None = None  # seconds in `time`
     python: str = "python3"
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -59,6 +58,11 @@ class AllocationPlan:
         if not (self.home and self.name):
             return None
         return ClusterPaths(self.name, Path(self.home) / "clusters" / self.name)
+
+    @property
+    def walltime(self) -> int | None:
+        """Seconds in `time`."""
+        return time_to_seconds(self.time) if self.time else None
 
     @property
     def script_path(self) -> Path | None:
@@ -166,7 +170,6 @@ def plan(
         note=note,
         chain=links,
         signal_lead=max(1, round(lead)),
-        walltime=walltime_s,
         python=python or sys.executable,
         extra_sbatch=(*prof.extra_sbatch, *(sbatch.check(o) for o in extra_sbatch or [])),
         env=dict(prof.env),

@@ -441,10 +441,9 @@ class Cluster:
             for request in (one.request, one.resume):
                 if request is not None:
                     request.after = [*request.after, *(after or [])]
-        if jobs[0].request.after:
-            why = deps.unknown(self.name, jobs[0].request.after, {j.request.id for j in jobs})
-            if why:
-                raise ConfigError(why)
+        why = deps.unknown(self.name, jobs[0].request.after, {j.request.id for j in jobs})
+        if why:
+            raise ConfigError(why)
         new_id = None if job_id or len(jobs) > 1 else specs.new_job_id
         out = []
         for one in jobs:
