@@ -1,7 +1,7 @@
 """Write the reference pages from the code, so they cannot drift from it:
 
 docs/reference/job-spec.md   the job spec's keys (spec/job.py and spec/planning.py's models)
-docs/reference/profile.md    the profile's keys (spec/profile.py, store/raylogs.py's Caps)
+docs/reference/profile.md    the profile's keys (spec/profile.py, with its ray_logs Caps)
 docs/reference/cli.md        every verb and option of the `raystack` command (the Typer app)
 
   python docs/gen.py           # write them
@@ -23,8 +23,7 @@ from pydantic.fields import FieldInfo
 from raystack.cli.common import app
 from raystack.spec.job import JobSpec, Needs, Resume
 from raystack.spec.planning import PlanSpec
-from raystack.spec.profile import Profile
-from raystack.store.raylogs import Caps
+from raystack.spec.profile import Caps, Profile
 
 OUT = Path(__file__).parent / "reference"
 DURATIONS = {

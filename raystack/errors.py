@@ -7,6 +7,7 @@ to decide what to do. Model: httpx's exception hierarchy.
     RaystackError
     ├── ConfigError            bad input; nothing was submitted
     ├── ClusterError           a cluster is missing, in the wrong state, or failed to start
+    │   └── NoSuchCluster      no record of that name (store/cluster.py also has UnreadableRecord)
     ├── SlurmError             a SLURM command failed
     │   ├── SlurmUnavailable   SLURM cannot be asked: slurmctld not answering
     │   │   └── SlurmMissing   its commands are not on PATH (not a SLURM host)
@@ -55,6 +56,10 @@ class AccountingDisabled(SlurmError):
 
 class ClusterError(RaystackError):
     """A cluster is missing, in the wrong state, or failed to start."""
+
+
+class NoSuchCluster(ClusterError):
+    """No cluster of that name has a record in $RAYSTACK_HOME."""
 
 
 class RayApiError(RaystackError):

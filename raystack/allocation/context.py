@@ -23,10 +23,10 @@ from raystack.adapters.allocator import Allocator, Backend, allocator
 from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import RayProcess
 from raystack.errors import RaystackError
+from raystack.spec.profile import Caps
 from raystack.spec.values import size_to_mb
 from raystack.store import paths, tls
 from raystack.store.growth import DEFAULT_CAP
-from raystack.store.raylogs import Caps
 from raystack.waiting import REAL, Clock, poll_until
 
 log = logging.getLogger("raystack.node")

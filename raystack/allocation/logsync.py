@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from raystack.spec.profile import Caps
 from raystack.store import paths
 from raystack.store.files import atomic_write
-from raystack.store.raylogs import ALLOCATION, REQUEST, SYNCED, CappedCopy, Caps, copy_parts
+from raystack.store.raylogs import ALLOCATION, REQUEST, SYNCED, CappedCopy, copy_parts
 
 log = logging.getLogger("raystack.node")
 SKIP = re.compile(r"(\.\d+$|^debug_state)")  # rotated by Ray, or rewritten in place

@@ -17,9 +17,27 @@ try:  # NOTE: typer 0.2x carries its own copy of click, and raises its exception
 except ImportError:  # pragma: no cover (typer with click as a dependency)
     import click.exceptions as click  # type: ignore[no-redef]
 
+from typing import Annotated
+
+from raystack import __version__
 from raystack.cli import clusters, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.errors import RaystackError
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    if version:
+        print(f"raystack {__version__}")
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)
 
 
 def main() -> None:

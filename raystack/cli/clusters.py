@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
-from raystack.client import Cluster, allocate
+from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
@@ -252,16 +252,17 @@ def _up_slurm(
             print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
     record = allocate.submit(plan)
-    cluster = Cluster(record.name, record)
     if not as_json:
-        err.print(f"{record.message} for cluster {cluster.name}", markup=False)
+        err.print(f"{record.message} for cluster {record.name}", markup=False)
         warning = allocate.space_warning(plan.profile)
         if warning:
             err.print(f"  warning: {warning}")
-    if not no_wait:
+    if not no_wait:  # (the handle only for waiting: --no-wait shows what was submitted)
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
+        cluster = Cluster(record.name, record)
         cluster.wait_ready(progress=say, timeout=timeout)
-    _show_ready(cluster, as_json)
+        record = cluster.snapshot()
+    _show_ready(record, as_json)
 
 
 def _up_local(
@@ -292,26 +293,27 @@ def _up_local(
     if not no_wait:
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         cluster.wait_ready(progress=say, timeout=timeout)
-    _show_ready(cluster, as_json)
+    _show_ready(cluster.snapshot(), as_json)
 
 
-def _show_ready(cluster: Cluster, as_json: bool) -> None:
-    record = cluster.snapshot()
+def _show_ready(record: ClusterRecord, as_json: bool) -> None:
+    """A cluster as `up` and `wait` leave it: READY with its dashboard and tunnel, or where it is."""
+    name = record.name
     if as_json:
         print_json(record.model_dump(mode="json"))
         return
     if record.state.value != "READY":
-        out.print(f"cluster {cluster.name}: {record.state.value} ({record.message})")
-        out.print(f"follow it with: raystack status {cluster.name}")
+        out.print(f"cluster {name}: {record.state.value} ({record.message})")
+        out.print(f"follow it with: raystack status {name}")
         return
     out.print(
-        f"cluster {cluster.name} READY: {where(record)}, "
+        f"cluster {name} READY: {where(record)}, "
         f"{record.nodes_expected} nodes ({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
-    out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {cluster.name})")
-    out.print(f"tunnel:    {cluster.tunnel()['tunnel']}", markup=False, soft_wrap=True)
-    out.print(f'env:       eval "$(raystack env {cluster.name})"')
+    out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {name})")
+    out.print(f"tunnel:    {Cluster(name, record).tunnel()['tunnel']}", markup=False, soft_wrap=True)
+    out.print(f'env:       eval "$(raystack env {name})"')
 
 
 @app.command(short_help="The ssh tunnel and login for the Ray dashboard.")
@@ -346,7 +348,7 @@ def wait(
     handle = Cluster.get(cluster_name(name, cluster))
     say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
     handle.wait_ready(progress=say, timeout=_timeout(timeout))
-    _show_ready(handle, as_json)
+    _show_ready(handle.snapshot(), as_json)
 
 
 @app.command(short_help="Exports for plain `ray job submit` and `ray status`.")

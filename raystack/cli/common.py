@@ -10,7 +10,6 @@ import typer
 import typer.core
 from rich.console import Console
 
-from raystack import __version__
 from raystack.errors import ConfigError
 
 # NOTE: typer 0.29 writes a Python type beside every argument and option without a metavar in
@@ -69,18 +68,3 @@ def cluster_name(positional: str | None, option: str | None) -> str | None:
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
-
-
-@app.callback(invoke_without_command=True)
-def _root(
-    ctx: typer.Context,
-    version: Annotated[
-        bool, typer.Option("--version", is_eager=True, help="Print the version and exit.")
-    ] = False,
-) -> None:
-    if version:
-        print(f"raystack {__version__}")
-        raise typer.Exit()
-    if ctx.invoked_subcommand is None:
-        print(ctx.get_help())
-        raise typer.Exit(2)

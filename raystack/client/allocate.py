@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ class AllocationPlan:
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def cluster_paths(self) -> ClusterPaths | None:
         if not (self.home and self.name):
             return None
@@ -232,21 +233,7 @@ def _environment(plan: AllocationPlan) -> list[str]:
     """The cluster folder, the profile's setup and env: the start of every launch script."""
     q = shlex.quote
     p = plan.profile
-    env = {
-        "RAYSTACK_LOCAL_SCRATCH": p.local_scratch,
-        "RAYSTACK_JOIN_TIMEOUT": f"{p.join_timeout:g}",
-        "RAYSTACK_JOIN_WINDOW": str(p.join_window),
-        **p.ray_logs.env(),
-        **p.unattended_env(),
-        **({"RAYSTACK_OBJECT_STORE_MEMORY": p.object_store_memory} if p.object_store_memory else {}),
-        **({"RAYSTACK_METRICS": "1"} if p.metrics else {}),
-        **({"RAYSTACK_TLS": "1"} if p.tls else {}),
-        **({"RAYSTACK_IDLE_TIMEOUT": f"{p.idle_timeout:g}"} if p.idle_timeout else {}),
-        **({"RAYSTACK_PROMETHEUS": p.prometheus} if p.prometheus else {}),
-        **({"RAY_GRAFANA_HOST": p.grafana_host} if p.grafana_host else {}),
-        **({"RAY_GRAFANA_IFRAME_HOST": p.grafana_iframe_host} if p.grafana_iframe_host else {}),
-        **plan.env,
-    }
+    env = {**p.node_env(), **plan.env}
     lines = [
         "",
         "# Cluster folder on the shared filesystem (the meeting point with the raystack client).",
@@ -436,7 +423,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
 
 def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
     """A fresh cluster folder for a plan: its launch script and its first record."""
-    assert p.name and p.script_path
+    assert p.name and p.script_path and p.cluster_paths
     records.begin(
         p.name,
         profile=p.profile.name,
@@ -451,7 +438,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
     if p.profile.tls:
         tls.create_ca(p.name)  # fresh, like the token: an earlier cluster's certificates fail
     else:
-        shutil.rmtree(tls.folder(p.name), ignore_errors=True)
+        shutil.rmtree(p.cluster_paths.tls, ignore_errors=True)
     atomic_write(p.script_path, script, mode=0o700)
 
 

@@ -98,8 +98,8 @@ class Cluster:
     @classmethod
     def get(cls, name: str | None = None) -> Cluster:
         """The named cluster, or the only one there is. Raises ClusterError when missing."""
-        name = records.resolve(name)
-        return cls(name, raw=records.read(name))
+        record = records.find(name)
+        return cls(record.name, raw=record)
 
     @classmethod
     def list(cls) -> list[ClusterRecord]:

@@ -10,6 +10,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -35,13 +36,13 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
     raise ClusterError(f"no job '{job_id}' in {where}: list jobs with `raystack queue`")
 
 
+@dataclass(eq=False, repr=False)
 class Job:
     """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
 
-    def __init__(self, cluster: str, job_id: str, seen: JobRecord | None = None):
-        self.cluster = cluster
-        self.id = job_id
-        self.seen = seen  # the ledger entry as it was written or last read here
+    cluster: str
+    id: str
+    seen: JobRecord | None = None  # the ledger entry as it was written or last read here
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"

@@ -14,10 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
-from raystack.slurmtime import off_or_duration, parse_duration, validate_time
+from raystack.slurmtime import duration, off_or_duration, parse_duration, validate_time
 from raystack.spec import sbatch
 from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env
-from raystack.store.raylogs import Caps
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -33,6 +32,48 @@ RESERVED_ENV = (
     "RAYSTACK_OUTPUT_",
     "RAYSTACK_CHAIN_",
 )
+
+
+class Caps(BaseModel):
+    """How a node copies Ray's logs (a profile's `ray_logs:`): every `every` seconds (0: only
+    at teardown), at most `file_mb` per file and `node_mb` per node (0: no copy at all)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    every: float = Field(default=30.0, ge=0)
+    """How often each node copies (a duration; 0: only at teardown)."""
+    file_mb: float = Field(default=32.0, ge=0.01)
+    """MB kept of one log file: its start and its newest end."""
+    node_mb: float = Field(default=512.0, ge=0)
+    """MB kept per node (0: no copy at all)."""
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, value: Any) -> float:
+        """A duration (raystack's one reading: a bare number is minutes; 5s, 30s, 1m)."""
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", "never"):
+            return 0.0
+        return duration(value)
+
+    @property
+    def on(self) -> bool:
+        return self.node_mb > 0
+
+    @property
+    def file_bytes(self) -> int:
+        return int(self.file_mb * 2**20)
+
+    @property
+    def node_bytes(self) -> int:
+        return int(self.node_mb * 2**20)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Caps:
+        value = env.get("RAYSTACK_RAY_LOGS")
+        if not value:
+            return cls()
+        every, file_mb, node_mb = (float(v) for v in value.split(","))
+        return cls.model_validate({"every": f"{every:g}s", "file_mb": file_mb, "node_mb": node_mb})
 
 
 class Profile(BaseModel):
@@ -160,17 +201,31 @@ class Profile(BaseModel):
             raise ValueError(f"{value!r} is too small; use at least 1MB, e.g. 1G")
         return str(value)
 
-    def unattended_env(self) -> dict[str, str]:
-        """What the node programs and the queue runner read of the unattended-queue settings."""
-        mb = size_to_mb(self.folder_cap) if self.folder_cap else 0
-        env = {
-            "RAYSTACK_INFEASIBLE_GRACE": f"{self.infeasible_grace:g}",
-            "RAYSTACK_FOLDER_CAP": str(mb * 2**20),
-            "RAYSTACK_JOB_LOG_CAP": str(size_to_mb(self.job_log_cap) * 2**20),
+    def node_env(self) -> dict[str, str]:
+        """How the profile reaches the node programs and the queue runner (allocation/context.py
+        reads it back): exported by the launch script, before the profile's own env."""
+        folder_cap = size_to_mb(self.folder_cap) * 2**20 if self.folder_cap else 0
+        logs = self.ray_logs
+        optional = {
+            "RAYSTACK_HANG_TIMEOUT": f"{self.hang_timeout:g}" if self.hang_timeout else None,
+            "RAYSTACK_OBJECT_STORE_MEMORY": self.object_store_memory,
+            "RAYSTACK_METRICS": "1" if self.metrics else None,
+            "RAYSTACK_TLS": "1" if self.tls else None,
+            "RAYSTACK_IDLE_TIMEOUT": f"{self.idle_timeout:g}" if self.idle_timeout else None,
+            "RAYSTACK_PROMETHEUS": self.prometheus,
+            "RAY_GRAFANA_HOST": self.grafana_host,
+            "RAY_GRAFANA_IFRAME_HOST": self.grafana_iframe_host,
         }
-        if self.hang_timeout:
-            env["RAYSTACK_HANG_TIMEOUT"] = f"{self.hang_timeout:g}"
-        return env
+        return {
+            "RAYSTACK_LOCAL_SCRATCH": self.local_scratch,
+            "RAYSTACK_JOIN_TIMEOUT": f"{self.join_timeout:g}",
+            "RAYSTACK_JOIN_WINDOW": str(self.join_window),
+            "RAYSTACK_RAY_LOGS": f"{logs.every:g},{logs.file_mb:g},{logs.node_mb:g}",
+            "RAYSTACK_INFEASIBLE_GRACE": f"{self.infeasible_grace:g}",
+            "RAYSTACK_FOLDER_CAP": str(folder_cap),
+            "RAYSTACK_JOB_LOG_CAP": str(size_to_mb(self.job_log_cap) * 2**20),
+            **{key: value for key, value in optional.items() if value},
+        }
 
     @model_validator(mode="after")
     def _metrics_needed(self) -> Profile:

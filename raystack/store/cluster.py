@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from raystack.errors import ClusterError
+from raystack.errors import ClusterError, NoSuchCluster
 from raystack.store import paths
 from raystack.store.files import atomic_write, locked, make_private_dirs
 from raystack.store.paths import ClusterPaths
@@ -200,7 +200,7 @@ def read(name: str) -> ClusterRecord:
             f"the record of cluster '{name}' cannot be read ({why}); it is left at {p.record}"
         ) from None
     known = ", ".join(list_names()) or "none"
-    raise ClusterError(
+    raise NoSuchCluster(
         f"no cluster named '{name}' in {paths.clusters_dir()} (known: {known}); start one with "
         f"`raystack up --name {name}`"
     )
@@ -265,6 +265,11 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
         note_allocation(record, alloc_id, **fields)
         write(record)
         return record
+
+
+def find(name: str | None) -> ClusterRecord:
+    """The record of the cluster meant (`resolve`): what a command starts from."""
+    return read(resolve(name))
 
 
 def resolve(name: str | None) -> str:

@@ -10,6 +10,7 @@ import logging
 import secrets
 import time
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -85,7 +86,7 @@ class JobRequest(BaseModel):
     queued_at: float = Field(default_factory=time.time)
     # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
     # is not ours (an id reused after a ledger was lost), so its state is never inherited.
-    nonce: str = Field(default_factory=lambda: secrets.token_hex(8))
+    nonce: str = Field(default_factory=partial(secrets.token_hex, 8))
 
 
 class Attempt(BaseModel):

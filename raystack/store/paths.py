@@ -25,13 +25,14 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
                        logs/ray/<host>/<jobid>/
   logs/jobs/<id>/      the worker logs of a job's actors, gathered when it ends (actors.json indexes them)
   corrupt/             files moved aside because they could not be read
+  tls/                 with `up --tls`: the cluster's CA and each node's certificate (store/tls.py)
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from raystack.errors import ConfigError
@@ -77,74 +78,64 @@ def validate_job_id(job_id: str) -> str:
 
 @dataclass(frozen=True)
 class ClusterPaths:
-    """The folder of one cluster and everything in it."""
+    """The folder of one cluster and everything in it: plain attributes, computed once when the
+    handle is made (a command makes one and passes it along)."""
 
     name: str
     root: Path
+    record: Path = field(init=False)
+    token: Path = field(init=False)
+    lock: Path = field(init=False)
+    link_lock: Path = field(init=False)
+    lock_mode: Path = field(init=False)
+    lock_probe: Path = field(init=False)
+    script: Path = field(init=False)
+    nodes: Path = field(init=False)
+    queue: Path = field(init=False)
+    journal: Path = field(init=False)
+    active: Path = field(init=False)
+    jobs: Path = field(init=False)
+    finished: Path = field(init=False)
+    logs: Path = field(init=False)
+    job_logs: Path = field(init=False)
+    ray_logs: Path = field(init=False)
+    usage: Path = field(init=False)
+    reports: Path = field(init=False)
+    corrupt: Path = field(init=False)
+    runner_log: Path = field(init=False)
+    heartbeat: Path = field(init=False)
+    runner_lease: Path = field(init=False)
+    tls: Path = field(init=False)
 
-    @property
-    def record(self) -> Path:
-        return self.root / RECORD
-
-    @property
-    def token(self) -> Path:
-        return self.root / TOKEN
-
-    @property
-    def lock(self) -> Path:
-        return self.root / ".lock"
-
-    @property
-    def link_lock(self) -> Path:
-        return self.root / ".lock.link"
-
-    @property
-    def lock_mode(self) -> Path:
-        return self.root / ".locks"
-
-    @property
-    def lock_probe(self) -> Path:
-        return self.root / ".lockprobe"
-
-    @property
-    def script(self) -> Path:
-        return self.root / SCRIPT
-
-    @property
-    def nodes(self) -> Path:
-        return self.root / "nodes"
-
-    @property
-    def queue(self) -> Path:
-        return self.root / "queue"
-
-    @property
-    def journal(self) -> Path:
-        return self.queue / "journal"
-
-    @property
-    def active(self) -> Path:
-        return self.root / "active"
-
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs"
-
-    @property
-    def finished(self) -> Path:
-        return self.jobs / "finished"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / LOGS
-
-    @property
-    def job_logs(self) -> Path:
-        return self.logs / "jobs"
-
-    @property
-    def ray_logs(self) -> Path:
-        return self.logs / "ray"
+    def __post_init__(self) -> None:
+        root, logs = self.root, self.root / LOGS
+        named = {
+            "record": root / RECORD,
+            "token": root / TOKEN,
+            "lock": root / ".lock",
+            "link_lock": root / ".lock.link",
+            "lock_mode": root / ".locks",
+            "lock_probe": root / ".lockprobe",
+            "script": root / SCRIPT,
+            "nodes": root / "nodes",
+            "queue": root / "queue",
+            "journal": root / "queue" / "journal",
+            "active": root / "active",
+            "jobs": root / "jobs",
+            "finished": root / "jobs" / "finished",
+            "logs": logs,
+            "job_logs": logs / "jobs",
+            "ray_logs": logs / "ray",
+            "usage": root / "usage",
+            "reports": root / "reports",
+            "corrupt": root / "corrupt",
+            "runner_log": logs / "queue-runner.log",
+            "heartbeat": root / "head.beat",
+            "runner_lease": root / "runner.lease",
+            "tls": root / "tls",
+        }
+        for key, path in named.items():
+            object.__setattr__(self, key, path)
 
     def ray_host_logs(self, host: str) -> Path:
         """Where node `host`'s node program copies Ray's logs (its current allocation's)."""
@@ -154,33 +145,9 @@ class ClusterPaths:
         """The worker logs of a job's actors, gathered when it ends, with their index."""
         return self.job_logs / validate_job_id(job_id)
 
-    @property
-    def usage(self) -> Path:
-        return self.root / "usage"
-
-    @property
-    def reports(self) -> Path:
-        return self.root / "reports"
-
     def usage_file(self, alloc_id: str, host: str) -> Path:
         """Allocation `alloc_id`'s usage samples of node `host` (appended by its node program)."""
         return self.usage / f"{alloc_id}-{host}.jsonl"
-
-    @property
-    def corrupt(self) -> Path:
-        return self.root / "corrupt"
-
-    @property
-    def runner_log(self) -> Path:
-        return self.logs / "queue-runner.log"
-
-    @property
-    def heartbeat(self) -> Path:
-        return self.root / "head.beat"
-
-    @property
-    def runner_lease(self) -> Path:
-        return self.root / "runner.lease"
 
     def node_entry(self, host: str) -> Path:
         return self.nodes / f"{host}.json"
@@ -216,4 +183,4 @@ class ClusterPaths:
 
 def cluster(name: str) -> ClusterPaths:
     """The paths of cluster `name` (validated: it becomes a folder name)."""
-    return ClusterPaths(validate_name(name), clusters_dir() / validate_name(name))
+    return ClusterPaths(validate_name(name), clusters_dir() / name)

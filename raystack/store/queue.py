@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack.errors import ClusterError
+from raystack.errors import ClusterError, NoSuchCluster
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
@@ -115,9 +115,10 @@ def position(name: str, job_id: str) -> int:
 def check_open(name: str) -> None:
     """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended.
     `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it."""
-    if not records.exists(name):
+    try:
+        record = records.read(name)
+    except NoSuchCluster:
         return
-    record = records.read(name)
     if record.state is ClusterState.STOPPING or record.state.is_terminal():
         why = f" ({record.message})" if record.message else ""
         raise ClusterError(

@@ -24,13 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from raystack import slurmtime
 from raystack.store import paths
 from raystack.store.files import atomic_write
 
-MB = 1 << 20
 TAIL, PREV = ".tail", ".tail.1"
 OFFSET = re.compile(rb"^\[raystack: from byte (\d+) of the original\]\n")
 ALLOCATION = ".allocation"  # which allocation the files in logs/ray/<host>/ belong to
@@ -51,51 +47,6 @@ FATAL = re.compile(
     r"OutOfMemory|out of memory|Killed|core dumped)",
     re.IGNORECASE,
 )
-
-
-class Caps(BaseModel):
-    """How a node copies Ray's logs (a profile's `ray_logs:`): every `every` seconds (0: only
-    at teardown), at most `file_mb` per file and `node_mb` per node (0: no copy at all)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    every: float = Field(default=30.0, ge=0)
-    """How often each node copies (a duration; 0: only at teardown)."""
-    file_mb: float = Field(default=32.0, ge=0.01)
-    """MB kept of one log file: its start and its newest end."""
-    node_mb: float = Field(default=512.0, ge=0)
-    """MB kept per node (0: no copy at all)."""
-
-    @field_validator("every", mode="before")
-    @classmethod
-    def _every(cls, value: Any) -> float:
-        """A duration (raystack's one reading: a bare number is minutes; 5s, 30s, 1m)."""
-        if isinstance(value, str) and value.strip().lower() in ("off", "none", "never"):
-            return 0.0
-        return slurmtime.duration(value)
-
-    @property
-    def on(self) -> bool:
-        return self.node_mb > 0
-
-    @property
-    def file_bytes(self) -> int:
-        return int(self.file_mb * MB)
-
-    @property
-    def node_bytes(self) -> int:
-        return int(self.node_mb * MB)
-
-    def env(self) -> dict[str, str]:
-        return {"RAYSTACK_RAY_LOGS": f"{self.every:g},{self.file_mb:g},{self.node_mb:g}"}
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> Caps:
-        value = env.get("RAYSTACK_RAY_LOGS")
-        if not value:
-            return cls()
-        every, file_mb, node_mb = (float(v) for v in value.split(","))
-        return cls.model_validate({"every": f"{every:g}s", "file_mb": file_mb, "node_mb": node_mb})
 
 
 # ---------------------------------------------------------------------------- one file's copy

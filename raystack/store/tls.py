@@ -43,7 +43,7 @@ RAY_VARIABLES = ("RAY_USE_TLS", "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RA
 
 
 def folder(name: str) -> Path:
-    return paths.cluster(name).root / "tls"
+    return paths.cluster(name).tls
 
 
 def ca_cert(name: str) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -104,7 +105,7 @@ def test_setup_lines_run_without_set_u_and_it_is_restored_after() -> None:
     """module load and conda activate scripts read unset variables: that must not kill the job."""
     plan = tricky_plan()
     profile = plan.profile.model_copy(update={"setup": ['echo "setup saw [${NEVER_SET_ANYWHERE}]"']})
-    script = allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    script = allocate.render_script(dataclasses.replace(plan, profile=profile))
     prefix = script.split('\nlogs="', 1)[0]
     done = subprocess.run(
         ["bash", "-c", prefix + '\necho "after: ${ALSO_UNSET}"'], capture_output=True, text=True
@@ -214,7 +215,7 @@ def test_security_options_reach_the_node_program_only_when_on(field: str, variab
     plan = tricky_plan()
     assert variable not in allocate.render_script(plan)
     profile = plan.profile.model_copy(update={field: True})
-    script = allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    script = allocate.render_script(dataclasses.replace(plan, profile=profile))
     assert f"export {variable}=1" in script
 
 
@@ -233,7 +234,7 @@ def test_profile_options_reach_the_node_program(changes: dict, line: str) -> Non
     plan = tricky_plan()
     assert line.split("=")[0] not in allocate.render_script(plan)
     profile = plan.profile.model_copy(update=changes)
-    assert line in allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    assert line in allocate.render_script(dataclasses.replace(plan, profile=profile))
 
 
 @pytest.mark.parametrize(
@@ -242,4 +243,4 @@ def test_profile_options_reach_the_node_program(changes: dict, line: str) -> Non
 def test_workers_join_in_waves_unless_the_profile_says_all_at_once(window: int | None, line: str) -> None:
     plan = tricky_plan()
     profile = plan.profile if window is None else plan.profile.model_copy(update={"join_window": window})
-    assert line in allocate.render_script(AllocationPlan(**{**plan.__dict__, "profile": profile}))
+    assert line in allocate.render_script(dataclasses.replace(plan, profile=profile))

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from raystack.allocation.logsync import LogSync
+from raystack.spec.profile import Caps
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.ledger import Attempt, JobRecord, JobRequest
-from raystack.store.raylogs import CappedCopy, Caps, first_error, read_copy
+from raystack.store.raylogs import CappedCopy, first_error, read_copy
 
 KB = 1024
 
