@@ -27,7 +27,7 @@ from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
-from raystack.store import growth, paths, tls
+from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.paths import ClusterPaths
@@ -442,14 +442,20 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
     atomic_write(p.script_path, script, mode=0o700)
 
 
+SMALL_FREE = 5 * 2**30  # `up` warns when RAYSTACK_HOME's filesystem has less than this free
+
+
 def space_warning(profile: Profile) -> str | None:
     """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder (the jobs'
     logs, Ray's copied logs, usage samples), or None. Quotas are not visible to statvfs:
     what a site's quota tool says (`quota`, `lfs quota`) is the truth."""
     home = paths.home()
-    free = growth.free_bytes(home)
+    try:
+        free = shutil.disk_usage(home).free  # (this user's: statvfs's f_bavail)
+    except OSError:
+        return None
     cap = size_to_mb(profile.folder_cap) * 2**20 if profile.folder_cap else 0
-    if free is None or (free >= growth.SMALL_FREE and free >= cap):
+    if free >= SMALL_FREE and free >= cap:
         return None
     return (
         f"RAYSTACK_HOME ({home}) has {free / 2**30:.1f} GB free; the cluster folder may take up "

@@ -22,7 +22,6 @@ from raystack.store.ledger import recently_finished
 
 GB = 1 << 30
 DEFAULT_CAP = 8 * GB
-SMALL_FREE = 5 * GB  # `up` warns when RAYSTACK_HOME's filesystem has less than this free
 
 
 def tree_size(path: Path) -> int:
@@ -86,17 +85,6 @@ def prune(name: str, current: str | None, cap: int | None) -> list[str]:
         size -= freed
         removed.append(f"{path.relative_to(p.root)} ({freed / 2**20:.1f} MB)")
     return removed
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free bytes for this user on the filesystem holding `path` (its nearest existing folder)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _allocations(name: str) -> list[str]:

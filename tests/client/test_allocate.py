@@ -244,3 +244,20 @@ def test_workers_join_in_waves_unless_the_profile_says_all_at_once(window: int |
     plan = tricky_plan()
     profile = plan.profile if window is None else plan.profile.model_copy(update={"join_window": window})
     assert line in allocate.render_script(dataclasses.replace(plan, profile=profile))
+
+
+def test_up_warns_when_the_home_filesystem_has_less_room_than_the_folder_may_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    monkeypatch.setattr(allocate, "SMALL_FREE", 0)
+    assert allocate.space_warning(Profile(folder_cap=None)) is None
+    assert allocate.space_warning(Profile(folder_cap="1M")) is None
+    warning = allocate.space_warning(Profile(folder_cap="1000000T"))
+    assert (
+        warning
+        and f"RAYSTACK_HOME ({tmp_path})" in warning
+        and "up to 1000000T (profile folder_cap)" in warning
+    )
+    monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)  # more than any disk: "little room" alone warns
+    assert "GB free" in (allocate.space_warning(Profile(folder_cap=None)) or "")
