@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -16,8 +17,6 @@ try:  # NOTE: typer 0.2x carries its own copy of click, and raises its exception
     from typer._click import exceptions as click
 except ImportError:  # pragma: no cover (typer with click as a dependency)
     import click.exceptions as click  # type: ignore[no-redef]
-
-from typing import Annotated
 
 from raystack import __version__
 from raystack.cli import clusters, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)

@@ -180,12 +180,16 @@ def _follow_many(jobs: list[Job]) -> JobRecord:
 
 
 def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None:
-    rows = []
-    for job in jobs:
-        record = job.seen or job.record()
-        rows.append(
-            {"id": job.id, "cluster": job.cluster, "state": record.state.value, "position": job.position()}
-        )
+    places = target.positions()  # (one listing of the queue for a whole sweep)
+    rows = [
+        {
+            "id": job.id,
+            "cluster": job.cluster,
+            "state": (job.seen or job.record()).state.value,
+            "position": places.get(job.id, 0),
+        }
+        for job in jobs
+    ]
     if as_json:
         print_json(rows[0] if len(rows) == 1 else rows)
         return

@@ -33,7 +33,7 @@ from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.paths import ClusterPaths
-from raystack.store.queue import QueueView, active, enqueue, interrupted, settle_orphans, waiting
+from raystack.store.queue import QueueView, active, enqueue, interrupted, positions, settle_orphans, waiting
 from raystack.store.queue import view as queue_view
 
 Progress = Callable[[str], None]
@@ -450,6 +450,10 @@ class Cluster:
             record = enqueue(one.request, now=now, new_id=new_id, resume_request=one.resume)
             out.append(Job(self.name, record.id, record))
         return out
+
+    def positions(self) -> dict[str, int]:
+        """Each queued job's 1-based place in the queue, from one listing of it."""
+        return positions(self.name)
 
     def jobs(self) -> JobRecords:
         """Every job of this cluster's ledger, oldest first."""

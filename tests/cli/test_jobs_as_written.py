@@ -146,6 +146,7 @@ def test_a_sweep_queues_every_combination_and_cancel_takes_the_rest(
     ids = [r["id"] for r in rows]
     sweep = request(ids[0]).sweep
     assert len(ids) == 6 and ids == [f"{sweep}-{k}" for k in range(1, 7)] and sweep.startswith("t-")
+    assert [r["position"] for r in rows] == [1, 2, 3, 4, 5, 6]  # (the queue in submission order)
     combos = {(request(i).env["LR"], request(i).env["SEED"]) for i in ids}
     assert combos == {(lr, s) for lr in ("1e-6", "3e-6", "1e-5") for s in ("1", "2")}
     assert request(ids[0]).sweep_values == {"env.LR": "1e-6", "env.SEED": "1"}
