@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -74,24 +74,35 @@ class Allocator(ABC):
 
 
 class SlurmAllocator(Allocator):
-    """Answers are kept for slurm.CACHE_TTL: one command asks SLURM once per allocation."""
+    """Answers are kept for slurm.CACHE_TTL: one command asks SLURM once per allocation. When an
+    ask found SLURM not answering (squeue gave up after its own timeout, SLOW_FAILURE or more),
+    nobody here asks again for QUIET seconds: "unknown" at once, not another wait as long."""
 
     backend = "slurm"
     label = "SLURM job"
     remote = True
+    SLOW_FAILURE = 5.0
+    QUIET = 30.0
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache: dict[str, tuple[float, JobInfo | None]] = {}
+        self.clock = clock
+        self.quiet_until = 0.0
 
     def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
         return slurm.sbatch(options, str(script))
 
     def info(self, alloc_id: str) -> JobInfo | None:
         cached = self.cache.get(alloc_id)
-        if cached and time.monotonic() - cached[0] < slurm.CACHE_TTL:
+        if cached and self.clock() - cached[0] < slurm.CACHE_TTL:
             return cached[1]
+        if self.clock() < self.quiet_until:
+            return None
+        asked = self.clock()
         info = slurm.job_info(alloc_id)
-        self.cache[alloc_id] = (time.monotonic(), info)
+        if info is None and self.clock() - asked >= self.SLOW_FAILURE:
+            self.quiet_until = self.clock() + self.QUIET
+        self.cache[alloc_id] = (self.clock(), info)
         return info
 
     def cancel(self, alloc_id: str) -> None:

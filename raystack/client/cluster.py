@@ -8,6 +8,7 @@ c.status(); c.env(); c.down()
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import socket
 import time
@@ -23,7 +24,7 @@ from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
-from raystack.errors import ClusterError, ConfigError, RayApiError
+from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
@@ -35,6 +36,8 @@ from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.paths import ClusterPaths
 from raystack.store.queue import QueueView, active, enqueue, interrupted, positions, settle_orphans, waiting
 from raystack.store.queue import view as queue_view
+
+log = logging.getLogger("raystack")
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
@@ -103,7 +106,15 @@ class Cluster:
 
     @classmethod
     def list(cls) -> list[ClusterRecord]:
-        return [cls(n).record() for n in records.list_names()]
+        """Every cluster's record in SLURM's light. One that cannot be read is named on stderr and
+        left out: one bad file (a full disk, a hand edit) must not hide the other clusters."""
+        found = []
+        for name in records.list_names():
+            try:
+                found.append(cls(name).record())
+            except (records.UnreadableRecord, NoSuchCluster) as exc:  # (NoSuchCluster: forgotten meanwhile)
+                log.warning("raystack: warning: %s", exc)
+        return found
 
     def record(self) -> ClusterRecord:
         """The record, read now and seen in SLURM's light (what every view starts from): an

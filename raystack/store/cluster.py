@@ -213,7 +213,7 @@ def read_all() -> list[ClusterRecord]:
         try:
             records.append(read(name))
         except ClusterError as exc:
-            log.warning("%s", exc)
+            log.warning("raystack: warning: %s", exc)
     return records
 
 

@@ -173,3 +173,30 @@ def test_a_missing_command_is_slurm_missing(monkeypatch: pytest.MonkeyPatch) -> 
         slurm.node_shape(None)
 
     assert slurm.job_info("4242") is None  # cannot be asked: never an answer
+
+
+def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue that gave up after its own timeout (a hung slurmctld): the next asks within QUIET
+    get "unknown" at once, not another 20 s each; a quick failure is asked again."""
+    from raystack.adapters.allocator import SlurmAllocator
+
+    now, asked = [0.0], []
+
+    def job_info(alloc_id: str, took: float = 20.0) -> None:
+        asked.append(alloc_id)
+        now[0] += took
+        return None
+
+    monkeypatch.setattr(slurm, "job_info", job_info)
+    backend = SlurmAllocator(clock=lambda: now[0])
+    assert backend.info("7") is None and asked == ["7"]
+    now[0] += 2  # (past the cache)
+    backend.forget()
+    assert backend.info("7") is None and backend.info("8") is None and asked == ["7"]
+    now[0] += backend.QUIET
+    assert backend.info("7") is None and asked == ["7", "7"]
+    now[0] += backend.QUIET + 1
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: job_info(alloc_id, took=0.1))
+    assert backend.info("9") is None
+    now[0] += 2
+    assert backend.info("9") is None and asked == ["7", "7", "9", "9"]  # a blip: asked again

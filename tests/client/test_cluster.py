@@ -101,3 +101,17 @@ def test_env_of_a_tls_cluster_names_its_client_certificate_and_ca(home: Path) ->
         assert Path(env[key]).is_file() and Path(env[key]).parent == tls.folder("t")
     clusters.write(ClusterRecord(name="t", gcs_address="10.0.0.1:1", dashboard_url="http://10.0.0.1:2"))
     assert "RAY_USE_TLS" not in Cluster.get("t").env()
+
+
+def test_one_unreadable_record_does_not_hide_the_other_clusters(
+    home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("a", "b"):
+        clusters.create(name)
+        clusters.write(ClusterRecord(name=name, state=ClusterState.READY))
+    record = clusters.paths.cluster("b").record
+    record.write_text('{"name": "b", "state": ')  # (a write cut short)
+    assert [r.name for r in Cluster.list()] == ["a"]
+    assert "the record of cluster 'b' cannot be read" in caplog.text and str(record) in caplog.text
+    assert record.read_text() == '{"name": "b", "state": '  # left where it is, as it is
+    assert clusters.resolve(None) == "a"  # the only readable live one
