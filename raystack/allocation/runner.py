@@ -425,9 +425,7 @@ class Runner:
         elif state is JobState.STOPPED and not record.stop_requested and timeout is not None:
             state, message = JobState.FAILED, f"timed out after {timeout:g}s and was stopped"
         elif state is JobState.FAILED and info.driver_exit_code is not None:
-            # Ray's message is the start of the log; the end says more (e.g. which rank failed).
-            last = last_line(self.paths.job_log(record.id, len(record.attempts)))
-            message = f"exit code {info.driver_exit_code}: {last}" if last else str(info.message or "")[:1000]
+            message = self.failure_text(record, info)[:1000]
         else:
             message = str(info.message or "")[:1000]
         end = (info.end_time or 0) / 1000 or time.time()
@@ -478,10 +476,12 @@ class Runner:
         return True
 
     def failure_text(self, record: JobRecord, info: Any) -> str:
+        """Why an attempt failed: its exit code and the last line of its own output (Ray's
+        message is the start of the log; the end says more, e.g. which rank failed)."""
+        if info.driver_exit_code is None:
+            return str(info.message or "")
         last = last_line(self.paths.job_log(record.id, len(record.attempts)))
-        if info.driver_exit_code is not None:
-            return f"exit code {info.driver_exit_code}: {last}" if last else str(info.message or "")
-        return str(info.message or "")
+        return f"exit code {info.driver_exit_code}: {last or 'it printed nothing'}"
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
         """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,

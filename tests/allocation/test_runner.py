@@ -270,6 +270,11 @@ def test_the_last_line_is_the_drivers_own_without_colour_codes(tmp_path: Path) -
     assert last_line(log) == "ValueError: boom on node3"
     log.write_text("\x1b[36m(Worker pid=3300)\x1b[0m only relayed lines\n")
     assert last_line(log) == "(Worker pid=3300) only relayed lines"
+    log.write_text(  # (a job that printed nothing: Ray's preamble, with raystack's prefix, is no answer)
+        "2026-11-24 19:52:24,269\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+        "Running entrypoint for job false-9a: unset RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES; false\n"
+    )
+    assert last_line(log) == ""
 
 
 def test_stop_requested_before_submission_never_reaches_ray(home: Path) -> None:
