@@ -15,6 +15,7 @@ from typer.core import TyperCommand
 
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
+from raystack.client.job import ending_note
 from raystack.errors import ConfigError
 from raystack.spec.planning import PlanSpec, describe, occupied
 
@@ -204,6 +205,8 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         pos = rows[0]["position"]
         where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
         err.print(f"queued job {jobs[0].id} on cluster {target.name} ({where})", markup=False)
+    if note := ending_note(target.snapshot()):
+        err.print(f"  note: {note}", markup=False)
     if first.request.after:
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
     if first.request.plan:

@@ -36,6 +36,20 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
     raise ClusterError(f"no job '{job_id}' in {where}: list jobs with `raystack queue`")
 
 
+def ending_note(cluster: records.ClusterRecord) -> str | None:
+    """Why nothing starts in a cluster whose allocation is ending (walltime warning, a lost node
+    with a follow-on), and where a queued job will run instead; None otherwise."""
+    if cluster.ending is None or cluster.state.is_terminal():
+        return None
+    if cluster.next_allocation_id and not cluster.chain_ended:
+        then = f"queued jobs start in the next one ({cluster.next_allocation_id}, pending)"
+    else:
+        then = f"no allocation follows: `raystack up --name {cluster.name} ...` runs the queue again"
+    which = f"allocation {cluster.allocation_id}" if cluster.allocation_id else "the allocation"
+    ending = f"{which} is ending ({cluster.ending.value})"
+    return f"{ending}: nothing more starts in it; {then}"
+
+
 @dataclass(eq=False, repr=False)
 class Job:
     """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
@@ -173,6 +187,8 @@ class Job:
         cluster = records.read(self.cluster)
         if cluster.state is not records.ClusterState.READY:
             why.append(f"cluster {cluster.state.value}: raystack status {self.cluster}")
+        if note := ending_note(cluster):
+            why.append(note)
         if record.message:
             why.append(record.message)
         where = "next" if pos == 1 else f"position {pos}" if pos else "about to start"

@@ -322,6 +322,28 @@ def test_a_job_taken_from_the_queue_says_it_starts_not_that_it_waits_for_itself(
     assert code == 0 and row["waiting"] == "queued, starting now", row
 
 
+def test_a_job_queued_while_the_allocation_ends_is_told_where_it_will_run(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At the walltime warning nothing more starts in the allocation: submit, `job` and the
+    waiting line say so, and where the queue goes on (the follow-on, or a new `up`)."""
+    from raystack.store.cluster import EndKind
+
+    # (no allocation id: SLURM is not asked about one; the testbed's job 7 has long ended)
+    clusters.update("c4", state=ClusterState.READY, ending=EndKind.WALLTIME)
+    code, _, err = run(capsys, "submit", "-c", "c4", "--", "python", "x.py")
+    says = "note: the allocation is ending (walltime): nothing more starts in it; no allocation follows: "
+    assert code == 0 and says + "`raystack up --name c4 ...` runs the queue again" in err, err
+    clusters.update("c4", next_allocation_id="8")
+    code, out, _ = run(capsys, "queue", "c4", "--json")
+    job = json.loads(out)[0]["id"]
+    code, out, _ = run(capsys, "job", job, "--json")
+    assert code == 0 and "queued jobs start in the next one (8, pending)" in json.loads(out)["waiting"]
+    clusters.update("c4", ending=None)
+    code, _, err = run(capsys, "submit", "-c", "c4", "--", "python", "x.py")
+    assert code == 0 and "note:" not in err, err
+
+
 def test_queue_filters_by_state_and_refuses_an_unknown_one(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
