@@ -306,9 +306,9 @@ def _show_ready(record: ClusterRecord, as_json: bool) -> None:
         out.print(f"cluster {name}: {record.state.value} ({record.message})")
         out.print(f"follow it with: raystack status {name}")
         return
+    nodes = f"{record.nodes_expected} node{'s' if record.nodes_expected != 1 else ''}"
     out.print(
-        f"cluster {name} READY: {where(record)}, "
-        f"{record.nodes_expected} nodes ({', '.join(record.nodes)}), "
+        f"cluster {name} READY: {where(record)}, {nodes} ({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
     out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {name})")
