@@ -89,7 +89,10 @@ ChainOpt = Annotated[
 SignalLeadOpt = Annotated[
     str | None,
     typer.Option(
-        "--signal-lead", metavar="TIME", help="Warn this long before each walltime end.  [default: 10m]"
+        "--signal-lead",
+        metavar="TIME",
+        help="Warn this long before each walltime end.  [default: the profile's, 10m; "
+        "a quarter of a walltime not longer than that]",
     ),
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the sbatch argv and script only.")]

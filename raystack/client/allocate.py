@@ -22,7 +22,7 @@ from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
-from raystack.slurmtime import parse_duration, time_to_seconds, validate_time
+from raystack.slurmtime import duration_text, parse_duration, time_to_seconds, validate_time
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import size_to_mb
@@ -150,7 +150,7 @@ def plan(
         raise ConfigError(
             f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
         )
-    lead = _signal_lead(prof, signal_lead, walltime, walltime_s)
+    lead, lead_note = _signal_lead(prof, signal_lead, walltime, walltime_s)
     gpus, cpus, mem, note = _node_size(
         prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
         prof.cpus_per_task if cpus_per_task is None else cpus_per_task,
@@ -168,7 +168,7 @@ def plan(
         gpus_per_node=gpus,
         cpus_per_task=cpus,
         mem=mem,
-        note=note,
+        note="; ".join(n for n in (note, lead_note) if n),
         chain=links,
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
@@ -190,18 +190,28 @@ def _check_counts(
         sbatch.check(option)
 
 
-def _signal_lead(prof: Profile, signal_lead: str | float | None, walltime: str, walltime_s: int) -> float:
-    """Seconds before the walltime end at which SLURM warns: less than the walltime."""
+def _signal_lead(
+    prof: Profile, signal_lead: str | float | None, walltime: str, walltime_s: int
+) -> tuple[float, str]:
+    """Seconds before the walltime end at which SLURM warns (less than the walltime), and a note
+    when the profile's own lead did not fit a short walltime (a quarter of it is used then)."""
     try:
         lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
     except ValueError as exc:
         raise ConfigError(f"--signal-lead: {exc}") from None
-    if lead >= walltime_s:
-        raise ConfigError(
-            f"--signal-lead: {lead:g}s is not less than the walltime {walltime}; "
-            "lower it (e.g. --signal-lead 60s)"
+    if lead < walltime_s:
+        return lead, ""
+    if signal_lead is None:  # (the profile's, for longer walltimes: `up -t 10` must just work)
+        short = max(1, walltime_s // 4)
+        return short, (
+            f"the walltime {duration_text(walltime_s)} is not longer than profile {prof.name}'s "
+            f"signal_lead ({duration_text(lead)}): SLURM warns {duration_text(short)} before the end "
+            "(--signal-lead to choose)"
         )
-    return lead
+    raise ConfigError(
+        f"--signal-lead: {duration_text(lead)} is not less than the walltime {walltime} "
+        f"({duration_text(walltime_s)}); lower it (e.g. --signal-lead 60s)"
+    )
 
 
 def _node_size(

@@ -261,3 +261,16 @@ def test_up_warns_when_the_home_filesystem_has_less_room_than_the_folder_may_tak
     )
     monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)  # more than any disk: "little room" alone warns
     assert "GB free" in (allocate.space_warning(Profile(folder_cap=None)) or "")
+
+
+def test_a_walltime_shorter_than_the_profiles_signal_lead_gets_a_quarter_of_it_as_lead() -> None:
+    """`up -t 10` with a profile that warns 10 minutes ahead: not an error about an option the
+    user never gave; SLURM warns a quarter of the walltime ahead, and the note says so."""
+    profile = Profile(gpus_per_node=0, cpus_per_task=1, signal_lead="10m")
+    plan = allocate.plan(1, profile=profile, name="x", time="10")
+    assert plan.signal_lead == 150 and "--signal=B:USR1@150" in plan.sbatch_options()
+    assert "the walltime 10m is not longer than profile generic's signal_lead (10m)" in plan.note
+    assert allocate.plan(1, profile=profile, name="x", time="1:00:00").signal_lead == 600
+    assert not allocate.plan(1, profile=profile, name="x", time="1:00:00").note
+    with pytest.raises(ConfigError, match=r"--signal-lead: 15m is not less than the walltime 10 \(10m\)"):
+        allocate.plan(1, profile=profile, name="x", time="10", signal_lead="15m")
