@@ -47,7 +47,7 @@ from raystack.store.cluster import ClusterState, EndKind
 from raystack.store.files import locked
 from raystack.store.growth import prune
 from raystack.store.queue import active, settle_orphans
-from raystack.waiting import REAL, Clock, Every, Guarded
+from raystack.waiting import REAL, Clock, Every, Guarded, poll_until
 from raystack.walltime import (
     Ending,
     classify,
@@ -57,6 +57,7 @@ from raystack.walltime import (
 )
 
 log = logging.getLogger("raystack.node")
+PROMETHEUS_START = 30.0  # seconds the head waits for its Prometheus to listen before READY
 METRIC_PORTS = ("autoscaler_metrics", "dashboard_metrics")  # Ray's own counters, no auth
 RUNNER_GRACE = 10.0  # seconds the queue runner gets to leave after SIGTERM at the end
 PRUNE_EVERY = 3600.0  # seconds between checks of the cluster folder's size against its cap
@@ -321,6 +322,8 @@ class Head:
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
         dashboard = Dashboard.of(ctx.cluster, str(fields["dashboard_url"]))  # (HTTPS front with TLS)
         wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)
+        if self.prometheus_exe:  # (before READY: the dashboard's metrics answer from the start)
+            self.start_prometheus(self.prometheus_exe, ports["prometheus"])
         records.update(
             ctx.cluster,
             state=ClusterState.READY,
@@ -328,8 +331,6 @@ class Head:
         )
         log.info("cluster %s READY", ctx.cluster)
         records.note(ctx.cluster, ctx.alloc_id, ready=time.time())
-        if self.prometheus_exe:
-            self.start_prometheus(self.prometheus_exe, ports["prometheus"])
         submit_follow_on(ctx.cluster, ctx.alloc_id)
 
     def dashboard(self) -> Dashboard | None:
@@ -346,6 +347,17 @@ class Head:
         self.prometheus = prometheus.Prometheus(exe, port, folder, p.prometheus_log(self.ctx.alloc_id))
         session = (self.ctx.temp_dir / "session_latest").resolve()
         self.reap.owned.add(self.prometheus.start(session).pid)
+        running = self.prometheus
+        try:
+            poll_until(
+                lambda: tcp_open("127.0.0.1", port),
+                PROMETHEUS_START,
+                "Prometheus to listen",
+                self.clock,
+                abort=lambda: None if running.alive() else "Prometheus exited",
+            )
+        except RaystackError as exc:  # (metrics are a help: the cluster goes on without them)
+            log.warning("%s (its log: %s); the cluster goes on without it", exc, running.log_path)
 
     def start_runner(self) -> subprocess.Popen:
         """The queue runner, a child of this node program (so teardown ends it too). It dies with
