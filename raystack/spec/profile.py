@@ -67,6 +67,10 @@ class Caps(BaseModel):
     def node_bytes(self) -> int:
         return int(self.node_mb * 2**20)
 
+    def env(self) -> dict[str, str]:
+        """How the node programs are told (read back by `from_env`)."""
+        return {"RAYSTACK_RAY_LOGS": f"{self.every:g},{self.file_mb:g},{self.node_mb:g}"}
+
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Caps:
         value = env.get("RAYSTACK_RAY_LOGS")
@@ -205,7 +209,6 @@ class Profile(BaseModel):
         """How the profile reaches the node programs and the queue runner (allocation/context.py
         reads it back): exported by the launch script, before the profile's own env."""
         folder_cap = size_to_mb(self.folder_cap) * 2**20 if self.folder_cap else 0
-        logs = self.ray_logs
         optional = {
             "RAYSTACK_HANG_TIMEOUT": f"{self.hang_timeout:g}" if self.hang_timeout else None,
             "RAYSTACK_OBJECT_STORE_MEMORY": self.object_store_memory,
@@ -220,7 +223,7 @@ class Profile(BaseModel):
             "RAYSTACK_LOCAL_SCRATCH": self.local_scratch,
             "RAYSTACK_JOIN_TIMEOUT": f"{self.join_timeout:g}",
             "RAYSTACK_JOIN_WINDOW": str(self.join_window),
-            "RAYSTACK_RAY_LOGS": f"{logs.every:g},{logs.file_mb:g},{logs.node_mb:g}",
+            **self.ray_logs.env(),
             "RAYSTACK_INFEASIBLE_GRACE": f"{self.infeasible_grace:g}",
             "RAYSTACK_FOLDER_CAP": str(folder_cap),
             "RAYSTACK_JOB_LOG_CAP": str(size_to_mb(self.job_log_cap) * 2**20),
