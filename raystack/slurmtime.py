@@ -82,15 +82,21 @@ def time_to_seconds(value: str | float) -> int:
     return round(duration(value))
 
 
-def validate_time(value: str | float, field: str = "--time") -> str:
-    """A walltime for sbatch's --time: SLURM's own text kept as written, a duration with units
-    (2h, 1d12h) turned into SLURM's D-HH:MM:SS. 0, off and UNLIMITED are refused."""
+def walltime(value: str | float, field: str = "--time") -> tuple[str, int]:
+    """A walltime read once: (the text for sbatch's --time, its seconds). SLURM's own text is
+    kept as written, a duration with units (2h, 1d12h) becomes SLURM's D-HH:MM:SS. 0, off and
+    UNLIMITED are refused (ConfigError naming `field`)."""
     text = str(value).strip()
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
         raise ConfigError(f"{field}: {exc}") from None
-    return text if FORMAT.fullmatch(text) else slurm_text(seconds)
+    return (text if FORMAT.fullmatch(text) else slurm_text(seconds)), round(seconds)
+
+
+def validate_time(value: str | float, field: str = "--time") -> str:
+    """A walltime's text for sbatch's --time (see `walltime`)."""
+    return walltime(value, field)[0]
 
 
 MAX_DURATION = 365 * 86400.0  # seconds: anything longer is a typo (and overflows timers)

@@ -16,13 +16,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from raystack import __version__
+from raystack import __version__, slurmtime
 from raystack.adapters import local, slurm
 from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
-from raystack.slurmtime import duration_text, parse_duration, time_to_seconds, validate_time
+from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import size_to_mb
@@ -41,7 +41,8 @@ class AllocationPlan:
     nodes: int | None
     name: str | None
     home: str | None
-    time: str | None
+    time: str | None  # sbatch's --time text
+    walltime: int | None = None  # its seconds (plan() reads `time` once for both)
     partition: str | None = None
     account: str | None = None
     gpus_per_node: int = 0
@@ -59,11 +60,6 @@ class AllocationPlan:
         if not (self.home and self.name):
             return None
         return ClusterPaths(self.name, Path(self.home) / "clusters" / self.name)
-
-    @property
-    def walltime(self) -> int | None:
-        """Seconds in `time`."""
-        return time_to_seconds(self.time) if self.time else None
 
     @property
     def script_path(self) -> Path | None:
@@ -143,8 +139,7 @@ def plan(
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch)
     name = paths.validate_name(name)
-    walltime = validate_time(time or prof.time)
-    walltime_s = time_to_seconds(walltime)
+    walltime, walltime_s = slurmtime.walltime(time or prof.time)
     links = prof.chain if chain is None else chain
     if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
         raise ConfigError(
@@ -163,6 +158,7 @@ def plan(
         name=name,
         home=str(paths.home().resolve()),
         time=walltime,
+        walltime=walltime_s,
         partition=partition or prof.partition,
         account=account or prof.account,
         gpus_per_node=gpus,

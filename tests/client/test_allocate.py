@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from raystack import slurmtime
 from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
@@ -52,6 +53,7 @@ def tricky_plan() -> AllocationPlan:
         name="grpo-7b",
         home="/shared/it's home/.raystack",
         time=profile.time,
+        walltime=slurmtime.time_to_seconds(profile.time),
         partition=profile.partition,
         account=profile.account,
         gpus_per_node=4,
@@ -274,3 +276,14 @@ def test_a_walltime_shorter_than_the_profiles_signal_lead_gets_a_quarter_of_it_a
     assert not allocate.plan(1, profile=profile, name="x", time="1:00:00").note
     with pytest.raises(ConfigError, match=r"--signal-lead: 15m is not less than the walltime 10 \(10m\)"):
         allocate.plan(1, profile=profile, name="x", time="10", signal_lead="15m")
+
+
+@pytest.mark.parametrize(
+    ("time", "text", "seconds"), [("2h", "2:00:00", 7200), ("1-2", "1-2", 93600), ("90", "90", 5400)]
+)
+def test_the_plan_reads_the_walltime_once_for_sbatch_and_for_the_record(
+    time: str, text: str, seconds: int
+) -> None:
+    plan = allocate.plan(2, name="w", time=time, gpus_per_node=0, cpus_per_task=1)
+    assert plan.time == text and plan.walltime == seconds
+    assert f"--time={text}" in plan.sbatch_options()
