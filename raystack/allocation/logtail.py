@@ -14,19 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from raystack.store.raylogs import CappedCopy, newest_part, original_end
+from raystack.store.raylogs import CappedCopy, original_end
 
 log = logging.getLogger("raystack.runner")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray relays to the driver
-# What Ray's job manager writes at the top of every driver log (the entrypoint it runs holds
-# raystack's own prefix): never the job's last word.
-PREAMBLE = re.compile(r"^Running entrypoint for job |\bINFO job_manager\.py:\d+ -- ")
 JOIN_TIMEOUT = 10.0  # seconds to wait for the stream's last lines once the job has ended
 # Ray closes a finished job's log stream only seconds after the end (its tail polls once a
 # second, then relays through the dashboard): below this size one fetch of the whole log is
@@ -109,19 +103,3 @@ class LogTail:
         except Exception:  # (any failure of Ray's client or the disk: the caller decides)
             return False
         return True
-
-
-def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
-    """The last non-empty line of a log (read from its end: logs can be large), without colour
-    codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second,
-    Ray's own preamble never ("" for a job that printed nothing)."""
-    try:
-        with open(newest_part(Path(path)), "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - 8192))
-            text = ANSI.sub("", fh.read().decode(errors="replace"))
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not PREAMBLE.search(ln)]
-    own = [ln for ln in lines if not RELAYED.match(ln)]
-    return (own or lines or [""])[-1][:limit]

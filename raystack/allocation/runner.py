@@ -29,7 +29,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.allocation import pipcheck
 from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held
 from raystack.allocation.lease import Lease
-from raystack.allocation.logtail import LogTail, last_line
+from raystack.allocation.logtail import LogTail
 from raystack.allocation.picker import Picker
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
@@ -480,7 +480,7 @@ class Runner:
         message is the start of the log; the end says more, e.g. which rank failed)."""
         if info.driver_exit_code is None:
             return str(info.message or "")
-        last = last_line(self.paths.job_log(record.id, len(record.attempts)))
+        last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
         return f"exit code {info.driver_exit_code}: {last or 'it printed nothing'}"
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:

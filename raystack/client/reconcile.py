@@ -13,6 +13,7 @@ job and accounting has no row) must be said twice, a second apart.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from raystack.adapters.allocator import Allocator, allocator
 from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.ledger import JobRecord
 from raystack.store.queue import orphan_outcome
 from raystack.walltime import Ending, classify, end_allocation, end_changes
 
+SPOOLED = re.compile(r"^\S*/slurm_script: ")  # SLURM runs a copy of the script from its spool
 CONFIRM_GONE_AFTER = 1.0  # seconds between the two answers that make a job GONE
 
 
@@ -71,11 +73,21 @@ def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEn
     if ran or record.state is ClusterState.STARTING:
         # The head could not record the end itself (SIGKILL, a node failure).
         end = classify(record, alloc_id, info=ended)
-    else:  # it never started: cancelled or refused while pending
-        reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
-        end = Ending(EndKind.FAILED, f"{ended.state.value}{reason} before it started", False, False)
+    else:  # the cluster never started: cancelled or refused while pending, or its script failed
+        end = Ending(EndKind.FAILED, never_started(record.name, alloc_id, ended), False, False)
     state = ClusterState.STOPPED if ran and end.kind is not EndKind.FAILED else ClusterState.FAILED
     return PendingEnd(alloc_id, end, state)
+
+
+def never_started(name: str, alloc_id: str, ended: JobInfo) -> str:
+    """Why an allocation ended before its cluster started: SLURM's state and reason, and what the
+    script last printed (a site's setup line that failed: `module: command not found`, a venv
+    that is not there), which is the first thing a person needs to see."""
+    reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
+    folder = paths.cluster(name)
+    said = raylogs.last_line(folder.allocation_log(alloc_id), limit=300)
+    said = SPOOLED.sub(f"{folder.script}: ", said)  # (the line number is the launch script's)
+    return f"{ended.state.value}{reason} before the cluster started" + (f": {said}" if said else "")
 
 
 def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord:

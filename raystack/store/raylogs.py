@@ -47,6 +47,11 @@ FATAL = re.compile(
     r"OutOfMemory|out of memory|Killed|core dumped)",
     re.IGNORECASE,
 )
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray relays to the driver
+# What Ray's job manager writes at the top of every driver log (the entrypoint it runs holds
+# raystack's own prefix): never the job's last word.
+PREAMBLE = re.compile(r"^Running entrypoint for job |\bINFO job_manager\.py:\d+ -- ")
 
 
 # ---------------------------------------------------------------------------- one file's copy
@@ -186,6 +191,22 @@ def newest_part(path: Path) -> Path:
     """The part of a copy that holds its original's end (the main file until a tail exists)."""
     tail = _with(path, TAIL)
     return tail if tail.exists() else path
+
+
+def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
+    """The last non-empty line of a log (read from its end: logs can be large), without colour
+    codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second,
+    Ray's own preamble never ("" for a job that printed nothing)."""
+    try:
+        with open(newest_part(Path(path)), "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 8192))
+            text = ANSI.sub("", fh.read().decode(errors="replace"))
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not PREAMBLE.search(ln)]
+    own = [ln for ln in lines if not RELAYED.match(ln)]
+    return (own or lines or [""])[-1][:limit]
 
 
 def copy_parts(folder: Path) -> list[Path]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from raystack.allocation import logtail
 from raystack.allocation.logtail import LogTail
+from raystack.store import raylogs
 
 
 class SlowStream:
@@ -90,7 +91,7 @@ def test_a_log_over_its_cap_keeps_its_start_and_its_end(tmp_path: Path) -> None:
     assert parts <= 64 << 10  # the copy stays within its cap
     text = read_copy(path)
     assert text.startswith("line 000000\n") and text.endswith("line 019999\n") and "not kept" in text
-    assert logtail.last_line(path) == "line 019999"
+    assert raylogs.last_line(path) == "line 019999"
     whole, end = read_from(path, 0)
     assert whole.decode() == text and end == len(lines)  # followed the same way, to the end
 

@@ -16,7 +16,6 @@ import pytest
 
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation.drain import Drain
-from raystack.allocation.logtail import last_line
 from raystack.allocation.runner import TICK, Runner
 from raystack.errors import AlreadyExists, RayApiError
 from raystack.spec.planning import PlanSpec, substitute
@@ -24,6 +23,7 @@ from raystack.store import cluster as clusters
 from raystack.store import paths, queue, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, read_job
+from raystack.store.raylogs import last_line
 
 
 @dataclass

@@ -115,3 +115,35 @@ def test_one_unreadable_record_does_not_hide_the_other_clusters(
     assert "the record of cluster 'b' cannot be read" in caplog.text and str(record) in caplog.text
     assert record.read_text() == '{"name": "b", "state": '  # left where it is, as it is
     assert clusters.resolve(None) == "a"  # the only readable live one
+
+
+@pytest.mark.parametrize("printed", [True, False])
+def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_it_printed(
+    home: Path, monkeypatch: pytest.MonkeyPatch, printed: bool
+) -> None:
+    """A site's setup line that fails (`module load` where there is no `module`) ends the allocation
+    before the head writes anything: the record says SLURM's reason and the script's last words,
+    at the launch script's line, not just "FAILED"."""
+    from raystack.adapters import slurm
+    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.store import paths
+
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.SUBMITTED, allocation_id="77"))
+    folder = paths.cluster("c")
+    if printed:
+        folder.allocation_log("77").write_text(
+            "\x1b[0mraystack allocation 77\n/var/spool/slurmd/job00077/slurm_script: line 24: "
+            "module: command not found\n\n"
+        )
+    monkeypatch.setattr(
+        slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.FAILED, reason="NonZeroExitCode")
+    )
+    record = Cluster("c").status()
+    assert record.state == "FAILED"
+    said = f"NonZeroExitCode before the cluster started: {folder.script}: line 24: module: command not found"
+    if printed:
+        assert said in record.message
+    else:
+        assert "FAILED, NonZeroExitCode before the cluster started)" in record.message
+    assert clusters.read("c").state is ClusterState.SUBMITTED  # (status only looks)
