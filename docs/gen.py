@@ -21,8 +21,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from raystack.cli.common import app
+from raystack.spec.job import ELSEWHERE as JOB_ELSEWHERE
 from raystack.spec.job import JobSpec, Needs, Resume
 from raystack.spec.planning import PlanSpec
+from raystack.spec.profile import ELSEWHERE as PROFILE_ELSEWHERE
 from raystack.spec.profile import Caps, Profile
 
 OUT = Path(__file__).parent / "reference"
@@ -101,6 +103,7 @@ def job_spec_page() -> str:
             model_table(Needs, "needs:", "needs."),
             model_table(Resume, "resume:", "resume."),
             model_table(PlanSpec, "plan:", "plan."),
+            elsewhere_table(JOB_ELSEWHERE),
         ]
     )
 
@@ -113,7 +116,32 @@ def profile_page() -> str:
         "built-in one (`raystack profiles`); `raystack up --profile NAME` uses it and its flags\n"
         "override it. Unknown keys are refused with the valid ones listed.\n\n" + DURATION_NOTE
     )
-    return "\n".join([head, model_table(Profile, "Keys"), model_table(Caps, "ray_logs:", "ray_logs.")])
+    return "\n".join(
+        [
+            head,
+            model_table(Profile, "Keys"),
+            model_table(Caps, "ray_logs:", "ray_logs."),
+            elsewhere_table(PROFILE_ELSEWHERE),
+        ]
+    )
+
+
+def elsewhere_table(elsewhere: dict[str, str]) -> str:
+    """Keys from other tools (Ray's CLI, SkyPilot, sbatch scripts) that the error answers."""
+    by_hint: dict[str, list[str]] = {}
+    for key, hint in elsewhere.items():
+        by_hint.setdefault(hint, []).append(f"`{key}`")
+    rows = [f"| {', '.join(keys)} | {hint} |" for hint, keys in by_hint.items()]
+    return "\n".join(
+        [
+            "## Keys from other tools\n",
+            "Refused like any unknown key, with where raystack takes what they mean:\n",
+            "| key | in raystack |",
+            "| --- | --- |",
+            *rows,
+            "",
+        ]
+    )
 
 
 def option_row(param: Any, ctx: Any) -> str:

@@ -132,6 +132,36 @@ class Resume(BaseModel):
         return validate_env(value, reserved=("RAYSTACK_",))
 
 
+# Keys people bring from Ray's CLI, SkyPilot or SLURM, and where a job spec takes what they mean
+# (the unknown-key error says so instead of guessing a spelling).
+_NEEDS = "a job's GPUs, CPUs and nodes go under needs: (needs.gpus, needs.gpus_per_node, needs.nodes)"
+_RUNTIME_ENV = "Ray's runtime_env keys go under runtime_env: (runtime_env.pip, runtime_env.conda, ...)"
+ELSEWHERE = {
+    **dict.fromkeys(("resources", "gpus", "num_gpus", "cpus", "num_cpus", "accelerators"), _NEEDS),
+    **dict.fromkeys(("pip", "conda", "py_modules", "image_uri", "container", "py_executable"), _RUNTIME_ENV),
+    **dict.fromkeys(("env_vars", "environment", "envs"), "raystack calls it env"),
+    **dict.fromkeys(
+        ("workdir", "work_dir", "cwd", "working_directory", "chdir"), "raystack calls it working_dir"
+    ),
+    **dict.fromkeys(("depends_on", "dependencies", "dependency"), "raystack calls it after: [JOB_ID, ...]"),
+    **dict.fromkeys(("max_retries", "retry"), "raystack calls it retries"),
+    **dict.fromkeys(
+        ("time", "walltime", "time_limit", "max_time"),
+        "timeout: stops the job after a duration; the cluster's walltime is `raystack up --time`",
+    ),
+    **dict.fromkeys(("cmd", "run", "script", "entry_point"), "entrypoint (kind ray) or command (kind spmd)"),
+    **dict.fromkeys(
+        ("nproc_per_node", "nprocs_per_node", "ntasks_per_node", "num_processes"),
+        "raystack calls it procs_per_node (kind spmd)",
+    ),
+    **dict.fromkeys(("num_nodes", "nnodes"), "nodes (kind spmd) or needs.nodes"),
+    **dict.fromkeys(
+        ("submission_id", "job_id", "id"),
+        "a job's id is `raystack submit --submission-id ID`; name: names it",
+    ),
+}
+
+
 class JobSpec(BaseModel):
     """One job: what to run, with what environment, needing what, with which outputs."""
 
@@ -374,8 +404,11 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
             if model_fields is not None and part not in model_fields:
                 where = ".".join(path[:i]) or "the spec"
                 valid = ", ".join(sorted(model_fields))
+                moved = ELSEWHERE.get(part.lower().replace("-", "_")) if i == 0 else None
                 raise ConfigError(
-                    f"--set {quote(item)}: {quote(part)} is not a field of {where}; valid: {valid}"
+                    f"--set {quote(item)}: {quote(part)} is not a field of {where}"
+                    + (f" ({moved})" if moved else "")
+                    + f"; valid: {valid}"
                 )
             if last:
                 node[part] = value
@@ -442,7 +475,7 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
         if err["type"] == "missing" and not unknown:
             field = ".".join(str(p) for p in err["loc"])
             raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
-        raise ConfigError(one_line_error(exc, source, JobSpec)) from exc
+        raise ConfigError(one_line_error(exc, source, JobSpec, ELSEWHERE)) from exc
 
 
 def check_command(value: str) -> str:

@@ -80,6 +80,29 @@ class Caps(BaseModel):
         return cls.model_validate({"every": f"{every:g}s", "file_mb": file_mb, "node_mb": node_mb})
 
 
+# Keys people bring from sbatch scripts and other tools, and where a profile takes what they mean.
+ELSEWHERE = {
+    **dict.fromkeys(("walltime", "time_limit", "max_time"), "raystack calls it time (sbatch --time)"),
+    **dict.fromkeys(("gpus", "num_gpus", "gpus_per_task"), "raystack calls it gpus_per_node"),
+    **dict.fromkeys(
+        ("cpus", "cpus_per_node", "ncpus", "num_cpus"), "raystack calls it cpus_per_task (one task per node)"
+    ),
+    **dict.fromkeys(("memory", "mem_per_node"), "raystack calls it mem (sbatch --mem per node)"),
+    **dict.fromkeys(
+        ("modules", "module", "module_load", "prologue", "before"),
+        "shell lines run on every node before Ray go under setup:, e.g. - module load cuda",
+    ),
+    **dict.fromkeys(("env_vars", "environment", "envs"), "raystack calls it env"),
+    **dict.fromkeys(
+        ("sbatch", "sbatch_options", "sbatch_args", "extra_args"), "raystack calls it extra_sbatch"
+    ),
+    **dict.fromkeys(
+        ("nodes", "num_nodes", "nnodes"), "the node count is `raystack up --nodes N`, not a profile key"
+    ),
+    **dict.fromkeys(("project",), "raystack calls it account (sbatch --account)"),
+}
+
+
 class Profile(BaseModel):
     """A cluster profile: sbatch defaults, environment setup and Ray node settings of a site."""
 
@@ -318,4 +341,4 @@ def load_profile(name: str = "generic") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(one_line_error(exc, f"profile {path}", Profile)) from exc
+        raise ConfigError(one_line_error(exc, f"profile {path}", Profile, ELSEWHERE)) from exc

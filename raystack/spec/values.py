@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +104,21 @@ def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def one_line_error(exc: ValidationError, source: str, model: type[BaseModel]) -> str:
+def one_line_error(
+    exc: ValidationError, source: str, model: type[BaseModel], elsewhere: Mapping[str, str] | None = None
+) -> str:
     """The most useful of pydantic's errors as one line: an unknown key (a typo) comes first,
-    with the keys valid at its place in `model`."""
+    with the keys valid at its place in `model`. `elsewhere`: top-level keys people bring from
+    other tools (`resources`, `env_vars`, `walltime`) and where raystack takes what they mean."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
     where = printable(".".join(str(p) for p in err["loc"])) or "(top level)"
     if err["type"] == "extra_forbidden":
         valid = keys_at(model, err["loc"])
-        close = difflib.get_close_matches(str(err["loc"][-1]), valid, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        key = str(err["loc"][-1])
+        moved = (elsewhere or {}).get(key.lower().replace("-", "_")) if len(err["loc"]) == 1 else None
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f" ({moved})" if moved else f" (did you mean '{close[0]}'?)" if close else ""
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:

@@ -227,6 +227,17 @@ BAD = [
     (GOOD, ["--set", "nedds.gpus=1"], r"--set 'nedds.gpus=1': 'nedds' is not a field of the spec; valid: "),
     (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus, cpus_per_gpu, gpus"),
     (GOOD, ["--set", "needs"], r"--set 'needs': use --set key.sub=value"),
+    # keys from other tools: where raystack takes what they mean, not a guessed spelling
+    (GOOD + "resources: {gpus: 2}\n", [], r"unknown key 'resources' \(a job's GPUs.* go under needs: "),
+    (GOOD + "env_vars: {A: '1'}\n", [], r"unknown key 'env_vars' \(raystack calls it env\)"),
+    (GOOD + "pip: [numpy]\n", [], r"'pip' \(Ray's runtime_env keys go under runtime_env: \(runtime_env.pip"),
+    (GOOD + "depends_on: [a]\n", [], r"'depends_on' \(raystack calls it after: \[JOB_ID"),
+    (
+        GOOD + "walltime: 2h\n",
+        [],
+        r"'walltime' \(timeout: stops the job after a duration; .*raystack up --time",
+    ),
+    (GOOD, ["--set", "resources.gpus=2"], r"'resources' is not a field of the spec \(a job's GPUs"),
     (GOOD, ["--set", "name.x=1"], r"'name' is not a mapping"),
     # What first real use and a code review found (each used to be a traceback, a hang or silence).
     (GOOD + "env: {A: [1, 2]}\n", [], r"field 'env': A is a list; environment values are strings"),

@@ -77,6 +77,9 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
     [
         ("partitoin: gpu\n", r"unknown key 'partitoin' \(did you mean 'partition'\?\); valid keys: "),
         ("ray_logs: {evry: 5}\n", r"ray_logs.evry' \(did you mean 'every'.*keys: every, file_mb, node_mb$"),
+        ("walltime: 24:00:00\n", r"unknown key 'walltime' \(raystack calls it time \(sbatch --time\)\)"),
+        ("modules: [cuda]\n", r"'modules' \(shell lines run on every node before Ray go under setup:"),
+        ("nodes: 4\n", r"'nodes' \(the node count is `raystack up --nodes N`, not a profile key\)"),
         ("gpus_per_node: -1\n", r"field 'gpus_per_node'"),
         ("gpus_per_node: four\n", r"field 'gpus_per_node'"),
         ("time: forever\n", r"field 'time': 'forever' is not a duration; use minutes"),
