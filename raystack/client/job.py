@@ -7,6 +7,8 @@ job.wait(); print(job.logs()); job.record().state
 from __future__ import annotations
 
 import contextlib
+import difflib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +35,24 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
         if paths.cluster(name).ledger(job_id).is_file():
             return name
     where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
-    raise ClusterError(f"no job '{job_id}' in {where}: list jobs with `raystack queue`")
+    raise ClusterError(
+        f"no job '{job_id}' in {where}{_close_id(job_id, names)}: list jobs with `raystack queue`"
+    )
+
+
+def _close_id(job_id: str, names: list[str]) -> str:
+    """' (did you mean ...?)' for a mistyped job id: the closest id of these clusters' ledgers."""
+    known: dict[str, str] = {}
+    for name in names:
+        folder = paths.cluster(name).jobs
+        with contextlib.suppress(OSError):
+            known.update(
+                (e.name.removesuffix(".json"), name) for e in os.scandir(folder) if e.name.endswith(".json")
+            )
+    close = difflib.get_close_matches(job_id, list(known), n=1, cutoff=0.8)
+    if not close:
+        return ""
+    return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if len(names) > 1 else "") + "?)"
 
 
 def ending_note(cluster: records.ClusterRecord) -> str | None:

@@ -147,3 +147,21 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
     else:
         assert "FAILED, NonZeroExitCode before the cluster started)" in record.message
     assert clusters.read("c").state is ClusterState.SUBMITTED  # (status only looks)
+
+
+def test_a_mistyped_job_id_is_answered_with_the_closest_one(home: Path) -> None:
+    from raystack import Job
+    from raystack.store import queue
+    from raystack.store.ledger import JobRequest
+
+    for name in ("a", "b"):
+        clusters.create(name)
+        clusters.write(ClusterRecord(name=name, state=ClusterState.READY))
+    queue.enqueue(JobRequest(id="train-3f9c2a71", name="train", cluster="b", entrypoint="true"))
+    with pytest.raises(
+        ClusterError, match=r"no job 'train-3f9c2a7l' .*\(did you mean train-3f9c2a71 in cluster b\?\)"
+    ):
+        Job.get("train-3f9c2a7l")
+    with pytest.raises(ClusterError, match=r"no job 'eval-1' in any cluster in \S+: list jobs"):
+        Job.get("eval-1")  # (nothing close: no guess)
+    assert Job.get("train-3f9c2a71").cluster == "b"
