@@ -54,6 +54,13 @@ def queue_(
         err.print(
             f"  sweep {sweep}: {', '.join(f'{n} {s.lower()}' for s, n in counts.items())}", markup=False
         )
+    if view.set_aside:
+        ids = ", ".join(view.set_aside)
+        folder = next(iter(view.set_aside.values())).parent
+        err.print(
+            f"  set aside: {ids}: the ledger could not be read (now in {folder}; not run or followed)",
+            markup=False,
+        )
     if not wanted and (view.more_queued or view.more_finished):
         err.print(
             f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "

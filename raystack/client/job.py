@@ -22,7 +22,7 @@ from raystack.errors import ClusterError, RaystackError
 from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import deps, paths, raylogs, stacks
-from raystack.store.ledger import JobRecord, JobState, read_job, update_job
+from raystack.store.ledger import JobRecord, JobState, read_job, set_aside, update_job
 from raystack.store.queue import active, cancel, position
 
 
@@ -34,6 +34,12 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
     for name in names:
         if paths.cluster(name).ledger(job_id).is_file():
             return name
+    for name in names:
+        if moved := set_aside(name).get(job_id):
+            raise ClusterError(
+                f"job {job_id} of cluster {name}: its ledger could not be read and was set aside as "
+                f"{moved}; raystack no longer runs or follows it (submit it again if it had not ended)"
+            )
     where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
     raise ClusterError(
         f"no job '{job_id}' in {where}{_close_id(job_id, names)}: list jobs with `raystack queue`"

@@ -6,11 +6,14 @@ Both live here, at the bottom, because the allocation and the client both read t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import time
 from enum import Enum
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -195,6 +198,19 @@ def all_jobs(name: str) -> list[JobRecord]:
         except ClusterError as exc:
             log.warning("%s", exc)
     return sorted(records, key=lambda r: r.request.queued_at)
+
+
+def set_aside(name: str) -> dict[str, Path]:
+    """Jobs whose ledger could not be read and was moved into corrupt/ (they did not run from
+    it): id -> where it lies now, so listings and lookups can say so instead of losing them."""
+    folder = paths.cluster(name).corrupt
+    found: dict[str, Path] = {}
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            stem, _, _ns = entry.name.removeprefix("jobs-").rpartition(".")
+            if entry.name.startswith("jobs-") and stem.endswith(".json"):
+                found[stem.removesuffix(".json")] = Path(entry.path)
+    return found
 
 
 def recently_finished(name: str, count: int) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from raystack.store.ledger import (
     create_job,
     read_job,
     recently_finished,
+    set_aside,
 )
 
 log = logging.getLogger("raystack")
@@ -423,6 +424,7 @@ class QueueView:
     positions: dict[str, int]
     more_queued: int = 0
     more_finished: int = 0
+    set_aside: dict[str, Path] = field(default_factory=dict)  # unreadable ledgers moved to corrupt/
 
 
 def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> QueueView:
@@ -431,7 +433,7 @@ def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> Qu
     order = waiting(name)
     places = {e.job_id: i for i, e in enumerate(order, start=1)}
     if every:
-        return QueueView(all_jobs(name), places)
+        return QueueView(all_jobs(name), places, set_aside=set_aside(name))
     finished = recently_finished(name, recent)
     wanted = [*finished, *active(name), *(e.job_id for e in order[:head])]
     records = []
@@ -442,7 +444,13 @@ def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> Qu
             log.warning("%s", exc)
     records.sort(key=lambda r: r.request.queued_at)
     total_finished = count_lines(paths.cluster(name).finished)
-    return QueueView(records, places, max(0, len(order) - head), max(0, total_finished - len(finished)))
+    return QueueView(
+        records,
+        places,
+        max(0, len(order) - head),
+        max(0, total_finished - len(finished)),
+        set_aside(name),
+    )
 
 
 def count_lines(path: Path) -> int:

@@ -165,3 +165,28 @@ def test_a_mistyped_job_id_is_answered_with_the_closest_one(home: Path) -> None:
     with pytest.raises(ClusterError, match=r"no job 'eval-1' in any cluster in \S+: list jobs"):
         Job.get("eval-1")  # (nothing close: no guess)
     assert Job.get("train-3f9c2a71").cluster == "b"
+
+
+def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
+    """An unreadable ledger is moved into corrupt/ by the runner; `queue` and `job ID` say where,
+    instead of the job vanishing from every listing."""
+    from raystack import Job
+    from raystack.store import paths, queue
+    from raystack.store.files import quarantine
+    from raystack.store.ledger import JobRequest
+
+    clusters.create("c")
+    clusters.write(ClusterRecord(name="c", state=ClusterState.READY))
+    for job_id in ("a-1", "b-2"):
+        queue.enqueue(JobRequest(id=job_id, name=job_id[0], cluster="c", entrypoint="true"))
+    folder = paths.cluster("c")
+    folder.ledger("b-2").write_text('{"id": "trunc')
+    moved = quarantine(folder, folder.ledger("b-2"), "not JSON")
+    assert moved is not None
+    view = Cluster("c").queue(every=True)
+    assert [r.id for r in view.records] == ["a-1"] and view.set_aside == {"b-2": moved}
+    assert Cluster("c").queue().set_aside == {"b-2": moved}
+    with pytest.raises(
+        ClusterError, match=rf"job b-2 of cluster c: .*set aside as {moved}; raystack no longer"
+    ):
+        Job.get("b-2")
