@@ -181,7 +181,7 @@ def end_allocation(name: str, alloc_id: str, end: Ending, last_state: ClusterSta
     """Record allocation `alloc_id`'s end: settle its jobs in flight, and either hand the cluster to
     the pending follow-on (SUBMITTED) or end it (`last_state`), cancelling a follow-on that the
     ending does not let run. Safe to call from the head, the runner or a client (first wins)."""
-    for job in settle_orphans(name, None, end.text, requeue=end.requeue):
+    for job in settle_orphans(name, None, end.text, requeue=end.requeue, stopped=end.kind is EndKind.DOWN):
         log.info("job %s was in flight: %s", job, "INTERRUPTED, to resume" if end.requeue else "FAILED")
     p = paths.cluster(name)
     with locked(p):

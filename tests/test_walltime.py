@@ -88,6 +88,22 @@ def test_scancel_ends_the_chain_and_cancels_the_follow_on(
     assert read_job("c", job).state is JobState.FAILED
 
 
+def test_down_leaves_the_jobs_it_ended_stopped_not_failed(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person ended them (`raystack down`), as `raystack stop` would: STOPPED; a scancel from
+    outside (above) is a failure of the job's allocation: FAILED."""
+    monkeypatch.setattr(slurm, "scancel", lambda alloc_id: None)
+    job = running_job()
+    walltime.end_allocation("c", "7", walltime.ending("down", "raystack down"), ClusterState.STOPPED)
+    record = read_job("c", job)
+    assert record.state is JobState.STOPPED
+    assert (
+        record.message.startswith("allocation 7 ended while the job was")
+        and "(raystack down)" in record.message
+    )
+
+
 def test_a_later_allocation_is_never_overwritten(home: Path) -> None:
     clusters.update("c", allocation_id="9")
     record = walltime.end_allocation("c", "7", walltime.ending("scancel", "x"), ClusterState.STOPPED)

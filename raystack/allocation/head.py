@@ -505,7 +505,8 @@ class Head:
                     if end.kind in (EndKind.FAILED, EndKind.CRASHED)
                     else ClusterState.STOPPED
                 )
-                log.info("allocation %s ended: %s (%s)", self.ctx.alloc_id, end.text, signal_text)
+                why = "" if signal_text == end.text else f" ({signal_text})"
+                log.info("allocation %s ended: %s%s", self.ctx.alloc_id, end.text, why)
                 record = end_allocation(self.ctx.cluster, self.ctx.alloc_id, end, state)
                 log.info("cluster %s %s: %s", self.ctx.cluster, record.state.value, record.message)
             except Exception as exc:  # (the record stays as it is: a client settles it later)

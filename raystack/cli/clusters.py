@@ -472,14 +472,23 @@ def down(
             return
         names = ", ".join(f"{r.name} ({r.state.value})" for r in live)
         _confirm(f"Stop {len(live)} cluster(s): {names}?", yes)
-        done = [Cluster(r.name).down() for r in live]
+        handles = [Cluster(r.name) for r in live]
     else:
-        done = [Cluster.get(cluster_name(name, cluster)).down()]
+        handles = [Cluster.get(cluster_name(name, cluster))]
+    running = {h.name: h.in_flight() for h in handles}
+    done = [h.down() for h in handles]
     if as_json:
         print_json([r.model_dump(mode="json") for r in done] if every else done[0].model_dump(mode="json"))
         return
-    for record in done:
+    for handle, record in zip(handles, done, strict=True):
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
+        if running[record.name]:
+            err.print(f"  stopped with it (STOPPED): {', '.join(running[record.name])}", markup=False)
+        if waiting := len(handle.positions()):
+            err.print(
+                f"  {waiting} queued job(s) stay queued: `raystack up --name {record.name} ...` runs them",
+                markup=False,
+            )
 
 
 @app.command(short_help="Remove ended clusters' folders (record, ledger, logs).")

@@ -462,6 +462,10 @@ class Cluster:
             out.append(Job(self.name, record.id, record))
         return out
 
+    def in_flight(self) -> Argv:
+        """Ids of the jobs given to Ray and not yet ended."""
+        return active(self.name)
+
     def positions(self) -> dict[str, int]:
         """Each queued job's 1-based place in the queue, from one listing of it."""
         return positions(self.name)
@@ -514,7 +518,7 @@ class Cluster:
                 next_allocation_id=None,
                 message="stopped by raystack down",
             )
-        settle_orphans(self.name, None, "raystack down")
+        settle_orphans(self.name, None, "raystack down", stopped=True)
         self._sweep_local(record)
         return record
 

@@ -105,7 +105,8 @@ def job_as_ended(job: JobRecord, pending: PendingEnd | None) -> JobRecord:
         return job
     if job.attempts[-1].allocation != pending.alloc_id:
         return job
-    state, message = orphan_outcome(job, pending.end.text, pending.end.requeue)
+    end = pending.end
+    state, message = orphan_outcome(job, end.text, end.requeue, stopped=end.kind is EndKind.DOWN)
     return job.model_copy(update={"state": state, "message": message})
 
 

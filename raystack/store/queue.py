@@ -341,22 +341,28 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
     return record
 
 
-def orphan_outcome(record: JobRecord, reason: str, requeue: bool) -> tuple[JobState, str]:
+def orphan_outcome(
+    record: JobRecord, reason: str, requeue: bool, stopped: bool = False
+) -> tuple[JobState, str]:
     """What becomes of a job in flight whose allocation ended (pure): INTERRUPTED to resume in the
-    next allocation when the end requeues its jobs, else FAILED; and the message saying so."""
+    next allocation when the end requeues its jobs, STOPPED when a person ended it (`down`), else
+    FAILED; and the message saying so."""
     last = record.attempts[-1].allocation if record.attempts else None
     where = f"allocation {last}" if last else "its allocation"
     message = f"{where} ended while the job was {record.state.value} ({reason})"
     if requeue:
         return JobState.INTERRUPTED, message + "; it resumes in the next allocation"
-    return JobState.FAILED, message
+    return (JobState.STOPPED if stopped else JobState.FAILED), message
 
 
-def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool = False) -> list[str]:
+def settle_orphans(
+    name: str, allocation: str | None, reason: str, requeue: bool = False, stopped: bool = False
+) -> list[str]:
     """Active jobs whose last attempt ran in another allocation than `allocation` (None: any) have
     lost their Ray cluster. By default they are FAILED with `reason`, never submitted again by
     accident; with `requeue` (the allocation ended on purpose: walltime, a lost node with the
-    chain going on) they go back to the head of the queue, INTERRUPTED, to resume."""
+    chain going on) they go back to the head of the queue, INTERRUPTED, to resume; `stopped`
+    (`raystack down` ended it): STOPPED, as `raystack stop` leaves a job."""
     p = paths.cluster(name)
     settled = []
     for job_id in active(name):
@@ -373,7 +379,7 @@ def settle_orphans(name: str, allocation: str | None, reason: str, requeue: bool
             if allocation is not None and last == allocation:
                 continue
             if not record.state.is_terminal():
-                state, message = orphan_outcome(record, reason, requeue)
+                state, message = orphan_outcome(record, reason, requeue, stopped)
                 if state is JobState.INTERRUPTED:
                     _requeue(p, name, job_id, message)
                 else:
