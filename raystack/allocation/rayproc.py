@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
+import json
 import logging
 import os
 import random
 import shutil
 import socket
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
@@ -32,18 +37,54 @@ def _bindable(ip: str, port: int) -> bool:
     return True
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free on this node now (the kernel picks them; two clusters never share one)."""
-    socks, ports = [], []
+CLAIM_FOR = 600.0  # seconds a port chosen here stays off-limits to the next cluster starting here
+
+
+@contextlib.contextmanager
+def _claims() -> Iterator[dict[int, float]]:
+    """The ports this user's raystack chose on this node lately (port -> until when), under a lock,
+    written back at the end. The kernel may give a port that one head chose and released, before
+    its Ray bound it, to a second head starting at the same moment: the claim keeps it apart."""
+    path = os.path.join(tempfile.gettempdir(), f"raystack-ports-{os.getuid()}.json")
     try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            socks.append(sock)
-            ports.append(sock.getsockname()[1])
-    finally:
-        for sock in socks:
-            sock.close()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # (a read-only /tmp: the kernel's choice alone)
+        log.debug("no port claims (%s): %s", path, exc)
+        yield {}
+        return
+    with os.fdopen(fd, "r+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            saved = {int(k): float(v) for k, v in json.loads(fh.read() or "{}").items()}
+        except (ValueError, AttributeError, TypeError):
+            saved = {}
+        now = time.time()
+        claims = {port: until for port, until in saved.items() if until > now}
+        yield claims
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps(claims))
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on this node now (the kernel picks them) and not chosen by another cluster
+    starting here (see _claims): two clusters never share one."""
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    with _claims() as claims:
+        try:
+            while len(ports) < count:
+                if len(socks) > count + 1000:
+                    raise RaystackError(f"no {count} free ports on this node")
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)  # (a claimed port stays bound meanwhile: not offered again)
+                sock.bind(("", 0))
+                if (port := sock.getsockname()[1]) not in claims:
+                    ports.append(port)
+        finally:
+            for sock in socks:
+                sock.close()
+        claims.update(dict.fromkeys(ports, time.time() + CLAIM_FOR))
     return ports
 
 
