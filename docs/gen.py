@@ -53,7 +53,7 @@ def type_name(annotation: Any) -> str:
         return f"map of {type_name(args[0])} to {type_name(args[1])}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "block (below)"
-    return {"str": "text", "int": "integer", "float": "number", "bool": "true \\| false"}.get(
+    return {"str": "text", "Size": "size", "int": "integer", "float": "number", "bool": "true \\| false"}.get(
         getattr(annotation, "__name__", str(annotation)), str(annotation)
     )
 

@@ -12,6 +12,9 @@ import math
 import re
 from typing import Any
 
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
+
 from raystack.errors import ConfigError
 
 FORMAT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
@@ -82,21 +85,35 @@ def time_to_seconds(value: str | float) -> int:
     return round(duration(value))
 
 
-def walltime(value: str | float, field: str = "--time") -> tuple[str, int]:
-    """A walltime read once: (the text for sbatch's --time, its seconds). SLURM's own text is
-    kept as written, a duration with units (2h, 1d12h) becomes SLURM's D-HH:MM:SS. 0, off and
-    UNLIMITED are refused (ConfigError naming `field`)."""
-    text = str(value).strip()
-    try:
+class Walltime(str):
+    """A walltime read once: the text sbatch's --time gets (SLURM's own text kept as written, a
+    duration with units such as 2h or 1d12h turned into SLURM's D-HH:MM:SS) with its `.seconds`.
+    0, off and UNLIMITED are refused (ValueError). A model field of this type parses what it is
+    given; a value put in with `model_copy(update=...)` must be a Walltime itself."""
+
+    seconds: int
+
+    def __new__(cls, value: str | float) -> Walltime:
+        text = str(value).strip()
         seconds = parse_duration(value)
+        self = super().__new__(cls, text if FORMAT.fullmatch(text) else slurm_text(seconds))
+        self.seconds = round(seconds)
+        return self
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda value: value if isinstance(value, cls) else cls(value),
+            serialization=core_schema.to_string_ser_schema(),
+        )
+
+
+def validate_time(value: str | float, field: str = "--time") -> Walltime:
+    """A walltime a person gave (`up -t`): ConfigError naming `field` when it is not one."""
+    try:
+        return Walltime(value)
     except ValueError as exc:
         raise ConfigError(f"{field}: {exc}") from None
-    return (text if FORMAT.fullmatch(text) else slurm_text(seconds)), round(seconds)
-
-
-def validate_time(value: str | float, field: str = "--time") -> str:
-    """A walltime's text for sbatch's --time (see `walltime`)."""
-    return walltime(value, field)[0]
 
 
 MAX_DURATION = 365 * 86400.0  # seconds: anything longer is a typo (and overflows timers)

@@ -25,7 +25,6 @@ from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
-from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -139,13 +138,13 @@ def plan(
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch)
     name = paths.validate_name(name)
-    walltime, walltime_s = slurmtime.walltime(time or prof.time)
+    walltime = slurmtime.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = prof.chain if chain is None else chain
     if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
         raise ConfigError(
             f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
         )
-    lead, lead_note = _signal_lead(prof, signal_lead, walltime, walltime_s)
+    lead, lead_note = _signal_lead(prof, signal_lead, walltime)
     gpus, cpus, mem, note = _node_size(
         prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
         prof.cpus_per_task if cpus_per_task is None else cpus_per_task,
@@ -158,7 +157,7 @@ def plan(
         name=name,
         home=str(paths.home().resolve()),
         time=walltime,
-        walltime=walltime_s,
+        walltime=walltime.seconds,
         partition=partition or prof.partition,
         account=account or prof.account,
         gpus_per_node=gpus,
@@ -187,7 +186,7 @@ def _check_counts(
 
 
 def _signal_lead(
-    prof: Profile, signal_lead: str | float | None, walltime: str, walltime_s: int
+    prof: Profile, signal_lead: str | float | None, walltime: slurmtime.Walltime
 ) -> tuple[float, str]:
     """Seconds before the walltime end at which SLURM warns (less than the walltime), and a note
     when the profile's own lead did not fit a short walltime (a quarter of it is used then)."""
@@ -195,18 +194,18 @@ def _signal_lead(
         lead = prof.signal_lead if signal_lead is None else parse_duration(signal_lead, limit=65535)
     except ValueError as exc:
         raise ConfigError(f"--signal-lead: {exc}") from None
-    if lead < walltime_s:
+    if lead < walltime.seconds:
         return lead, ""
     if signal_lead is None:  # (the profile's, for longer walltimes: `up -t 10` must just work)
-        short = max(1, walltime_s // 4)
+        short = max(1, walltime.seconds // 4)
         return short, (
-            f"the walltime {duration_text(walltime_s)} is not longer than profile {prof.name}'s "
+            f"the walltime {duration_text(walltime.seconds)} is not longer than profile {prof.name}'s "
             f"signal_lead ({duration_text(lead)}): SLURM warns {duration_text(short)} before the end "
             "(--signal-lead to choose)"
         )
     raise ConfigError(
         f"--signal-lead: {duration_text(lead)} is not less than the walltime {walltime} "
-        f"({duration_text(walltime_s)}); lower it (e.g. --signal-lead 60s)"
+        f"({duration_text(walltime.seconds)}); lower it (e.g. --signal-lead 60s)"
     )
 
 
@@ -460,7 +459,7 @@ def space_warning(profile: Profile) -> str | None:
         free = shutil.disk_usage(home).free  # (this user's: statvfs's f_bavail)
     except OSError:
         return None
-    cap = size_to_mb(profile.folder_cap) * 2**20 if profile.folder_cap else 0
+    cap = profile.folder_cap.bytes if profile.folder_cap else 0
     if free >= SMALL_FREE and free >= cap:
         return None
     return (

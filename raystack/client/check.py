@@ -13,7 +13,6 @@ from pathlib import Path
 import raystack.client.allocate as allocate
 from raystack.client.cluster import Cluster
 from raystack.errors import ClusterError, ConfigError, SlurmError
-from raystack.slurmtime import time_to_seconds
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare
@@ -65,7 +64,7 @@ def shape(
         nodes_expected=plan.nodes or 1,
         gpus_per_node=plan.gpus_per_node,
         cpus_per_node=plan.cpus_per_task or 0,
-        walltime=time_to_seconds(plan.time) if plan.time else None,
+        walltime=plan.walltime,
     )
     return record, f"profile {prof.name} ({record.nodes_expected} node(s) of {record.gpus_per_node} GPUs)"
 

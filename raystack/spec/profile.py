@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
-from raystack.slurmtime import duration, off_or_duration, parse_duration, validate_time
+from raystack.slurmtime import Walltime, duration, off_or_duration, parse_duration
 from raystack.spec import sbatch
-from raystack.spec.values import load_yaml, one_line_error, size_to_mb, validate_env
+from raystack.spec.values import Size, load_yaml, one_line_error, validate_env
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -118,7 +118,7 @@ class Profile(BaseModel):
     """sbatch --account (`up -A`)."""
     qos: str | None = None
     """sbatch --qos (`up -q`)."""
-    time: str = "01:00:00"
+    time: Walltime = Walltime("01:00:00")
     """Walltime of each allocation (`up -t`): minutes, H:M:S, D-H:M:S, or 2h, 1d."""
     gpus_per_node: int | Literal["auto"] = "auto"
     """GPUs per node; `auto`: every GPU the partition's nodes have (sinfo), a whole node."""
@@ -144,7 +144,7 @@ class Profile(BaseModel):
     """Environment of Ray and of every job (NCCL settings, caches); RAYSTACK_* names are refused."""
     local_scratch: str = "/tmp"
     """Node-local folder for Ray's temp dir (Unix socket paths: keep it short)."""
-    object_store_memory: str | None = None
+    object_store_memory: Size | None = None
     """Ray's object store per node, e.g. 20G; default min(30% of RAM, half of /dev/shm)."""
     join_timeout: float = 300.0
     """How long a node may take to join the head before the start fails (a duration, >= 5s)."""
@@ -180,10 +180,10 @@ class Profile(BaseModel):
     hang_timeout: float | None = None
     """A job with no output and no CPU or GPU use for this long is stopped after a stack dump (0/off:
     never; a spec may set its own)."""
-    folder_cap: str | None = "8G"
+    folder_cap: Size | None = Size("8G")
     """The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage samples and
     worker logs are pruned beyond it (0/off: never)."""
-    job_log_cap: str = "1G"
+    job_log_cap: Size = Size("1G")
     """Each attempt's driver log: beyond it, its start and its end are kept."""
 
     @field_validator("signal_lead", mode="before")
@@ -215,23 +215,22 @@ class Profile(BaseModel):
 
     @field_validator("folder_cap", mode="before")
     @classmethod
-    def _folder_cap(cls, value: Any) -> str | None:
+    def _folder_cap(cls, value: Any) -> Any:
         if value is None or value is False or str(value).strip().lower() in ("0", "off", "none"):
             return None
-        size_to_mb(str(value))
-        return str(value)
+        return value
 
-    @field_validator("job_log_cap", mode="before")
+    @field_validator("job_log_cap")
     @classmethod
-    def _job_log_cap(cls, value: Any) -> str:
-        if size_to_mb(str(value)) < 1:
-            raise ValueError(f"{value!r} is too small; use at least 1MB, e.g. 1G")
-        return str(value)
+    def _job_log_cap(cls, value: Size) -> Size:
+        if value.bytes < 2**20:
+            raise ValueError(f"{str(value)!r} is too small; use at least 1MB, e.g. 1G")
+        return value
 
     def node_env(self) -> dict[str, str]:
         """How the profile reaches the node programs and the queue runner (allocation/context.py
         reads it back): exported by the launch script, before the profile's own env."""
-        folder_cap = size_to_mb(self.folder_cap) * 2**20 if self.folder_cap else 0
+        folder_cap = self.folder_cap.bytes if self.folder_cap else 0
         optional = {
             "RAYSTACK_HANG_TIMEOUT": f"{self.hang_timeout:g}" if self.hang_timeout else None,
             "RAYSTACK_OBJECT_STORE_MEMORY": self.object_store_memory,
@@ -249,7 +248,7 @@ class Profile(BaseModel):
             **self.ray_logs.env(),
             "RAYSTACK_INFEASIBLE_GRACE": f"{self.infeasible_grace:g}",
             "RAYSTACK_FOLDER_CAP": str(folder_cap),
-            "RAYSTACK_JOB_LOG_CAP": str(size_to_mb(self.job_log_cap) * 2**20),
+            "RAYSTACK_JOB_LOG_CAP": str(self.job_log_cap.bytes),
             **{key: value for key, value in optional.items() if value},
         }
 
@@ -259,14 +258,6 @@ class Profile(BaseModel):
             if getattr(self, key) and not self.metrics:
                 raise ValueError(f"{key} needs `metrics: true` (Ray exports no metrics otherwise)")
         return self
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, value: str) -> str:
-        try:
-            return validate_time(value, "time")
-        except ConfigError as exc:  # pydantic reports ValueErrors with the file and field
-            raise ValueError(str(exc).removeprefix("time: ")) from None
 
     @field_validator("env", mode="before")
     @classmethod
@@ -288,13 +279,6 @@ class Profile(BaseModel):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4096:
             raise ValueError(f"{value!r} is not a count per node: use a number from 0 to 4096, or auto")
-        return value
-
-    @field_validator("object_store_memory")
-    @classmethod
-    def _object_store(cls, value: str | None) -> str | None:
-        if value is not None:
-            size_to_mb(value)
         return value
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, GetCoreSchemaHandler, ValidationError
+from pydantic_core import CoreSchema, core_schema
 
 from raystack.errors import ConfigError
 from raystack.slurmtime import (  # noqa: F401 (the durations, read where values are)
@@ -89,6 +90,27 @@ def size_to_mb(value: str | int) -> int:
         raise ValueError(f"{value!r} is not a size; use e.g. 512MB or 2GB")
     number, unit = float(match.group(1)), (match.group(2) or "M")[0].upper()
     return int(number * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
+
+
+class Size(str):
+    """A size read once where it is loaded: the text as written ('8G': what is shown and saved)
+    with its `.bytes`. A model field of this type parses what it is given; a value put in with
+    `model_copy(update=...)` must be a Size itself."""
+
+    bytes: int
+
+    def __new__(cls, value: str | int) -> Size:
+        mb = size_to_mb(value)
+        self = super().__new__(cls, str(value).strip())
+        self.bytes = mb * 2**20
+        return self
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda value: value if isinstance(value, cls) else cls(value),
+            serialization=core_schema.to_string_ser_schema(),
+        )
 
 
 def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
