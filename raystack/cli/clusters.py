@@ -207,7 +207,9 @@ def _typed_gpus(value: str | None) -> tuple[str | None, int | None]:
 
 
 def _timeout(value: str | None) -> float | None:
-    """--timeout: a duration; 0 or off: wait as long as it takes."""
+    """--timeout: a duration; 0 or off (or not given): wait as long as it takes."""
+    if value is None:  # (as every option of up: parsed only when given)
+        return None
     try:
         return off_or_duration(value)
     except ValueError as exc:
