@@ -50,6 +50,10 @@ class JobEnding(SlurmError):
     """scancel: the job is already completing."""
 
 
+class NoSuchPartition(SlurmError):
+    """sinfo lists no partition of the name asked for (a typo, or another site's profile)."""
+
+
 class AccountingDisabled(SlurmError):
     """sacct: the site runs without accounting storage."""
 

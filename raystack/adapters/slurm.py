@@ -24,6 +24,7 @@ from raystack.errors import (
     AccountingDisabled,
     JobEnding,
     JobNotFound,
+    NoSuchPartition,
     SlurmError,
     SlurmMissing,
     SlurmUnavailable,
@@ -240,6 +241,7 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
     default partition, marked '*', when None). Raises SlurmError when it has no nodes."""
     rows: dict[str, tuple[int, int]] = {}
     default = None
+    seen: set[str] = set()
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) != 4:
@@ -248,9 +250,15 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
         if part.endswith("*"):
             part = part[:-1]
             default = part
+        seen.add(part)
         if part == (partition or default) and cpus.isdigit():
             rows[node] = (int(cpus), gres_gpus(gres))
     name = partition or default
+    if partition and seen and partition not in seen:
+        raise NoSuchPartition(
+            f"no partition {partition!r} here (sinfo lists {', '.join(sorted(seen))}); "
+            "name one with --partition or the profile's `partition:`"
+        )
     if not rows or name is None:
         where = f"partition '{partition}'" if partition else "the default partition"
         raise SlurmError(f"sinfo lists no nodes in {where}; name one with --partition")

@@ -46,9 +46,16 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
         raise ConfigError(
             "give a job spec or a command after --: raystack submit job.yaml, raystack submit -- python x.py"
         )
-    if len(before) == 1 and before[0].lower().endswith((".yaml", ".yml")):
+    if before[0].lower().endswith((".yaml", ".yml")):
         if not Path(before[0]).is_file():
             raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")
+        if len(before) > 1 and before[1].lower().endswith((".yaml", ".yml")):
+            raise ConfigError(f"one job spec per submit: {before[0]}, then {before[1]} on its own")
+        if len(before) > 1:  # (an option's value split by a space: --set env.LR 1e-6)
+            raise ConfigError(
+                f"{before[1]!r} after the job spec {before[0]}: each option takes one word "
+                "(--set KEY=VALUE, --sweep KEY=V1,V2: no spaces, or quote them)"
+            )
         return before[0]
     raw = ctx.meta.get("raw_args", before)
     i = raw.index(before[0]) if before[0] in raw else len(raw)

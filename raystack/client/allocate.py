@@ -21,7 +21,7 @@ from raystack.adapters import local, slurm
 from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
-from raystack.errors import ClusterError, ConfigError, SlurmError, SlurmMissing
+from raystack.errors import ClusterError, ConfigError, NoSuchPartition, SlurmError, SlurmMissing
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
@@ -383,6 +383,8 @@ def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
             shape = slurm.node_shape(partition)
         except SlurmMissing:
             raise
+        except NoSuchPartition as exc:
+            raise ConfigError(str(exc)) from None
         except SlurmError as exc:
             raise ConfigError(
                 f"whole nodes by default, but sinfo could not say how big they are ({exc}); "

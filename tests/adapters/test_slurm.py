@@ -7,7 +7,7 @@ import pytest
 from raystack import errors
 from raystack.adapters import slurm
 from raystack.adapters.slurm import SlurmState as JobState
-from raystack.errors import SlurmError
+from raystack.errors import NoSuchPartition, SlurmError
 
 from ..conftest import FIXTURES
 
@@ -81,8 +81,10 @@ def test_sinfo_node_shape() -> None:
     shape = slurm.parse_sinfo_nodes(mixed, None)
     assert (shape.partition, shape.cpus, shape.gpus, shape.uniform) == ("gpu", 32, 4, False)
     assert slurm.parse_sinfo_nodes(mixed, "cpu").gpus == 0
-    with pytest.raises(SlurmError, match="no nodes in partition 'nope'"):
+    with pytest.raises(NoSuchPartition, match=r"no partition 'nope' here \(sinfo lists cpu, gpu\); name one"):
         slurm.parse_sinfo_nodes(mixed, "nope")
+    with pytest.raises(SlurmError, match="no nodes in the default partition"):
+        slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,17 @@ def queued(name: str = "c4") -> int:
         (["python", "train.py", "-c", "config.yaml"], 1, "a command goes after --: raystack submit"),
         (["ok.yaml", "--", "python", "x.py"], 1, "give a job spec or a command after --, not both"),
         (["--"], 1, "nothing after --"),
+        (
+            ["ok.yaml", "--set", "env.LR", "1e-6"],
+            1,
+            "'1e-6' after the job spec ok.yaml: each option takes one word",
+        ),
+        (
+            ["ok.yaml", "--sweep", "env.LR=1,2", "3"],
+            1,
+            "'3' after the job spec ok.yaml: each option takes one",
+        ),
+        (["ok.yaml", "ok.yaml"], 1, "one job spec per submit: ok.yaml, then ok.yaml on its own"),
         ([], 1, "give a job spec or a command after --"),
     ],
 )
