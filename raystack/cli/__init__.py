@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover (typer with click as a dependency)
 from raystack import __version__
 from raystack.cli import clusters, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
+from raystack.client import filesystem_error
 from raystack.errors import RaystackError
 
 
@@ -64,9 +65,13 @@ def main() -> None:
     except Exception as exc:
         if os.environ.get("RAYSTACK_DEBUG"):
             raise
+        # A file the filesystem refused (RAYSTACK_HOME missing, read-only, full) is not a bug.
+        refused = filesystem_error(exc) if isinstance(exc, OSError) else None
         err.print(
-            f"raystack: internal error: {type(exc).__name__}: {exc} (a bug in raystack: rerun with "
-            "RAYSTACK_DEBUG=1 for the traceback and report it)",
+            f"raystack: error: {refused}"
+            if refused
+            else f"raystack: internal error: {type(exc).__name__}: {exc} (a bug in raystack: rerun "
+            "with RAYSTACK_DEBUG=1 for the traceback and report it)",
             markup=False,
         )
         code = 1

@@ -48,6 +48,22 @@ JobRecords = list[JobRecord]
 Jobs = list[Job]
 
 
+def filesystem_error(exc: OSError) -> str | None:
+    """One line for a file operation the filesystem refused (RAYSTACK_HOME missing, not writable,
+    full or over quota), naming the path and the fix; None for an OSError about no file."""
+    if not exc.filename:
+        return None
+    what = exc.strerror or type(exc).__name__
+    line = f"{exc.filename}: {what}"
+    home = paths.home()
+    if str(exc.filename).startswith(str(home)) or str(home).startswith(str(exc.filename)):
+        line += (
+            f" (RAYSTACK_HOME is {home}: set RAYSTACK_HOME to a folder you can write, with room, "
+            "on a filesystem every node sees)"
+        )
+    return line
+
+
 @dataclass
 class ClusterStatus:
     """A snapshot joining the record, SLURM's view and Ray's view of one cluster."""

@@ -438,3 +438,18 @@ def test_profiles_lists_and_shows(home: Path, capsys: pytest.CaptureFixture[str]
     assert code == 1 and "did you mean 'isambard'?" in err
     code, _, err = run(capsys, "up", "-P", "mysite.yaml", "--dry-run")
     assert code == 1 and "no profile file mysite.yaml" in err and "mysite.yaml.yaml" not in err
+
+
+def test_an_unusable_raystack_home_is_named_with_the_fix_not_called_a_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RAYSTACK_HOME that is a file (or missing, read-only, full): one line naming it and the fix."""
+    not_a_folder = tmp_path / "home-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("RAYSTACK_HOME", str(not_a_folder))
+    code, _, err = run(capsys, "up", "--local", "--no-wait")
+    assert code == 1 and "internal error" not in err, err
+    assert (
+        f"{not_a_folder}/clusters: Not a directory (RAYSTACK_HOME is {not_a_folder}: set RAYSTACK_HOME" in err
+    )
+    assert len(err.strip().splitlines()) == 1
