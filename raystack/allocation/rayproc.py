@@ -46,10 +46,13 @@ def _claims() -> Iterator[dict[int, float]]:
     written back at the end. The kernel may give a port that one head chose and released, before
     its Ray bound it, to a second head starting at the same moment: the claim keeps it apart."""
     path = os.path.join(tempfile.gettempdir(), f"raystack-ports-{os.getuid()}.json")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:  # (a read-only /tmp: the kernel's choice alone)
-        log.debug("no port claims (%s): %s", path, exc)
+    try:  # (in a shared /tmp: never through a link, never a file someone else owns)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if os.fstat(fd).st_uid != os.getuid():
+            os.close(fd)
+            raise PermissionError(f"{path} belongs to another user")
+    except OSError as exc:  # (a read-only /tmp, a planted file: the kernel's choice alone)
+        log.warning("ports chosen without claims (%s): %s", path, exc)
         yield {}
         return
     with os.fdopen(fd, "r+") as fh:

@@ -69,3 +69,13 @@ def test_real_ports_are_bindable_and_distinct(tmp_path: Path, monkeypatch: pytes
     assert len(set(ports)) == 10
     with socket.socket() as sock:
         sock.bind(("", ports[0]))
+
+
+def test_a_link_planted_in_the_shared_tmp_is_never_written_through(node: Kernel, tmp_path: Path) -> None:
+    """Another user may plant the claims file's name in /tmp as a link to a file of ours: it is
+    not followed (the ports are then chosen by the kernel alone)."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (tmp_path / f"raystack-ports-{os.getuid()}.json").symlink_to(victim)
+    assert rayproc.free_ports(2) == [40001, 40003]
+    assert victim.read_text() == "keep me\n"
