@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -48,13 +47,7 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
 
 def _close_id(job_id: str, names: list[str]) -> str:
     """' (did you mean ...?)' for a mistyped job id: the closest id of these clusters' ledgers."""
-    known: dict[str, str] = {}
-    for name in names:
-        folder = paths.cluster(name).jobs
-        with contextlib.suppress(OSError):
-            known.update(
-                (e.name.removesuffix(".json"), name) for e in os.scandir(folder) if e.name.endswith(".json")
-            )
+    known = {job: name for name in names for job in deps.job_ids(name)}
     close = difflib.get_close_matches(job_id, list(known), n=1, cutoff=0.8)
     if not close:
         return ""

@@ -259,3 +259,15 @@ def quarantine(paths: ClusterPaths, path: Path, why: str) -> Path | None:
         return None
     log.warning("moved unreadable %s to %s: %s", path, target, why)
     return target
+
+
+def quarantined(paths: ClusterPaths, folder: Path) -> dict[str, Path]:
+    """What `quarantine` moved out of `folder`: each file's name there -> where it lies now (the
+    newest, when one was moved more than once)."""
+    prefix = f"{folder.name}-"
+    found: dict[str, Path] = {}
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(paths.corrupt), key=lambda e: e.name):
+            if entry.name.startswith(prefix):
+                found[entry.name.removeprefix(prefix).rpartition(".")[0]] = Path(entry.path)
+    return found

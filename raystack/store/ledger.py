@@ -6,9 +6,7 @@ Both live here, at the bottom, because the allocation and the client both read t
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import secrets
 import time
 from enum import Enum
@@ -21,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raystack.errors import ClusterError
 from raystack.store import paths
 from raystack.store.cluster import apply_changes, unknown_member
-from raystack.store.files import append_line, atomic_write, create_exclusive, locked
+from raystack.store.files import append_line, atomic_write, create_exclusive, locked, quarantined
 
 log = logging.getLogger("raystack")
 
@@ -203,14 +201,9 @@ def all_jobs(name: str) -> list[JobRecord]:
 def set_aside(name: str) -> dict[str, Path]:
     """Jobs whose ledger could not be read and was moved into corrupt/ (they did not run from
     it): id -> where it lies now, so listings and lookups can say so instead of losing them."""
-    folder = paths.cluster(name).corrupt
-    found: dict[str, Path] = {}
-    with contextlib.suppress(OSError):
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            stem, _, _ns = entry.name.removeprefix("jobs-").rpartition(".")
-            if entry.name.startswith("jobs-") and stem.endswith(".json"):
-                found[stem.removesuffix(".json")] = Path(entry.path)
-    return found
+    p = paths.cluster(name)
+    moved = quarantined(p, p.jobs)
+    return {file.removesuffix(".json"): where for file, where in moved.items() if file.endswith(".json")}
 
 
 def recently_finished(name: str, count: int) -> list[str]:
