@@ -85,11 +85,23 @@ def time_to_seconds(value: str | float) -> int:
     return round(duration(value))
 
 
-class Walltime(str):
+class ParsedText(str):
+    """Text a person wrote, read once where it is loaded: the text stays as written (what is shown
+    and saved) and the subclass's `__new__` keeps what it means beside it. A model field of such a
+    type parses what it is given; a value put in with `model_copy(update=...)` must be one itself."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda value: value if isinstance(value, cls) else cls(value),
+            serialization=core_schema.to_string_ser_schema(),
+        )
+
+
+class Walltime(ParsedText):
     """A walltime read once: the text sbatch's --time gets (SLURM's own text kept as written, a
     duration with units such as 2h or 1d12h turned into SLURM's D-HH:MM:SS) with its `.seconds`.
-    0, off and UNLIMITED are refused (ValueError). A model field of this type parses what it is
-    given; a value put in with `model_copy(update=...)` must be a Walltime itself."""
+    0, off and UNLIMITED are refused (ValueError)."""
 
     seconds: int
 
@@ -99,13 +111,6 @@ class Walltime(str):
         self = super().__new__(cls, text if FORMAT.fullmatch(text) else slurm_text(seconds))
         self.seconds = round(seconds)
         return self
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            lambda value: value if isinstance(value, cls) else cls(value),
-            serialization=core_schema.to_string_ser_schema(),
-        )
 
 
 def validate_time(value: str | float, field: str = "--time") -> Walltime:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, GetCoreSchemaHandler, ValidationError
-from pydantic_core import CoreSchema, core_schema
+from pydantic import BaseModel, ValidationError
 
 from raystack.errors import ConfigError
 from raystack.slurmtime import (  # noqa: F401 (the durations, read where values are)
     MAX_DURATION,
     OFF,
+    ParsedText,
     duration_text,
     off_or_duration,
     parse_duration,
@@ -92,10 +92,8 @@ def size_to_mb(value: str | int) -> int:
     return int(number * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
 
 
-class Size(str):
-    """A size read once where it is loaded: the text as written ('8G': what is shown and saved)
-    with its `.bytes`. A model field of this type parses what it is given; a value put in with
-    `model_copy(update=...)` must be a Size itself."""
+class Size(ParsedText):
+    """A size read once where it is loaded: the text as written ('8G') with its `.bytes`."""
 
     bytes: int
 
@@ -104,13 +102,6 @@ class Size(str):
         self = super().__new__(cls, str(value).strip())
         self.bytes = mb * 2**20
         return self
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            lambda value: value if isinstance(value, cls) else cls(value),
-            serialization=core_schema.to_string_ser_schema(),
-        )
 
 
 def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
