@@ -93,8 +93,7 @@ class ParsedText(str):
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_plain_validator_function(
-            lambda value: value if isinstance(value, cls) else cls(value),
-            serialization=core_schema.to_string_ser_schema(),
+            cls, serialization=core_schema.to_string_ser_schema()
         )
 
 
