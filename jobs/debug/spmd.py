@@ -70,7 +70,10 @@ def main() -> int:
         print(f"SPMD_CHATTER rank={rank} i={i} " + "x" * 64)
     if rank == args.fail_rank:
         print(f"rank {rank} exits {args.fail_code} on purpose", flush=True)
-        sys.exit(args.fail_code)
+        sys.stderr.flush()
+        # os._exit, not sys.exit: tearing down a gloo group at interpreter exit while the other
+        # ranks are mid-collective can abort (SIGABRT, exit -6), hiding the code asked for
+        os._exit(args.fail_code)
     if args.allreduce_mb:
         bandwidth(args.allreduce_mb, args.iters, rank, world, device)
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ how to read which rank failed from its output. Pure functions.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
@@ -140,6 +141,17 @@ def hostfile(rdv: Rendezvous) -> str:
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _RANK_TAG = re.compile(r"\[rank(\d+)\]")
+
+
+def exit_words(code: int) -> str:
+    """How a process ended, for people: torchrun reports a rank killed by a signal as the negative
+    signal number (-6 is an abort, e.g. a C++ exception at exit; -9 often the kernel's OOM killer)."""
+    if code >= 0:
+        return str(code)
+    try:
+        return f"{code} (killed by {signal.Signals(-code).name})"
+    except ValueError:
+        return str(code)
 
 
 def failure(lines: list[str], code: int) -> tuple[int | None, int]:

@@ -33,7 +33,16 @@ import threading
 import time
 from typing import Any
 
-from raystack.launch.launchers import CONSOLE_COPY, LAUNCHERS, Rendezvous, argv, failure, hostfile, rank_of
+from raystack.launch.launchers import (
+    CONSOLE_COPY,
+    LAUNCHERS,
+    Rendezvous,
+    argv,
+    exit_words,
+    failure,
+    hostfile,
+    rank_of,
+)
 from raystack.launch.process import die_with_parent
 
 POLL = 0.2  # seconds between reads of the launchers' output
@@ -288,7 +297,7 @@ def failed(actors: list, hosts: tuple[str, ...], node: int, code: int, ns: argpa
     rank, exit_code = failure(tail, code)
     for line in tail[-TAIL:]:
         print(f"[node {node}] | {line}", flush=True)
-    who = f"node {node} rank {rank if rank is not None else '?'} exited {exit_code}"
+    who = f"node {node} rank {rank if rank is not None else '?'} exited {exit_words(exit_code)}"
     print(f"raystack spmd: {who} (host {hosts[node]}, {ns.launcher}); every other node stopped", flush=True)
     return exit_code if 0 < exit_code < 256 else 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raystack.launch.launchers import Rendezvous, argv, failure, hostfile, wants_multi_gpu
+from raystack.launch.launchers import Rendezvous, argv, exit_words, failure, hostfile, wants_multi_gpu
 
 
 def rdv(node_rank: int = 1, nnodes: int = 2, procs: int = 4, gpus: bool = True) -> Rendezvous:
@@ -140,3 +140,10 @@ def test_a_node_launcher_passes_whole_lines_of_ranks_that_write_at_once(tmp_path
     assert len(ranks) == 600 and {r for r, _ in ranks} == {2, 3}  # node 1, 2 per node: ranks 2 and 3
     for rank, text in ranks:  # whole lines, each with the rank that wrote it
         assert text == f"SPMD rank={rank - 2} i={text.split('i=')[1].split()[0]} ok=True"
+
+
+def test_exit_words_name_the_signal_that_killed_a_rank() -> None:
+    assert exit_words(3) == "3"
+    assert exit_words(-6) == "-6 (killed by SIGABRT)"
+    assert exit_words(-9) == "-9 (killed by SIGKILL)"
+    assert exit_words(-200) == "-200"  # no such signal: the number as given
