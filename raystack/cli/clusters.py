@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Annotated
@@ -13,7 +14,7 @@ from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster, ClusterRecord, allocate
-from raystack.client.cluster import where
+from raystack.client.cluster import pending_note, where
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
@@ -384,7 +385,11 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             (
                 "slurm",
                 f"job {st.allocation_id} {st.slurm_state or '?'}"
-                + (f" ({st.slurm_reason})" if st.slurm_state == "PENDING" else ""),
+                + (
+                    f" ({pending_note(st.slurm_reason, st.slurm_expected_start, time.time())})"
+                    if st.slurm_state == "PENDING"
+                    else ""
+                ),
             ),
             ("time left", left),
             (

@@ -25,6 +25,7 @@ from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
+from raystack.slurmtime import duration_text
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
@@ -64,6 +65,19 @@ def filesystem_error(exc: OSError) -> str | None:
     return line
 
 
+def pending_note(reason: str | None, expected_start: int | None, now: float, countdown: bool = True) -> str:
+    """Why SLURM holds an allocation back and, once its scheduler has estimated one, when it
+    expects to start it: `Resources; SLURM expects it to start at 14:05, in 2h10m`."""
+    text = reason if reason and reason != "None" else "not scheduled yet"
+    if not expected_start or expected_start <= now:
+        return text
+    when = time.strftime(
+        "%H:%M" if expected_start - now < 20 * 3600 else "%a %d %b %H:%M", time.localtime(expected_start)
+    )
+    left = f", in {duration_text(expected_start - now)}" if countdown else ""
+    return f"{text}; SLURM expects it to start at {when}{left}"
+
+
 @dataclass
 class ClusterStatus:
     """A snapshot joining the record, SLURM's view and Ray's view of one cluster."""
@@ -92,6 +106,7 @@ class ClusterStatus:
     idle_s: float | None = None  # idle (nothing queued, running or attached) for this long
     idle_timeout_s: float | None = None  # autostop after this long idle
     prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
+    slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
 
     @property
     def ready(self) -> bool:
@@ -273,8 +288,8 @@ class Cluster:
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING:
-                    reason = info.reason if info.reason not in ("", "None") else "not scheduled yet"
-                    said = f"PENDING in SLURM (job {record.allocation_id}, reason: {reason})"
+                    why = pending_note(info.reason, info.start_time, time.time(), countdown=False)
+                    said = f"PENDING in SLURM (job {record.allocation_id}, reason: {why})"
                     if said != last_said:
                         say(last_said := said)
             if record.state.is_terminal():
@@ -345,6 +360,9 @@ class Cluster:
             allocation_id=record.allocation_id,
             slurm_state=info.state.value if info else None,
             slurm_reason=info.reason if info else None,
+            slurm_expected_start=info.start_time or None
+            if info and info.state is SlurmState.PENDING
+            else None,
             time_left_s=time_left,
             nodes_expected=record.nodes_expected,
             nodes_alive=nodes,

@@ -242,7 +242,9 @@ class JobSpec(BaseModel):
     def _name(cls, value: str) -> str:
         if not NAME.fullmatch(value):
             raise ValueError(
-                f"{value!r} is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
+                f"{quote(value)}"
+                + (f" ({len(value)} characters)" if len(value) > 63 else "")
+                + " is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
                 "starting with a letter or digit"
             )
         return value
@@ -465,6 +467,11 @@ def command_spec(argv: list[str], sets: list[str] | None = None, name: str | Non
 def _validate(data: dict[str, Any], source: str) -> JobSpec:
     typo = not set(data) <= set(JobSpec.model_fields)  # an unknown key explains a missing one better
     if data.get("kind", "ray") == "ray" and "entrypoint" not in data and not typo:
+        if "command" in data or "launcher" in data:  # an SPMD job without its kind
+            raise ConfigError(
+                f"{source}: command and launcher are for kind: spmd; add kind: spmd (with launcher: "
+                "torchrun, deepspeed or accelerate), or write the Ray driver as entrypoint: ..."
+            )
         raise ConfigError(f"{source}: missing field 'entrypoint'; add it, e.g. entrypoint: python train.py")
     try:
         return JobSpec.model_validate(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,17 @@ def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
         ClusterError, match=rf"job b-2 of cluster c: .*set aside as {moved}; raystack no longer"
     ):
         Job.get("b-2")
+
+
+def test_pending_note_says_slurms_reason_and_its_start_estimate_once_it_has_one() -> None:
+    from raystack.client.cluster import pending_note
+
+    now = 1_800_000_000.0
+    assert pending_note("Resources", None, now) == "Resources"  # no estimate yet (N/A)
+    assert pending_note("None", 0, now) == "not scheduled yet"
+    assert pending_note("Priority", int(now) - 60, now) == "Priority"  # a past estimate says nothing
+    soon = pending_note("Resources", int(now) + 3900, now)
+    assert soon.startswith("Resources; SLURM expects it to start at ") and soon.endswith(", in 1h5m"), soon
+    later = pending_note("Resources", int(now) + 3 * 86400, now, countdown=False)
+    day = time.strftime("%d %b", time.localtime(now + 3 * 86400))
+    assert day in later and ", in" not in later, later  # days away: with the date; no countdown

@@ -189,6 +189,8 @@ def test_debug_specs_load() -> None:
 BAD = [
     # (spec text, extra args, expected message)
     ("name: t\n", [], r"missing field 'entrypoint'; add it"),
+    ("name: t\ncommand: python x.py\n", [], r"command and launcher are for kind: spmd; add kind: spmd"),
+    ("name: " + "a" * 300 + "\nentrypoint: x\n", [], r"'a+\.\.\. \(300 characters\) is not a job name"),
     (GOOD + "entrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\); valid keys: "),
     ("name: t\nentrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\)"),
     (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,36 @@ def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> Non
     assert f"PENDING in SLURM (job {job}, reason: BeginTime)" in err
     assert "cluster later FAILED" in err and "CANCELLED" in err
     assert str(paths.cluster("later").logs) in err
+
+
+def test_a_cluster_behind_another_users_job_shows_when_slurm_expects_it(rs_home: Path) -> None:
+    """Another user's job holds every node for 3 minutes: `status` says why the cluster waits
+    and, once SLURM's scheduler has estimated it, when it expects to start (its end)."""
+    other = subprocess.run(
+        [
+            *("sbatch", "--parsable", "--uid=65534", "--gid=65534", f"--nodes={NODES}", "--exclusive"),
+            *("--time=3", "--output=/dev/null", "--job-name=someone-else", "--wrap", "sleep 600"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        wait_until(lambda: (i := slurm.job_info(other)) and i.state.value == "RUNNING", 30, "the other job")
+        up = raystack("up", "--nodes", "1", "--profile", "testbed", "--name", "behind", "--no-wait")
+        assert up.returncode == 0, up.stderr
+        wait_until(
+            lambda: "SLURM expects it to start at" in raystack("status", "behind").stdout,
+            90,
+            "SLURM's start estimate in status",
+        )
+        st = json.loads(raystack("status", "behind", "--json").stdout)
+        assert st["slurm_state"] == "PENDING" and st["slurm_reason"] in ("Resources", "Priority"), st
+        ends = slurm.job_info(other).end_time  # type: ignore[union-attr]
+        assert abs(st["slurm_expected_start"] - ends) <= 120, (st, ends)
+    finally:
+        slurm.scancel(other)
+    assert raystack("down", "behind").returncode == 0
 
 
 def test_waiting_for_a_pending_allocation_backs_off(rs_home: Path, tmp_path: Path) -> None:
