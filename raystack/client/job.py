@@ -39,19 +39,30 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
                 f"job {job_id} of cluster {name}: its ledger could not be read and was set aside as "
                 f"{moved}; raystack no longer runs or follows it (submit it again if it had not ended)"
             )
+    known = {job: name for name in names for job in deps.job_ids(name)}
+    members = sorted(
+        (j for j in known if j.startswith(f"{job_id}-") and j[len(job_id) + 1 :].isdigit()),
+        key=lambda j: int(j.rsplit("-", 1)[1]),
+    )
+    if members:
+        span = members[0] if len(members) == 1 else f"{members[0]} ... {members[-1]}"
+        raise ClusterError(
+            f"{job_id} is a sweep of {len(members)} job(s) in cluster {known[members[0]]} ({span}): "
+            f"name one of its jobs; `raystack queue --all` lists them, `raystack cancel {job_id}` "
+            "takes the queued ones"
+        )
     where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
     raise ClusterError(
-        f"no job '{job_id}' in {where}{_close_id(job_id, names)}: list jobs with `raystack queue`"
+        f"no job '{job_id}' in {where}{_close_id(job_id, known, len(names))}: list jobs with `raystack queue`"
     )
 
 
-def _close_id(job_id: str, names: list[str]) -> str:
-    """' (did you mean ...?)' for a mistyped job id: the closest id of these clusters' ledgers."""
-    known = {job: name for name in names for job in deps.job_ids(name)}
+def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
+    """' (did you mean ...?)' for a mistyped job id: the closest of the ledgers' ids (-> cluster)."""
     close = difflib.get_close_matches(job_id, list(known), n=1, cutoff=0.8)
     if not close:
         return ""
-    return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if len(names) > 1 else "") + "?)"
+    return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if clusters > 1 else "") + "?)"
 
 
 def ending_note(cluster: records.ClusterRecord) -> str | None:

@@ -297,11 +297,13 @@ class JobSpec(BaseModel):
             return {}
         if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
             raise ValueError("must map spec keys to lists of values, e.g. {env.LR: [1e-6, 3e-6]}")
-        for key in value:
+        for key, values in value.items():
             try:
                 apply_sets({}, [f"{key}=0"])  # (a key that is no field of the spec: named now)
             except ConfigError as exc:
                 raise ValueError(f"{key!r}: {str(exc).split(': ', 1)[1]}") from None
+            if twice := repeated([str(v) for v in values]):
+                raise ValueError(f"{key!r}: {twice!r} is given twice (it would run the same job twice)")
         if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
             raise ValueError(f"more than {MAX_SWEEP} combinations; split the sweep")
         return value
@@ -518,6 +520,16 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
     data = apply_sets(data, list(spec.resume.set))
     data["env"] = {**data.get("env", {}), **spec.resume.env}
     return _validate(data, f"{source} (resume)")
+
+
+def repeated(values: list[str]) -> str | None:
+    """The first value of a sweep axis given twice (a typo: two identical jobs), if any."""
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            return v
+        seen.add(v)
+    return None
 
 
 def new_job_id(name: str) -> str:

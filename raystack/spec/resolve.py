@@ -25,6 +25,7 @@ from raystack.spec.job import (
     command_spec,
     load_spec,
     new_job_id,
+    repeated,
     resumed_spec,
 )
 from raystack.spec.planning import occupied, substitute
@@ -238,5 +239,7 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     found = [v.strip() for v in text.split(",") if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
+    if twice := repeated(found):
+        raise ConfigError(f"--sweep {item!r}: {twice!r} is given twice (it would run the same job twice)")
     apply_sets({}, [f"{key.strip()}={found[0]}"])  # (a key that is no field: named now)
     return key.strip(), found

@@ -123,6 +123,7 @@ def test_ray_job_submit_flags_mean_what_they_mean_there(capsys: pytest.CaptureFi
         ),
         (["--sweep", "env.LR"], "--sweep 'env.LR': give KEY=V1,V2"),
         (["--sweep", "nope.x=1,2"], "'nope' is not a field of the spec"),
+        (["--sweep", "env.LR=1e-6,3e-6,1e-6"], "--sweep 'env.LR=1e-6,3e-6,1e-6': '1e-6' is given twice"),
     ],
 )
 def test_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
@@ -163,6 +164,13 @@ def test_a_spec_sweep_block_keeps_values_as_written(capsys: pytest.CaptureFixtur
     rows = submitted(capsys, "s.yaml")
     values = sorted((request(r["id"]).env["LR"], request(r["id"]).retries) for r in rows)
     assert values == [("1e-6", 0), ("1e-6", 2), ("3.0e-6", 0), ("3.0e-6", 2)]
+
+
+def test_a_spec_sweep_block_with_a_value_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    Path("s.yaml").write_text("name: s\nentrypoint: x\nsweep: {env.SEED: [1, 2, 1]}\n")
+    code, _, err = run(capsys, "submit", "-c", "c4", "s.yaml")
+    assert code == 1 and "field 'sweep': 'env.SEED': '1' is given twice" in err, err
+    assert queue.waiting("c4") == []
 
 
 def test_dependencies_name_existing_jobs_or_sweeps(capsys: pytest.CaptureFixture[str]) -> None:

@@ -166,6 +166,13 @@ def test_a_mistyped_job_id_is_answered_with_the_closest_one(home: Path) -> None:
     with pytest.raises(ClusterError, match=r"no job 'eval-1' in any cluster in \S+: list jobs"):
         Job.get("eval-1")  # (nothing close: no guess)
     assert Job.get("train-3f9c2a71").cluster == "b"
+    for k in (1, 2, 10):  # a sweep's jobs: <sweep>-<k>
+        queue.enqueue(JobRequest(id=f"lr-0a1b2c-{k}", name="lr", cluster="a", entrypoint="true"))
+    with pytest.raises(
+        ClusterError,
+        match=r"lr-0a1b2c is a sweep of 3 job\(s\) in cluster a \(lr-0a1b2c-1 ... lr-0a1b2c-10\)",
+    ):
+        Job.get("lr-0a1b2c")
 
 
 def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
