@@ -151,6 +151,8 @@ def plan(
         prof.mem,
         shape,
     )
+    if shape is not None:
+        _fits(shape, nodes, gpus, cpus)
     return AllocationPlan(
         profile=prof,
         nodes=nodes,
@@ -183,6 +185,26 @@ def _check_counts(
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     for option in extra_sbatch or []:
         sbatch.check(option)
+
+
+def _fits(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
+    """Refuse what the partition (as sinfo lists it) cannot hold, before SLURM answers with
+    `More processors requested than permitted` or `Requested node configuration is not available`."""
+    where = f"partition {shape.partition}"
+    if nodes > shape.nodes:
+        raise ConfigError(
+            f"--nodes {nodes}: {where} has {shape.nodes} node(s) (sinfo); ask at most {shape.nodes}"
+        )
+    if not shape.uniform:  # (shape holds the smallest node's counts: a larger one may fit them)
+        return
+    for option, asked, has, what in (
+        ("--gpus-per-node", gpus, shape.gpus, "GPUs"),
+        ("--cpus-per-task", cpus, shape.cpus, "CPUs"),
+    ):
+        if asked is not None and asked > has:
+            raise ConfigError(
+                f"{option} {asked}: {where}'s nodes have {has} {what} (sinfo); ask at most {has}"
+            )
 
 
 def _signal_lead(
@@ -220,14 +242,16 @@ def _node_size(
                 "whole nodes need the partition's node size from sinfo; give --gpus-per-node and "
                 "--cpus-per-task (or a profile that sets them)"
             )
-        auto = [w for w, v in (("CPUs", cpus), ("GPUs", gpus)) if v == "auto"]
+        auto = [
+            f"{n} {w}" for w, v, n in (("CPUs", cpus, shape.cpus), ("GPUs", gpus, shape.gpus)) if v == "auto"
+        ]
         gpus = shape.gpus if gpus == "auto" else gpus
         cpus = shape.cpus if cpus == "auto" else cpus
         mem = mem if mem is not None else "0"  # with every CPU: all of the node's memory too
         smallest = "" if shape.uniform else " (the smallest node: they differ)"
         note = (
-            f"whole nodes: {cpus} CPUs and {gpus} GPUs per node, all memory, as partition "
-            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(auto)} were 'auto'); "
+            f"whole nodes: {' and '.join(auto)} per node, all memory, as partition "
+            f"{shape.partition}'s nodes have{smallest} (sinfo; they were 'auto'); "
             "ask less with --cpus-per-task / --gpus-per-node or a profile"
         )
     assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))

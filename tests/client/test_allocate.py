@@ -165,6 +165,24 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
         allocate.plan(1, name="x")
 
 
+def test_what_the_partition_cannot_hold_is_refused_before_sbatch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"--nodes 11: partition gh has 10 node\(s\) \(sinfo\); ask at most 10"
+    ):
+        allocate.plan(11, name="x", shape=GH200)
+    with pytest.raises(ConfigError, match=r"--gpus-per-node 8: partition gh's nodes have 4 GPUs"):
+        allocate.plan(1, name="x", shape=GH200, gpus_per_node=8)
+    with pytest.raises(ConfigError, match=r"--cpus-per-task 300: partition gh's nodes have 288 CPUs"):
+        allocate.plan(1, name="x", shape=GH200, cpus_per_task=300)
+    plan = allocate.plan(1, name="x", shape=GH200, gpus_per_node=8 // 2)  # (what fits is planned)
+    assert "whole nodes: 288 CPUs per node" in plan.note and "GPUs per node" not in plan.note
+    odd = NodeShape(partition="mix", cpus=32, gpus=4, nodes=3, uniform=False)
+    assert allocate.plan(1, name="x", shape=odd, gpus_per_node=8).gpus_per_node == 8  # a larger node may
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

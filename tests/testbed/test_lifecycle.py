@@ -82,6 +82,13 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
     assert "Node count specification invalid" in done.stderr
     assert done.stderr.strip().count("\n") == 0
     assert clusters.read("huge").state is ClusterState.FAILED
+    # Without a profile raystack reads the partition's size from sinfo and says it first.
+    done = raystack("up", "--nodes", str(NODES + 1), "--name", "huger")
+    assert done.returncode == 1 and not clusters.exists("huger"), done.stderr
+    assert (
+        f"--nodes {NODES + 1}: partition testbed has {NODES} node(s) (sinfo); ask at most {NODES}"
+        in done.stderr
+    )
 
 
 def test_no_sbatch_on_path_is_one_line_naming_the_fix(rs_home: Path) -> None:
