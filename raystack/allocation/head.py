@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard, NodeSummary
@@ -33,7 +34,7 @@ from raystack.allocation.context import (
 )
 from raystack.allocation.duties import GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
-from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
+from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open, why_ray_ended
 from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
 from raystack.allocation.runner import LEASE_HELD
 from raystack.allocation.stacks import StackRequests
@@ -101,6 +102,13 @@ def claim(ctx: NodeContext) -> bool:
 
 
 # ---------------------------------------------------------------------------- readiness
+def head_exited(code: int | None, log_path: Path) -> str:
+    """The end of a head whose `ray start` exited: its code, which daemon died and how (when
+    Ray said), and where to read more."""
+    died = why_ray_ended(log_path)
+    return f"the Ray head exited with code {code}" + (f": {died}" if died else "") + f"; see {log_path}"
+
+
 def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
     """Host names expected in the allocation whose address is not among Ray's alive nodes."""
     if ctx.num_nodes == 1:  # (a local cluster's 127.0.0.1 is reported by Ray as the host's address)
@@ -130,9 +138,7 @@ def wait_ready(
     while True:
         beat()
         if not ray.alive():
-            raise RaystackError(
-                f"the Ray head exited with code {ray.proc.returncode}; see {node_log(ctx, ctx.host)}"
-            )
+            raise RaystackError(head_exited(ray.proc.returncode, node_log(ctx, ctx.host)))
         try:
             nodes = dashboard.alive_nodes()
             gpus = sum(n.resources.get("GPU", 0) for n in nodes)
@@ -443,9 +449,9 @@ class Head:
             if why:
                 return ending(EndKind.IDLE, f"{why}: autostop")
             self.clock.sleep(POLL)
-        code = self.ray.proc.returncode
-        where = node_log(self.ctx, self.ctx.host)
-        return ending(EndKind.FAILED, f"the Ray head exited with code {code}; see {where}")
+        return ending(
+            EndKind.FAILED, head_exited(self.ray.proc.returncode, node_log(self.ctx, self.ctx.host))
+        )
 
     def prune_folder(self) -> None:
         """Keep the cluster folder under its cap (profile `folder_cap`): every PRUNE_EVERY s."""

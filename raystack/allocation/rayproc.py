@@ -12,12 +12,15 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
@@ -128,6 +131,37 @@ def hold_port(port: int) -> socket.socket:
     sock.bind(("127.0.0.1", port))
     sock.listen(1)
     return sock
+
+
+# `ray start --block` names the daemons whose exit ended it: "Some Ray subprocesses exited
+# unexpectedly:" then one "<name> [exit code=N]" line each (ray/scripts/scripts.py).
+_DIED_HEADER = "Some Ray subprocesses exited unexpectedly"
+_DIED = re.compile(r"-- (\w+) \[exit code=(-?\d+)\]")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def why_ray_ended(node_log: Path, tail: int = 1 << 16) -> str:
+    """Which Ray daemons died, and how, as `ray start --block` wrote it into the node's log:
+    'gcs_server killed by SIGKILL (...)'; '' when it did not say."""
+    try:
+        with node_log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            text = _ANSI.sub("", f.read().decode(errors="replace"))
+    except OSError:
+        return ""
+    at = text.rfind(_DIED_HEADER)
+    if at < 0:
+        return ""
+    said = []
+    for name, code in dict(_DIED.findall(text[at:])).items():  # (each daemon once)
+        n = int(code)
+        try:
+            how = f"killed by {signal.Signals(-n).name}" if n < 0 else f"exited with code {n}"
+        except ValueError:
+            how = f"exited with code {n}"
+        said.append(f"{name} {how}")
+    hint = " (SIGKILL: most often the kernel's out-of-memory killer)" if "SIGKILL" in "".join(said) else ""
+    return ", ".join(said) + hint
 
 
 class RayProcess:

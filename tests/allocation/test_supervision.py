@@ -18,7 +18,7 @@ from raystack.allocation import head as head_mod
 from raystack.allocation import worker
 from raystack.allocation.context import NodeContext
 from raystack.allocation.duties import GpuReport, Heartbeat
-from raystack.allocation.rayproc import parse_compute_apps
+from raystack.allocation.rayproc import parse_compute_apps, why_ray_ended
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
@@ -127,6 +127,27 @@ def test_nvidia_smi_fields_it_cannot_fill_are_not_errors() -> None:
 
 
 # ---------------------------------------------------------------------------- heartbeat
+def test_the_heads_end_names_the_ray_daemon_that_died_and_how(tmp_path: Path) -> None:
+    """As `ray start --block` (2.5x) writes it when its GCS is SIGKILLed (colours and all)."""
+    log = tmp_path / "node-node1.log"
+    log.write_text(
+        "x"
+        * 70000
+        + "\n2026-11-25 01:23:40,153\tERR scripts.py:1307 -- \x1b[31mSome Ray subprocesses exited "
+        "unexpectedly:\x1b[39m\n2026-11-25 01:23:40,154\tERR scripts.py:87 -- \x1b[31m\x1b[1mgcs_server"
+        "\x1b[22m\x1b[26m\x1b[39m\x1b[0m\x1b[2m [exit code=-9]\x1b[22m\x1b[0m\n"
+        "2026-11-25 01:23:40,154\tERR scripts.py:87 -- raylet [exit code=1]\n"
+    )
+    said = head_mod.head_exited(1, log)
+    assert said.startswith(
+        "the Ray head exited with code 1: gcs_server killed by SIGKILL, raylet exited with code 1"
+    )
+    assert "out-of-memory killer" in said and said.endswith(f"; see {log}")
+    log.write_text("ray start: nothing said\n")
+    assert head_mod.head_exited(1, log) == f"the Ray head exited with code 1; see {log}"
+    assert why_ray_ended(tmp_path / "missing.log") == ""
+
+
 def test_the_heartbeat_is_rewritten_in_place(home: Path) -> None:
     clock = FakeClock()
     beat = Heartbeat(ctx(home, 0), clock, every=5)
