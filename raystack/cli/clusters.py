@@ -444,6 +444,9 @@ def list_(as_json: JsonOpt = False) -> None:
             r.dashboard_url or "-",
             r.message,
         )
+    if not records:
+        err.print(Cluster.none_here(), markup=False)
+        return
     out.print(table)
 
 

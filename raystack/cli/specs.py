@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.table import Table
+from typer.core import TyperGroup
 
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
 from raystack.cli.submit import TakesCommand, job_argument
@@ -81,7 +82,17 @@ def check(
         out.print(f"  {', '.join(limits)}", markup=False)
 
 
+class _ProfilesGroup(TyperGroup):
+    """`raystack profiles NAME` shows that profile, as `raystack profiles show NAME` does."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["show", *args]
+        return super().resolve_command(ctx, args)
+
+
 profiles_app = typer.Typer(
+    cls=_ProfilesGroup,
     rich_markup_mode=None,
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -110,7 +121,7 @@ def profiles(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     for row in rows:
         table.add_row(row["name"], row["description"], row["path"])
     out.print(table)
-    err.print("  one of them: raystack profiles show NAME; use it: raystack up --profile NAME", markup=False)
+    err.print("  one of them: raystack profiles NAME; use it: raystack up --profile NAME", markup=False)
 
 
 @profiles_app.command("show")

@@ -35,17 +35,16 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
     flags would be read as raystack's: `-c config.yaml` as the cluster), and so is a spec
     file that does not exist, before anything is read or queued."""
     after = ctx.meta.get("after_dashes")
+    verb = ctx.command_path  # raystack submit, raystack check
     before, command = (args, []) if after is None else (args[: len(args) - after], args[len(args) - after :])
     if after is not None:
         if before:
             raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
         if not command:
-            raise ConfigError("nothing after --: give the command, e.g. raystack submit -- python train.py")
+            raise ConfigError(f"nothing after --: give the command, e.g. {verb} -- python train.py")
         return command
     if not before:
-        raise ConfigError(
-            "give a job spec or a command after --: raystack submit job.yaml, raystack submit -- python x.py"
-        )
+        raise ConfigError(f"give a job spec or a command after --: {verb} job.yaml, {verb} -- python x.py")
     if before[0].lower().endswith((".yaml", ".yml")):
         if not Path(before[0]).is_file():
             raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")

@@ -135,6 +135,11 @@ class Cluster:
         record = records.find(name)
         return cls(record.name, raw=record)
 
+    @staticmethod
+    def none_here() -> str:
+        """What is said where a listing finds no cluster at all."""
+        return records.no_clusters()
+
     @classmethod
     def list(cls) -> list[ClusterRecord]:
         """Every cluster's record in SLURM's light. One that cannot be read is named on stderr and

@@ -272,6 +272,11 @@ def find(name: str | None) -> ClusterRecord:
     return read(resolve(name))
 
 
+def no_clusters() -> str:
+    """What a command that needs a cluster says when RAYSTACK_HOME has none."""
+    return f"no clusters in {paths.clusters_dir()}: start one with `raystack up --nodes N`"
+
+
 def resolve(name: str | None) -> str:
     """The cluster meant: NAME, else $RAYSTACK_CLUSTER (which `raystack env` exports, and every
     job has), else the only live cluster, else the only cluster at all."""
@@ -292,7 +297,7 @@ def resolve(name: str | None) -> str:
         if len(candidates) == 1:
             return candidates[0]
     if not names:
-        raise ClusterError(f"no clusters in {paths.clusters_dir()}: start one with `raystack up --nodes N`")
+        raise ClusterError(no_clusters())
     raise ClusterError(
         f"several clusters ({', '.join(live or names)}): name one, e.g. `--cluster {(live or names)[0]}`"
     )

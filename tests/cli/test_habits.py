@@ -436,6 +436,10 @@ def test_profiles_lists_and_shows(home: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0 and json.loads(out)["exclusive"] is True
     code, _, err = run(capsys, "profiles", "show", "isambrd")
     assert code == 1 and "did you mean 'isambard'?" in err
+    code, out, _ = run(capsys, "profiles", "isambard", "--json")  # (without `show`, as people type it)
+    assert code == 0 and json.loads(out)["name"] == "isambard"
+    code, _, err = run(capsys, "profiles", "isambrd")
+    assert code == 1 and "did you mean 'isambard'?" in err
     code, _, err = run(capsys, "up", "-P", "mysite.yaml", "--dry-run")
     assert code == 1 and "no profile file mysite.yaml" in err and "mysite.yaml.yaml" not in err
 
@@ -453,3 +457,20 @@ def test_an_unusable_raystack_home_is_named_with_the_fix_not_called_a_bug(
         f"{not_a_folder}/clusters: Not a directory (RAYSTACK_HOME is {not_a_folder}: set RAYSTACK_HOME" in err
     )
     assert len(err.strip().splitlines()) == 1
+
+
+def test_listing_no_clusters_says_how_to_start_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "empty"))
+    code, out, err = run(capsys, "list")
+    assert code == 0 and out == "" and "no clusters in" in err and "raystack up --nodes N" in err
+    code, out, _ = run(capsys, "list", "--json")
+    assert code == 0 and json.loads(out) == []
+
+
+def test_check_without_a_job_names_check_not_submit(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "check")
+    assert (
+        code == 1 and "raystack check job.yaml, raystack check -- python x.py" in err and "submit" not in err
+    )
