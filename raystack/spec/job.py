@@ -370,6 +370,18 @@ class JobSpec(BaseModel):
     def _grace(cls, value: Any) -> float:
         return parse_duration(value, limit=86400, least=1)
 
+    @field_validator("kind", "launcher", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value  # (SPMD, TorchRun)
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _outputs_mapping(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError("must map names to folders, e.g. outputs: {ckpt: checkpoints/}")
+        return value
+
     @field_validator("outputs")
     @classmethod
     def _outputs(cls, value: dict[str, str]) -> dict[str, str]:
@@ -517,7 +529,10 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
     if not spec.resume.set and not spec.resume.env:
         return None
     data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
-    data = apply_sets(data, list(spec.resume.set))
+    try:
+        data = apply_sets(data, list(spec.resume.set))
+    except ConfigError as exc:  # (its words say --set: these came from the spec's resume.set)
+        raise ConfigError(f"{source}: field 'resume.set': {str(exc).removeprefix('--set ')}") from None
     data["env"] = {**data.get("env", {}), **spec.resume.env}
     return _validate(data, f"{source} (resume)")
 

@@ -190,6 +190,11 @@ BAD = [
     # (spec text, extra args, expected message)
     ("name: t\n", [], r"missing field 'entrypoint'; add it"),
     ("name: t\ncommand: python x.py\n", [], r"command and launcher are for kind: spmd; add kind: spmd"),
+    (
+        "name: t\nentrypoint: x\noutputs: [ckpt]\n",
+        [],
+        r"field 'outputs': must map names to folders, e.g. outputs:",
+    ),
     ("name: " + "a" * 300 + "\nentrypoint: x\n", [], r"'a+\.\.\. \(300 characters\) is not a job name"),
     (GOOD + "entrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\); valid keys: "),
     ("name: t\nentrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\)"),
@@ -448,6 +453,12 @@ def test_resume_env_stays_as_written(home: Path) -> None:
     assert resumed is not None and resumed.env["STEP"] == "010" and resumed.env["FLAG"] == "yes"
 
 
+def test_a_bad_key_in_resume_set_names_resume_set_not_the_set_flag(home: Path) -> None:
+    spec = load_spec(write(home, GOOD + "resume: {set: [lr=1]}\n"), [])
+    with pytest.raises(ConfigError, match=r"^job spec x: field 'resume.set': 'lr=1': 'lr' is not a field"):
+        resumed_spec(spec, "job spec x")
+
+
 def test_non_utf8_spec_is_one_line(home: Path) -> None:
     path = home / "job.yaml"
     path.write_bytes(b"name: t\nentrypoint: caf\xe9\n")
@@ -460,3 +471,8 @@ def test_unquoted_yaml_times_in_a_spec(home: Path) -> None:
     (home / "t.yaml").write_text("name: t\nentrypoint: x\ntimeout: 2:00:00\nstop_grace: 1:30\nmin_time: 30\n")
     spec = load_spec(home / "t.yaml")
     assert (spec.timeout, spec.stop_grace, spec.min_time) == (7200, 90, 1800)
+
+
+def test_kind_and_launcher_are_read_in_any_case(home: Path) -> None:
+    spec = load_spec(write(home, "name: t\nkind: SPMD\nlauncher: TorchRun\ncommand: x.py\n"), [])
+    assert (spec.kind, spec.launcher) == ("spmd", "torchrun")
