@@ -140,8 +140,8 @@ def test_a_cluster_behind_another_users_job_shows_when_slurm_expects_it(rs_home:
     and, once SLURM's scheduler has estimated it, when it expects to start (its end)."""
     other = subprocess.run(
         [
-            *("sbatch", "--parsable", "--uid=65534", "--gid=65534", f"--nodes={NODES}", "--exclusive"),
-            *("--time=3", "--output=/dev/null", "--job-name=someone-else", "--wrap", "sleep 600"),
+            *("sbatch", "--parsable", "--uid=65534", "--gid=65534", "--chdir=/tmp", "--output=/dev/null"),
+            *(f"--nodes={NODES}", "--exclusive", "--time=3", "--job-name=another", "--wrap", "sleep 600"),
         ],
         capture_output=True,
         text=True,
