@@ -51,8 +51,8 @@ def duration(value: object) -> float:
     timeouts, grace periods): a bare number is minutes, as in SLURM's --time; SLURM's forms
     (`30`, `30:00`, `2:00:00`, `1-12`, `1-12:30`, `1-12:30:00`) and units (`90s`, `30m`, `2h`,
     `1d`, `1h30m`, `1.5h`). ValueError for anything else (negative, not finite, a bool)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration; use {DURATION_HELP}")
+    if isinstance(value, bool):  # (YAML reads yes, no, on, off as booleans)
+        raise ValueError(f"{str(value).lower()} is a yes/no, not a duration; use {DURATION_HELP}")
     if isinstance(value, int | float):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{value!r} is not a duration; use {DURATION_HELP}")

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -34,6 +33,7 @@ from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
     ENV_NAME,
     RAW_TEXT_PATHS,
+    SpecModel,
     load_yaml,
     one_line_error,
     parse_yaml,
@@ -98,7 +98,7 @@ DEFAULT_EXCLUDES = [
 ]
 
 
-class Needs(BaseModel):
+class Needs(SpecModel):
     """What the job needs from the cluster; checked against the live cluster before queueing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -116,7 +116,7 @@ class Needs(BaseModel):
     """CPUs for each GPU (refused when a node has fewer)."""
 
 
-class Resume(BaseModel):
+class Resume(SpecModel):
     """How an interrupted job is submitted again (besides RAYSTACK_RESUME=1 in its env)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -162,7 +162,7 @@ ELSEWHERE = {
 }
 
 
-class JobSpec(BaseModel):
+class JobSpec(SpecModel):
     """One job: what to run, with what environment, needing what, with which outputs."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

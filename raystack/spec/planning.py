@@ -17,7 +17,7 @@ import re
 import shlex
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from raystack.errors import ConfigError
 from raystack.plan.batch import keep_effective_batch
@@ -30,12 +30,13 @@ from raystack.plan.topology import (
     plan_colocated,
     plan_grpo,
 )
+from raystack.spec.values import SpecModel
 from raystack.store.cluster import ClusterRecord
 
 PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
 
 
-class PlanSpec(BaseModel):
+class PlanSpec(SpecModel):
     """What a job asks the planner for: a GRPO layout, or the batch arithmetic of a new GPU count."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

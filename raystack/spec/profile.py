@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raystack.errors import ConfigError
 from raystack.slurmtime import Walltime, duration, off_or_duration, parse_duration
 from raystack.spec import sbatch
-from raystack.spec.values import Size, load_yaml, one_line_error, validate_env
+from raystack.spec.values import Size, SpecModel, load_yaml, one_line_error, validate_env
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -34,7 +34,7 @@ RESERVED_ENV = (
 )
 
 
-class Caps(BaseModel):
+class Caps(SpecModel):
     """How a node copies Ray's logs (a profile's `ray_logs:`): every `every` seconds (0: only
     at teardown), at most `file_mb` per file and `node_mb` per node (0: no copy at all)."""
 
@@ -103,7 +103,7 @@ ELSEWHERE = {
 }
 
 
-class Profile(BaseModel):
+class Profile(SpecModel):
     """A cluster profile: sbatch defaults, environment setup and Ray node settings of a site."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from raystack.errors import ConfigError
 from raystack.slurmtime import (  # noqa: F401 (the durations, read where values are)
@@ -115,6 +115,30 @@ def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
             break
         model = nested
     return sorted(model.model_fields)
+
+
+class SpecModel(BaseModel):
+    """A model read from a YAML file a person wrote (job spec, profile, plan). YAML reads yes, no,
+    on and off as true/false, and pydantic would take true as the number 1: where a number is
+    meant (retries: yes, needs.gpus: on), that is refused instead of guessed."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_yes_no_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if (
+            isinstance(value, bool)
+            and info.field_name
+            and _numeric(cls.model_fields[info.field_name].annotation)
+        ):
+            raise ValueError(
+                f"{str(value).lower()} is a yes/no (YAML reads yes, no, on, off so), not a number"
+            )
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    kinds = {t for t in (typing.get_args(annotation) or (annotation,)) if t is not type(None)}
+    return bool(kinds) and kinds <= {int, float}
 
 
 def one_line_error(

@@ -92,6 +92,7 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
         ("- a\n- b\n", r"must be a mapping"),
         ("time: [unclosed\n", r"not valid YAML"),
         ("idle_timeout: soon\n", r"field 'idle_timeout': 'soon' is not a duration"),
+        ("chain: yes\n", r"field 'chain': true is a yes/no \(YAML reads yes, no, on, off so\), not a number"),
         ("prometheus: /usr/bin/prometheus\n", r"prometheus needs `metrics: true`"),
         ("grafana_host: http://g:3000\n", r"grafana_host needs `metrics: true`"),
     ],
