@@ -262,7 +262,12 @@ def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False)
         if as_json:
             print_json({"sweep": sweep.id, "cancelled": [r.id for r in cancelled], "not_cancelled": left})
             return
-        out.print(f"sweep {sweep.id}: {len(cancelled)} job(s) cancelled", markup=False)
+        ended = len(sweep.job_ids) - len(cancelled) - len(left)
+        out.print(
+            f"sweep {sweep.id}: {len(cancelled)} job(s) cancelled"
+            + (f", {ended} had ended" if ended else ""),
+            markup=False,
+        )
         if left:
             out.print(f"  started already (raystack stop ID): {', '.join(left)}", markup=False)
         return

@@ -157,6 +157,8 @@ def test_a_sweep_queues_every_combination_and_cancel_takes_the_rest(
     assert f"sweep {sweep}: 6 queued" in err
     code, out, _ = run(capsys, "cancel", sweep, "-c", "c4")
     assert code == 0 and f"sweep {sweep}: 6 job(s) cancelled" in out and queue.waiting("c4") == []
+    code, out, _ = run(capsys, "cancel", sweep, "-c", "c4")  # again: nothing left to cancel
+    assert code == 0 and f"sweep {sweep}: 0 job(s) cancelled, 6 had ended" in out
 
 
 def test_a_spec_sweep_block_keeps_values_as_written(capsys: pytest.CaptureFixture[str]) -> None:
