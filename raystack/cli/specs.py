@@ -50,8 +50,9 @@ def check(
     cluster a profile would make (--profile [--nodes N]). Nothing is queued. Exit 1 when it
     could not run there, naming the field and the fix."""
     job_input = job_argument(ctx, list(args or []))
-    record, against = checking.shape(cluster, profile, nodes, gpus_per_node, cpus_per_node)
-    done = checking.check(job_input, sets or [], record, against)
+    target = checking.shape(cluster, profile, nodes, gpus_per_node, cpus_per_node)
+    done = checking.check(job_input, sets or [], target)
+    record, against = done.cluster, done.against
     request = done.prepared.request
     plan_line = ""
     if request.plan:

@@ -17,7 +17,17 @@ from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare
 from raystack.store import cluster as records
+from raystack.store import deps
 from raystack.store.cluster import ClusterRecord, ClusterState
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a job is checked against: a cluster's record, or the cluster a profile would make."""
+
+    record: ClusterRecord
+    against: str  # "cluster grpo", "profile isambard (4 nodes)"
+    live: bool  # a cluster's own record (its ledger names the jobs `after` may wait for)
 
 
 @dataclass(frozen=True)
@@ -35,13 +45,13 @@ def shape(
     nodes: int | None = None,
     gpus_per_node: int | None = None,
     cpus_per_node: int | None = None,
-) -> tuple[ClusterRecord, str]:
+) -> Target:
     """The cluster to check against: a cluster's record (named, $RAYSTACK_CLUSTER or the only one)
     when no profile is given, else the cluster the profile would make on `nodes` nodes."""
     if profile is None and nodes is None and gpus_per_node is None and cpus_per_node is None:
         try:
             record = Cluster.get(cluster).snapshot()
-            return record, f"cluster {record.name}"
+            return Target(record, f"cluster {record.name}", live=True)
         except ClusterError:
             if cluster or records.list_names():
                 raise  # (a cluster named that does not exist, or several: say which)
@@ -66,11 +76,14 @@ def shape(
         cpus_per_node=plan.cpus_per_task or 0,
         walltime=plan.walltime,
     )
-    return record, f"profile {prof.name} ({record.nodes_expected} node(s) of {record.gpus_per_node} GPUs)"
+    words = f"profile {prof.name} ({record.nodes_expected} node(s) of {record.gpus_per_node} GPUs)"
+    return Target(record, words, live=False)
 
 
-def check(
-    job: str | Path | JobSpec | list[str], sets: list[str], record: ClusterRecord, against: str
-) -> Checked:
-    """Resolve a job as `submit` would against `record` (ConfigError when it could not run)."""
-    return Checked(prepare(job, list(sets), record, Path.cwd()), record, against)
+def check(job: str | Path | JobSpec | list[str], sets: list[str], target: Target) -> Checked:
+    """Resolve a job as `submit` would against the target (ConfigError when it could not run);
+    against a cluster's record, its `after` ids must name jobs of that cluster, as at submit."""
+    prepared = prepare(job, list(sets), target.record, Path.cwd())
+    if target.live and (why := deps.unknown(target.record.name, prepared.request.after, set())):
+        raise ConfigError(why.replace("--after ", "after: ", 1))
+    return Checked(prepared, target.record, target.against)

@@ -416,6 +416,19 @@ def test_check_validates_a_spec_against_a_profile_without_a_cluster(
     assert queued() == 0
 
 
+def test_check_against_a_cluster_knows_its_jobs_for_after(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "dep.yaml").write_text("name: dep\nentrypoint: python x.py\nafter: [trian-1]\n")
+    code, _, err = run(capsys, "check", "dep.yaml", "-c", "c4")
+    assert code == 1 and "after: trian-1: no job or sweep 'trian-1' in cluster c4" in err, err
+    code, out, err = run(capsys, "check", "dep.yaml", "-P", "testbed")  # (no ledger to ask: not checked)
+    assert code == 0 and "ok: dep can run on profile testbed" in out, err
+    first = json.loads(run(capsys, "submit", "-c", "c4", "--json", "--", "python", "t.py")[1])
+    code, out, err = run(capsys, "check", "dep.yaml", "-c", "c4", "--set", f"after=[{first['id']}]")
+    assert code == 0 and "ok: dep can run on cluster c4" in out, err
+
+
 def test_submit_refuses_what_could_never_start(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = clusters.read("c4").model_copy(update={"walltime": 3600.0})
     clusters.write(record)
