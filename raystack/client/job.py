@@ -39,18 +39,15 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
                 f"job {job_id} of cluster {name}: its ledger could not be read and was set aside as "
                 f"{moved}; raystack no longer runs or follows it (submit it again if it had not ended)"
             )
-    known = {job: name for name in names for job in deps.job_ids(name)}
-    members = sorted(
-        (j for j in known if j.startswith(f"{job_id}-") and j[len(job_id) + 1 :].isdigit()),
-        key=lambda j: int(j.rsplit("-", 1)[1]),
-    )
-    if members:
-        span = members[0] if len(members) == 1 else f"{members[0]} ... {members[-1]}"
-        raise ClusterError(
-            f"{job_id} is a sweep of {len(members)} job(s) in cluster {known[members[0]]} ({span}): "
-            f"name one of its jobs; `raystack queue --all` lists them, `raystack cancel {job_id}` "
-            "takes the queued ones"
-        )
+    ids = {name: deps.job_ids(name) for name in names}
+    for name, found in ids.items():
+        if members := sorted(deps.members(job_id, found), key=lambda j: int(j.rsplit("-", 1)[1])):
+            span = members[0] if len(members) == 1 else f"{members[0]} ... {members[-1]}"
+            raise ClusterError(
+                f"{job_id} is a sweep of {len(members)} job(s) in cluster {name} ({span}): name one of its "
+                f"jobs; `raystack queue --all` lists them, `raystack cancel {job_id}` takes the queued ones"
+            )
+    known = {job: name for name, found in ids.items() for job in found}
     where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
     raise ClusterError(
         f"no job '{job_id}' in {where}{_close_id(job_id, known, len(names))}: list jobs with `raystack queue`"
