@@ -20,7 +20,7 @@ from typing import Any
 import raystack.client.allocate as allocate
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
-from raystack.adapters.slurm import SlurmState
+from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
@@ -76,6 +76,28 @@ def pending_note(reason: str | None, expected_start: int | None, now: float, cou
     )
     left = f", in {duration_text(expected_start - now)}" if countdown else ""
     return f"{text}; SLURM expects it to start at {when}{left}"
+
+
+@dataclass
+class PendingShown:
+    """What `wait` last said of a PENDING allocation: said again when SLURM's reason changes or
+    its start estimate moves by ESTIMATE_MOVES (backfill revises it often, by little)."""
+
+    reason: str | None = None
+    start: int = -1
+
+    ESTIMATE_MOVES = 600  # seconds
+
+    def moved(self, info: JobInfo) -> bool:
+        if info.reason == self.reason and (
+            info.start_time == self.start
+            or (
+                info.start_time and self.start > 0 and abs(info.start_time - self.start) < self.ESTIMATE_MOVES
+            )
+        ):
+            return False
+        self.reason, self.start = info.reason, info.start_time
+        return True
 
 
 @dataclass
@@ -276,6 +298,7 @@ class Cluster:
         """
         say = progress or (lambda _msg: None)
         start, last_slurm, last_said, interval = clock(), -1e9, "", SLURM_POLL_MIN
+        estimate = PendingShown()
         while True:
             record = records.read(self.name)
             if record.state is ClusterState.READY:  # (and its allocation still runs)
@@ -292,11 +315,9 @@ class Cluster:
                     interval = SLURM_POLL_MAX
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
-                if info is not None and info.state is SlurmState.PENDING:
+                if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
                     why = pending_note(info.reason, info.start_time, time.time(), countdown=False)
-                    said = f"PENDING in SLURM (job {record.allocation_id}, reason: {why})"
-                    if said != last_said:
-                        say(last_said := said)
+                    say(last_said := f"PENDING in SLURM (job {record.allocation_id}, reason: {why})")
             if record.state.is_terminal():
                 logs = str(paths.cluster(self.name).logs)
                 hint = "" if logs in record.message else f" (logs: {logs})"

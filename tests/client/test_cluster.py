@@ -212,3 +212,21 @@ def test_pending_note_says_slurms_reason_and_its_start_estimate_once_it_has_one(
     later = pending_note("Resources", int(now) + 3 * 86400, now, countdown=False)
     day = time.strftime("%d %b", time.localtime(now + 3 * 86400))
     assert day in later and ", in" not in later, later  # days away: with the date; no countdown
+
+
+def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_really_moves() -> None:
+    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.client.cluster import PendingShown
+
+    shown = PendingShown()
+
+    def pending(reason: str, start: int = 0) -> bool:
+        return shown.moved(JobInfo("7", SlurmState.PENDING, reason=reason, start_time=start))
+
+    assert pending("Priority")  # the first word
+    assert not pending("Priority")
+    assert pending("Priority", 10_000)  # SLURM's first estimate
+    assert not pending("Priority", 10_000 + 120)  # backfill revising it by two minutes
+    assert pending("Priority", 10_000 + 900)  # by a quarter of an hour
+    assert pending("Resources", 10_900)  # a new reason
+    assert pending("Resources")  # the estimate withdrawn

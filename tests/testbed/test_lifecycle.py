@@ -130,7 +130,8 @@ def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> Non
     _, rest = waiting.communicate(timeout=60)
     err = "".join(seen) + rest
     assert waiting.returncode == 1
-    assert f"PENDING in SLURM (job {job}, reason: BeginTime)" in err
+    # (and, once SLURM has one, its start estimate: "BeginTime; SLURM expects it to start at ...")
+    assert f"PENDING in SLURM (job {job}, reason: BeginTime" in err
     assert "cluster later FAILED" in err and "CANCELLED" in err
     assert str(paths.cluster("later").logs) in err
 
