@@ -297,13 +297,11 @@ class JobSpec(SpecModel):
             return {}
         if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
             raise ValueError("must map spec keys to lists of values, e.g. {env.LR: [1e-6, 3e-6]}")
-        for key, values in value.items():
+        for key in value:
             try:
                 apply_sets({}, [f"{key}=0"])  # (a key that is no field of the spec: named now)
             except ConfigError as exc:
                 raise ValueError(f"{key!r}: {str(exc).split(': ', 1)[1]}") from None
-            if twice := repeated([str(v) for v in values]):
-                raise ValueError(f"{key!r}: {twice!r} is given twice (it would run the same job twice)")
         if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
             raise ValueError(f"more than {MAX_SWEEP} combinations; split the sweep")
         return value
@@ -538,7 +536,7 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
 
 
 def repeated(values: list[str]) -> str | None:
-    """The first value of a sweep axis given twice (a typo: two identical jobs), if any."""
+    """The first value of a sweep axis given twice (identical jobs: a typo, or replicas), if any."""
     seen: set[str] = set()
     for v in values:
         if v in seen:

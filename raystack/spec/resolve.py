@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import secrets
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
+
+log = logging.getLogger("raystack")
 
 
 def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
@@ -210,6 +213,11 @@ def prepare_jobs(
     axes = {**first.spec.sweep, **dict(parse_sweep(item) for item in sweeps or [])}
     if not axes:
         return [first]
+    for key, given in axes.items():  # (allowed: replicas of one setting; said, as it may be a typo)
+        if (twice := repeated([str(v) for v in given])) is not None:
+            log.warning(
+                "raystack: warning: sweep %s: %r is given more than once: those jobs run alike", key, twice
+            )
     if job_id:
         raise ConfigError(f"--submission-id {job_id}: names one job, and a sweep makes several; drop it")
     if math.prod(len(v) for v in axes.values()) > MAX_SWEEP:
@@ -239,7 +247,5 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     found = [v.strip() for v in text.split(",") if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
-    if twice := repeated(found):
-        raise ConfigError(f"--sweep {item!r}: {twice!r} is given twice (it would run the same job twice)")
     apply_sets({}, [f"{key.strip()}={found[0]}"])  # (a key that is no field: named now)
     return key.strip(), found
