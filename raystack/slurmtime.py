@@ -130,6 +130,8 @@ def parse_duration(
     """Seconds in a duration: every duration raystack takes is read by `duration` (a
     bare number is minutes, as in SLURM; 90s, 30m, 2h, 1d; SLURM's M:S, H:M:S, D-H[:M[:S]]).
     0 (and off/none/never) means off where `off` allows it, and is refused elsewhere."""
+    if value is False and off:  # (YAML reads a bare off or no as false)
+        return 0.0
     if isinstance(value, str) and value.strip().lower() in OFF:
         if off:
             return 0.0

@@ -14,7 +14,8 @@ from rich.table import Table
 
 from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster, ClusterRecord, allocate
-from raystack.client.cluster import pending_note, where
+from raystack.client.cluster import where
+from raystack.client.pending import pending_note
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout

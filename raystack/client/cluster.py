@@ -20,12 +20,12 @@ from typing import Any
 import raystack.client.allocate as allocate
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
-from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
+from raystack.client.pending import PendingShown, pending_note
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
-from raystack.slurmtime import duration_text
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
@@ -63,41 +63,6 @@ def filesystem_error(exc: OSError) -> str | None:
             "on a filesystem every node sees)"
         )
     return line
-
-
-def pending_note(reason: str | None, expected_start: int | None, now: float, countdown: bool = True) -> str:
-    """Why SLURM holds an allocation back and, once its scheduler has estimated one, when it
-    expects to start it: `Resources; SLURM expects it to start at 14:05, in 2h10m`."""
-    text = reason if reason and reason != "None" else "not scheduled yet"
-    if not expected_start or expected_start <= now:
-        return text
-    when = time.strftime(
-        "%H:%M" if expected_start - now < 20 * 3600 else "%a %d %b %H:%M", time.localtime(expected_start)
-    )
-    left = f", in {duration_text(expected_start - now)}" if countdown else ""
-    return f"{text}; SLURM expects it to start at {when}{left}"
-
-
-@dataclass
-class PendingShown:
-    """What `wait` last said of a PENDING allocation: said again when SLURM's reason changes or
-    its start estimate moves by ESTIMATE_MOVES (backfill revises it often, by little)."""
-
-    reason: str | None = None
-    start: int = -1
-
-    ESTIMATE_MOVES = 600  # seconds
-
-    def moved(self, info: JobInfo) -> bool:
-        if info.reason == self.reason and (
-            info.start_time == self.start
-            or (
-                info.start_time and self.start > 0 and abs(info.start_time - self.start) < self.ESTIMATE_MOVES
-            )
-        ):
-            return False
-        self.reason, self.start = info.reason, info.start_time
-        return True
 
 
 @dataclass

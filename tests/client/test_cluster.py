@@ -201,7 +201,7 @@ def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
 
 
 def test_pending_note_says_slurms_reason_and_its_start_estimate_once_it_has_one() -> None:
-    from raystack.client.cluster import pending_note
+    from raystack.client.pending import pending_note
 
     now = 1_800_000_000.0
     assert pending_note("Resources", None, now) == "Resources"  # no estimate yet (N/A)
@@ -216,7 +216,7 @@ def test_pending_note_says_slurms_reason_and_its_start_estimate_once_it_has_one(
 
 def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_really_moves() -> None:
     from raystack.adapters.slurm import JobInfo, SlurmState
-    from raystack.client.cluster import PendingShown
+    from raystack.client.pending import PendingShown
 
     shown = PendingShown()
 

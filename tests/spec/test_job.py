@@ -197,7 +197,7 @@ BAD = [
     ),
     ("name: t\nentrypoint: x\nretries: yes\n", [], r"field 'retries': true is a yes/no \(YAML reads"),
     ("name: t\nentrypoint: x\nneeds: {gpus: on}\n", [], r"field 'needs.gpus': true is a yes/no"),
-    ("name: t\nentrypoint: x\ntimeout: no\n", [], r"field 'timeout': false is a yes/no, not a duration"),
+    ("name: t\nentrypoint: x\ntimeout: yes\n", [], r"field 'timeout': true is a yes/no, not a duration"),
     ("name: " + "a" * 300 + "\nentrypoint: x\n", [], r"'a+\.\.\. \(300 characters\) is not a job name"),
     (GOOD + "entrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\); valid keys: "),
     ("name: t\nentrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\)"),
@@ -479,3 +479,18 @@ def test_unquoted_yaml_times_in_a_spec(home: Path) -> None:
 def test_kind_and_launcher_are_read_in_any_case(home: Path) -> None:
     spec = load_spec(write(home, "name: t\nkind: SPMD\nlauncher: TorchRun\ncommand: x.py\n"), [])
     assert (spec.kind, spec.launcher) == ("spmd", "torchrun")
+
+
+def test_a_bare_off_or_no_turns_off_what_can_be_off(home: Path) -> None:
+    """YAML reads `off` and `no` as false: the docs' `timeout: off` must mean off, not fail."""
+    text = GOOD + "timeout: off\nretry_window: off\nhang_timeout: no\ninfeasible_grace: off\nmin_time: off\n"
+    spec = load_spec(write(home, text), [])
+    assert (spec.timeout, spec.min_time) == (None, None)
+    assert (spec.retry_window, spec.hang_timeout, spec.infeasible_grace) == (
+        0.0,
+        0.0,
+        0.0,
+    )  # (off, not unset)
+    assert load_spec(write(home, GOOD), ["timeout=off"]).timeout is None
+    with pytest.raises(ConfigError, match=r"field 'stop_grace': false is a yes/no, not a duration"):
+        load_spec(write(home, GOOD + "stop_grace: off\n"), [])  # (a grace cannot be off)

@@ -107,6 +107,16 @@ def test_bad_profile_is_one_line_naming_file_and_field(
     assert "mysite.yaml" in str(info.value)
 
 
+def test_a_bare_off_in_a_profile_turns_the_timeouts_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_profile(
+        tmp_path / "cfg/raystack/profiles", "quiet", "idle_timeout: off\nhang_timeout: no\n", monkeypatch
+    )
+    prof = load_profile("quiet")
+    assert (prof.idle_timeout, prof.hang_timeout) == (None, None)
+
+
 def test_unknown_profile_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match=r"unknown profile 'nope': choose one of .*isambard.*testbed"):
         load_profile("nope")
