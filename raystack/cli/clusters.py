@@ -15,7 +15,7 @@ from rich.table import Table
 from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
-from raystack.client.pending import pending_note
+from raystack.client.pending import expected_start
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
@@ -387,7 +387,7 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
                 "slurm",
                 f"job {st.allocation_id} {st.slurm_state or '?'}"
                 + (
-                    f" ({pending_note(st.slurm_reason, st.slurm_expected_start, time.time())})"
+                    f" ({st.slurm_reason}){expected_start(st.slurm_expected_start, time.time())}"
                     if st.slurm_state == "PENDING"
                     else ""
                 ),

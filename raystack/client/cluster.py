@@ -23,7 +23,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
-from raystack.client.pending import PendingShown, pending_note
+from raystack.client.pending import PendingShown, expected_start
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
 from raystack.spec import job as specs
@@ -281,8 +281,9 @@ class Cluster:
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
-                    why = pending_note(info.reason, info.start_time, time.time(), countdown=False)
-                    say(last_said := f"PENDING in SLURM (job {record.allocation_id}, reason: {why})")
+                    why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
+                    when = expected_start(info.start_time, time.time(), countdown=False)
+                    say(last_said := f"PENDING in SLURM (job {record.allocation_id}, reason: {why}){when}")
             if record.state.is_terminal():
                 logs = str(paths.cluster(self.name).logs)
                 hint = "" if logs in record.message else f" (logs: {logs})"

@@ -10,17 +10,15 @@ from raystack.adapters.slurm import JobInfo
 from raystack.slurmtime import duration_text
 
 
-def pending_note(reason: str | None, expected_start: int | None, now: float, countdown: bool = True) -> str:
-    """Why SLURM holds an allocation back and, once its scheduler has estimated one, when it
-    expects to start it: `Resources; SLURM expects it to start at 14:05, in 2h10m`."""
-    text = reason if reason and reason != "None" else "not scheduled yet"
-    if not expected_start or expected_start <= now:
-        return text
-    when = time.strftime(
-        "%H:%M" if expected_start - now < 20 * 3600 else "%a %d %b %H:%M", time.localtime(expected_start)
+def expected_start(start: int | None, now: float, countdown: bool = True) -> str:
+    """SLURM's start estimate of a PENDING allocation, said after its reason once the scheduler
+    has made one: `, SLURM expects it to start at 14:05, in 2h10m`; '' without one."""
+    if not start or start <= now:
+        return ""
+    when = time.strftime("%H:%M" if start - now < 20 * 3600 else "%a %d %b %H:%M", time.localtime(start))
+    return f", SLURM expects it to start at {when}" + (
+        f", in {duration_text(start - now)}" if countdown else ""
     )
-    left = f", in {duration_text(expected_start - now)}" if countdown else ""
-    return f"{text}; SLURM expects it to start at {when}{left}"
 
 
 @dataclass

@@ -200,16 +200,15 @@ def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
         Job.get("b-2")
 
 
-def test_pending_note_says_slurms_reason_and_its_start_estimate_once_it_has_one() -> None:
-    from raystack.client.pending import pending_note
+def test_slurms_start_estimate_is_said_once_it_has_one() -> None:
+    from raystack.client.pending import expected_start
 
     now = 1_800_000_000.0
-    assert pending_note("Resources", None, now) == "Resources"  # no estimate yet (N/A)
-    assert pending_note("None", 0, now) == "not scheduled yet"
-    assert pending_note("Priority", int(now) - 60, now) == "Priority"  # a past estimate says nothing
-    soon = pending_note("Resources", int(now) + 3900, now)
-    assert soon.startswith("Resources; SLURM expects it to start at ") and soon.endswith(", in 1h5m"), soon
-    later = pending_note("Resources", int(now) + 3 * 86400, now, countdown=False)
+    assert expected_start(None, now) == "" and expected_start(0, now) == ""  # no estimate yet (N/A)
+    assert expected_start(int(now) - 60, now) == ""  # a past estimate says nothing
+    soon = expected_start(int(now) + 3900, now)
+    assert soon.startswith(", SLURM expects it to start at ") and soon.endswith(", in 1h5m"), soon
+    later = expected_start(int(now) + 3 * 86400, now, countdown=False)
     day = time.strftime("%d %b", time.localtime(now + 3 * 86400))
     assert day in later and ", in" not in later, later  # days away: with the date; no countdown
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -130,8 +131,8 @@ def test_allocation_cancelled_while_waiting_names_the_logs(rs_home: Path) -> Non
     _, rest = waiting.communicate(timeout=60)
     err = "".join(seen) + rest
     assert waiting.returncode == 1
-    # (and, once SLURM has one, its start estimate: "BeginTime; SLURM expects it to start at ...")
-    assert f"PENDING in SLURM (job {job}, reason: BeginTime" in err
+    # (then, once SLURM has one, its start estimate: ", SLURM expects it to start at ...")
+    assert f"PENDING in SLURM (job {job}, reason: BeginTime)" in err
     assert "cluster later FAILED" in err and "CANCELLED" in err
     assert str(paths.cluster("later").logs) in err
 
@@ -157,6 +158,10 @@ def test_a_cluster_behind_another_users_job_shows_when_slurm_expects_it(rs_home:
             90,
             "SLURM's start estimate in status",
         )
+        said = raystack("status", "behind").stdout
+        assert re.search(
+            r"PENDING \((Resources|Priority)\), SLURM expects it to start at \d\d:\d\d, in ", said
+        ), said
         st = json.loads(raystack("status", "behind", "--json").stdout)
         assert st["slurm_state"] == "PENDING" and st["slurm_reason"] in ("Resources", "Priority"), st
         ends = slurm.job_info(other).end_time  # type: ignore[union-attr]
