@@ -106,7 +106,7 @@ def head_exited(code: int | None, log_path: Path) -> str:
     """The end of a head whose `ray start` exited: its code, which daemon died and how (when
     Ray said), and where to read more."""
     died = why_ray_ended(log_path)
-    return f"the Ray head exited with code {code}" + (f": {died}" if died else "") + f"; see {log_path}"
+    return f"the Ray head exited with code {code}; see {log_path}" + (f": {died}" if died else "")
 
 
 def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
