@@ -139,7 +139,7 @@ def test_the_heads_end_names_the_ray_daemon_that_died_and_how(tmp_path: Path) ->
         "2026-11-25 01:23:40,154\tERR scripts.py:87 -- raylet [exit code=1]\n"
     )
     said = head_mod.head_exited(1, log)
-    died = "gcs_server killed by SIGKILL, raylet exited with code 1 (SIGKILL: most often the kernel's out-of-memory"
+    died = "gcs_server killed by SIGKILL, raylet exited with code 1 (SIGKILL: most often the kernel's"
     assert said.startswith(f"the Ray head exited with code 1; see {log}: {died}"), said
     log.write_text("ray start: nothing said\n")
     assert head_mod.head_exited(1, log) == f"the Ray head exited with code 1; see {log}"
