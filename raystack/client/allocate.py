@@ -242,16 +242,14 @@ def _node_size(
                 "whole nodes need the partition's node size from sinfo; give --gpus-per-node and "
                 "--cpus-per-task (or a profile that sets them)"
             )
-        auto = [
-            f"{n} {w}" for w, v, n in (("CPUs", cpus, shape.cpus), ("GPUs", gpus, shape.gpus)) if v == "auto"
-        ]
+        auto = [(w, n) for w, v, n in (("CPUs", cpus, shape.cpus), ("GPUs", gpus, shape.gpus)) if v == "auto"]
         gpus = shape.gpus if gpus == "auto" else gpus
         cpus = shape.cpus if cpus == "auto" else cpus
         mem = mem if mem is not None else "0"  # with every CPU: all of the node's memory too
         smallest = "" if shape.uniform else " (the smallest node: they differ)"
         note = (
-            f"whole nodes: {' and '.join(auto)} per node, all memory, as partition "
-            f"{shape.partition}'s nodes have{smallest} (sinfo; they were 'auto'); "
+            f"whole nodes: {' and '.join(f'{n} {w}' for w, n in auto)} per node, all memory, as partition "
+            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(w for w, _ in auto)} were 'auto'); "
             "ask less with --cpus-per-task / --gpus-per-node or a profile"
         )
     assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
