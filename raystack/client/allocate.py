@@ -249,7 +249,8 @@ def _node_size(
         smallest = "" if shape.uniform else " (the smallest node: they differ)"
         note = (
             f"whole nodes: {' and '.join(f'{n} {w}' for w, n in auto)} per node, all memory, as partition "
-            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(w for w, _ in auto)} were 'auto'); "
+            f"{shape.partition}'s nodes have{smallest} (sinfo; {' and '.join(w for w, _ in auto)} "
+            "were 'auto'); "
             "ask less with --cpus-per-task / --gpus-per-node or a profile"
         )
     assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
