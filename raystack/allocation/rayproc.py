@@ -14,7 +14,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -23,7 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from raystack.errors import RaystackError
+from raystack.launch.launchers import killed_by
 from raystack.launch.process import die_with_parent
+from raystack.store.raylogs import ANSI
 
 log = logging.getLogger("raystack.node")
 
@@ -137,7 +138,6 @@ def hold_port(port: int) -> socket.socket:
 # unexpectedly:" then one "<name> [exit code=N]" line each (ray/scripts/scripts.py).
 _DIED_HEADER = "Some Ray subprocesses exited unexpectedly"
 _DIED = re.compile(r"-- (\w+) \[exit code=(-?\d+)\]")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def why_ray_ended(node_log: Path, tail: int = 1 << 16) -> str:
@@ -146,7 +146,7 @@ def why_ray_ended(node_log: Path, tail: int = 1 << 16) -> str:
     try:
         with node_log.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
-            text = _ANSI.sub("", f.read().decode(errors="replace"))
+            text = ANSI.sub("", f.read().decode(errors="replace"))
     except OSError:
         return ""
     at = text.rfind(_DIED_HEADER)
@@ -154,12 +154,7 @@ def why_ray_ended(node_log: Path, tail: int = 1 << 16) -> str:
         return ""
     said = []
     for name, code in dict(_DIED.findall(text[at:])).items():  # (each daemon once)
-        n = int(code)
-        try:
-            how = f"killed by {signal.Signals(-n).name}" if n < 0 else f"exited with code {n}"
-        except ValueError:
-            how = f"exited with code {n}"
-        said.append(f"{name} {how}")
+        said.append(f"{name} {killed_by(int(code)) or f'exited with code {code}'}")
     hint = " (SIGKILL: most often the kernel's out-of-memory killer)" if "SIGKILL" in "".join(said) else ""
     return ", ".join(said) + hint
 

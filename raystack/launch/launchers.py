@@ -143,15 +143,20 @@ _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _RANK_TAG = re.compile(r"\[rank(\d+)\]")
 
 
+def killed_by(code: int) -> str | None:
+    """'killed by SIGABRT' for an exit code that is a negative signal number (as subprocess,
+    torchrun and Ray report a process a signal ended); None for an exit or an unknown signal."""
+    try:
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else None
+    except ValueError:
+        return None
+
+
 def exit_words(code: int) -> str:
     """How a process ended, for people: torchrun reports a rank killed by a signal as the negative
     signal number (-6 is an abort, e.g. a C++ exception at exit; -9 often the kernel's OOM killer)."""
-    if code >= 0:
-        return str(code)
-    try:
-        return f"{code} (killed by {signal.Signals(-code).name})"
-    except ValueError:
-        return str(code)
+    how = killed_by(code)
+    return f"{code} ({how})" if how else str(code)
 
 
 def failure(lines: list[str], code: int) -> tuple[int | None, int]:
