@@ -84,6 +84,6 @@ def check(job: str | Path | JobSpec | list[str], sets: list[str], target: Target
     """Resolve a job as `submit` would against the target (ConfigError when it could not run);
     against a cluster's record, its `after` ids must name jobs of that cluster, as at submit."""
     prepared = prepare(job, list(sets), target.record, Path.cwd())
-    if target.live and (why := deps.unknown(target.record.name, prepared.request.after, set())):
-        raise ConfigError(why.replace("--after ", "after: ", 1))
+    if target.live and (why := deps.unknown(target.record.name, prepared.request.after, set(), "after:")):
+        raise ConfigError(why)
     return Checked(prepared, target.record, target.against)

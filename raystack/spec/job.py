@@ -535,16 +535,6 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
     return _validate(data, f"{source} (resume)")
 
 
-def repeated(values: list[str]) -> str | None:
-    """The first value of a sweep axis given twice (identical jobs: a typo, or replicas), if any."""
-    seen: set[str] = set()
-    for v in values:
-        if v in seen:
-            return v
-        seen.add(v)
-    return None
-
-
 def new_job_id(name: str) -> str:
     """name-<32 random bits>; the ledger is created with O_EXCL, so a repeat gets a new id."""
     return f"{name[:40]}-{secrets.token_hex(4)}"

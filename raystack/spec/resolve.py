@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import secrets
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,6 @@ from raystack.spec.job import (
     command_spec,
     load_spec,
     new_job_id,
-    repeated,
     resumed_spec,
 )
 from raystack.spec.planning import occupied, substitute
@@ -214,9 +214,9 @@ def prepare_jobs(
     if not axes:
         return [first]
     for key, given in axes.items():  # (allowed: replicas of one setting; said, as it may be a typo)
-        if (twice := repeated([str(v) for v in given])) is not None:
+        if twice := [v for v, n in Counter(str(v) for v in given).items() if n > 1]:
             log.warning(
-                "raystack: warning: sweep %s: %r is given more than once: those jobs run alike", key, twice
+                "raystack: warning: sweep %s: %r is given more than once: those jobs run alike", key, twice[0]
             )
     if job_id:
         raise ConfigError(f"--submission-id {job_id}: names one job, and a sweep makes several; drop it")

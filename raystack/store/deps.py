@@ -57,19 +57,19 @@ def members(target: str, ids: Iterable[str]) -> list[str]:
     return sorted(i for i in ids if pattern.fullmatch(i))
 
 
-def unknown(name: str, after: list[str], own: set[str]) -> str | None:
+def unknown(name: str, after: list[str], own: set[str], label: str = "--after") -> str | None:
     """Why `after` cannot be accepted at submit (an id that is no job or sweep of this cluster,
-    or one of the jobs being queued: a cycle), else None."""
+    or one of the jobs being queued: a cycle), else None. `label` names where it was given."""
     if not after:
         return None
     ids = job_ids(name)
     for item in after:
         dep = parse(item)
         if dep.target in own or any(m in own for m in members(dep.target, own)):
-            return f"--after {item}: a job cannot wait for itself"
+            return f"{label} {item}: a job cannot wait for itself"
         if not members(dep.target, ids):
             return (
-                f"--after {item}: no job or sweep {dep.target!r} in cluster {name} (see raystack queue --all)"
+                f"{label} {item}: no job or sweep {dep.target!r} in cluster {name} (see raystack queue --all)"
             )
     return None
 
