@@ -36,7 +36,7 @@ from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
 from raystack.launch import PIN_DIR
 from raystack.spec import workdir
-from raystack.spec.submission import DRIVER_PREFIX, submit_options
+from raystack.spec.submission import driver_entrypoint, run_dir, submit_options
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs, stacks
 from raystack.store import queue as store
@@ -257,7 +257,7 @@ class Runner:
         except Exception as exc:  # Ray's refusal, or what packaging the working_dir raised
             self.finish(record, JobState.FAILED, f"the Jobs API refused the job: {str(exc)[:400]}")
             return
-        ran = options["entrypoint"].removeprefix(DRIVER_PREFIX)
+        ran = options["entrypoint"].removeprefix(driver_entrypoint("", run_dir(request)))
         message = f"submitted as {attempt.id}"
         if request.planned is not None and ran != request.planned:  # (a node lost since: fewer GPUs)
             message += f"; its plan changed with the cluster since it was queued: {ran}"

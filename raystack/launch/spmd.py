@@ -84,8 +84,14 @@ class NodeLauncherImpl:
         for path, text in files.items():
             with open(path, "w") as fh:
                 fh.write(text)
+        folder = os.environ.get("RAYSTACK_SUBMIT_DIR")  # (a job without a working_dir runs there)
+        if folder and not os.path.isdir(folder):
+            here = os.getcwd()
+            self._add(None, f"raystack spmd: warning: no folder {folder} on this node; ranks run in {here}")
+            folder = None
         self.proc = subprocess.Popen(
             command,
+            cwd=folder or None,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

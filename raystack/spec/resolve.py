@@ -125,8 +125,10 @@ def resolve(
     source: str,
     spec_file: str | None = None,
     job_id: str | None = None,
+    submit_dir: Path | None = None,
 ) -> JobRequest:
-    """Check and resolve a spec for a cluster; nothing is written."""
+    """Check and resolve a spec for a cluster; nothing is written. `submit_dir`: the folder the
+    job was submitted from (it runs there unless it has a working_dir)."""
     check_needs(spec, cluster, source)
     mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))  # (a packed job's nodes)
     planned = substitute(spec.entrypoint, spec.plan, mine, source, spmd_processes(spec, mine))
@@ -164,6 +166,7 @@ def resolve(
         planned=planned if spec.plan else None,
         processes=spmd_processes(spec, mine),
         spec_file=spec_file,
+        submit_dir=str(submit_dir) if submit_dir else None,
     )
 
 
@@ -193,9 +196,9 @@ def prepare(
         source, file = f"job spec {path}", str((cwd / path).resolve())
     else:
         spec, base, source, file = job, cwd, f"job spec {job.name}", None
-    request = resolve(spec, cluster, base, source, file, job_id)
+    request = resolve(spec, cluster, base, source, file, job_id, cwd)
     resumed = resumed_spec(spec, source)
-    again = resolve(resumed, cluster, base, f"{source} (resume)", file, request.id) if resumed else None
+    again = resolve(resumed, cluster, base, f"{source} (resume)", file, request.id, cwd) if resumed else None
     return Prepared(request, again, spec)
 
 

@@ -5,6 +5,7 @@ excludes), resources and metadata. Pure functions; the queue runner submits the 
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
 from raystack.spec.planning import PlanSpec, occupied, substitute
@@ -25,9 +26,21 @@ NOSET_VARS = (
 DRIVER_PREFIX = f"unset {' '.join(NOSET_VARS)}; "
 
 
-def driver_entrypoint(entrypoint: str) -> str:
-    """The shell command Ray runs for the driver: the user's, verbatim, after the prefix."""
-    return DRIVER_PREFIX + entrypoint
+def run_dir(request: JobRequest) -> str | None:
+    """The folder a job runs in when it brings no working_dir: the one it was submitted from, as
+    sbatch runs a job where it was submitted (Ray would run it wherever `ray start` ran). None
+    with a working_dir (Ray runs it in its copy) or for a request of a version before this."""
+    return None if request.working_dir else request.submit_dir
+
+
+def driver_entrypoint(entrypoint: str, folder: str | None = None) -> str:
+    """The shell command Ray runs for the driver: the user's, verbatim, after the prefix (and a
+    `cd` into `folder`; where the node cannot enter it, the shell's error and where the job runs
+    instead are in the job's log, as SLURM goes on in /tmp for a --chdir the node lacks)."""
+    if not folder:
+        return DRIVER_PREFIX + entrypoint
+    enter = f'cd -- {shlex.quote(folder)} || echo "raystack: warning: the job runs in $PWD instead" >&2; '
+    return DRIVER_PREFIX + enter + entrypoint
 
 
 def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, str]:
@@ -51,6 +64,8 @@ def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> di
     if resumes:
         env["RAYSTACK_RESUME"] = "1"
         env["RAYSTACK_RESUME_COUNT"] = str(resumes)
+    if folder := run_dir(request):  # (SPMD ranks start there too: raystack.launch.spmd)
+        env["RAYSTACK_SUBMIT_DIR"] = folder
     for key, path in request.outputs.items():
         env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
     env.update(request.env)
@@ -77,7 +92,7 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
     mine = occupied(cluster, request.needs)  # (a packed job plans on its own nodes)
     entrypoint = substitute(request.entrypoint, plan, mine, f"job {request.id}", request.processes)
     return {
-        "entrypoint": driver_entrypoint(entrypoint),
+        "entrypoint": driver_entrypoint(entrypoint, run_dir(request)),
         "runtime_env": runtime_env(request, cluster, resumes),
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,

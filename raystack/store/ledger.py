@@ -80,6 +80,7 @@ class JobRequest(BaseModel):
     outputs: dict[str, str] = Field(default_factory=dict)
     uv: bool = False
     spec_file: str | None = None
+    submit_dir: str | None = None  # where `raystack submit` ran: a job without a working_dir runs there
     min_time: float | None = None  # seconds of walltime it needs: not started with less left
     plan: dict[str, Any] | None = None  # the spec's plan: the entrypoint's {plan.*} are filled at start
     planned: str | None = None  # the entrypoint as planned at submit, for the cluster as it was then

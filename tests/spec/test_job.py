@@ -99,6 +99,42 @@ def test_bare_command_is_taken_verbatim(home: Path) -> None:
     assert record.name == "train"
 
 
+def test_a_job_without_a_working_dir_runs_in_the_folder_it_was_submitted_from(home: Path) -> None:
+    """As sbatch does: the driver's shell enters the submit folder (its ranks: RAYSTACK_SUBMIT_DIR);
+    with a working_dir Ray runs it in its copy, so nothing changes folder; a folder this node
+    lacks: the shell's error, and the job goes on where it is."""
+    where = home / "it's a folder"
+    where.mkdir()
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "raystack.cli", "submit", "-c", "c4", "--", "pwd"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            timeout=60,
+        ).returncode
+        == 0
+    )
+    (home / "src").mkdir()
+    assert submit(home, "--working-dir", "src", "--", "pwd").returncode == 0
+    plain, shipped = (r.request for r in ledger.all_jobs("c4"))
+    assert plain.submit_dir == str(where) and shipped.submit_dir == str(home) and shipped.working_dir
+    cluster = clusters.read("c4")
+    entry = jobs.submit_options(plain, cluster)["entrypoint"]
+    ran = subprocess.run(["sh", "-c", entry], cwd="/", capture_output=True, text=True)
+    assert ran.stdout.strip() == str(where) and not ran.stderr, ran
+    assert jobs.job_env(plain, cluster)["RAYSTACK_SUBMIT_DIR"] == str(where)
+    assert "cd " not in jobs.submit_options(shipped, cluster)["entrypoint"]
+    assert "RAYSTACK_SUBMIT_DIR" not in jobs.job_env(shipped, cluster)
+    where.rmdir()
+    ran = subprocess.run(["sh", "-c", entry], cwd="/", capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == "/", ran
+    assert str(where) in ran.stderr and "raystack: warning: the job runs in / instead" in ran.stderr, (
+        ran.stderr
+    )
+
+
 def test_queue_positions_follow_submission_order(home: Path) -> None:
     for _ in range(3):
         assert submit(home, "--", "true").returncode == 0

@@ -151,3 +151,33 @@ def test_stop_leaves_no_process_on_any_node(sp: dict) -> None:
     wait_until(lambda: launched(sp["job"]) == [], 30, "every rank and launcher to end")
     assert time.time() - t0 < record.request.stop_grace + 30
     assert "raystack spmd: stopped" in job.logs()
+
+
+def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
+    sp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As sbatch does (Ray alone would run it wherever `ray start` ran: the folder of `up`): the
+    driver and every rank start in the folder `submit` ran in; a folder gone by the time the
+    job starts is said in its log, and the job runs all the same."""
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "where.py").write_text("import os\nprint('WHERE', os.environ.get('RANK', 'driver'), os.getcwd())")
+    spec = "name: ranks\nkind: spmd\nlauncher: torchrun\ncommand: where.py\nnodes: 2\nprocs_per_node: 1\n"
+    (here / "ranks.yaml").write_text(spec)
+    monkeypatch.chdir(here)
+    driver = sp["cluster"].submit(["python", "where.py"])
+    ranks = sp["cluster"].submit("ranks.yaml")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    late = sp["cluster"].submit(["python", "-c", "import os; print('WHERE late', os.getcwd())"])
+    monkeypatch.chdir(tmp_path)
+    gone.rmdir()  # (before it starts: the two jobs above run first)
+    for job in (driver, ranks, late):
+        assert job.wait(timeout=300).state is JobState.SUCCEEDED, job.logs()[-3000:]
+    assert f"WHERE driver {here}" in driver.logs()
+    seen = [ln.split("WHERE ", 1)[1] for ln in ranks.logs().splitlines() if "WHERE " in ln]
+    assert sorted(seen) == [f"0 {here}", f"1 {here}"], ranks.logs()[-3000:]
+    log = late.logs()
+    warned = [ln for ln in log.splitlines() if str(gone) in ln and "Running entrypoint" not in ln]
+    assert warned and "raystack: warning: the job runs in " in log and "WHERE late " in log, log[-2000:]
