@@ -6,7 +6,10 @@ flat memory. Ray replays the stream from the start: after a runner restart the b
 taken in are skipped. The copy is capped (profile `job_log_cap`, default 1 GB per attempt) the
 way Ray's own logs are (store/raylogs.CappedCopy): its start, then the two newest segments of
 its end (<id>.log, <id>.log.tail.1, <id>.log.tail). If streaming fails, the rest of the log is
-fetched once when the attempt ends, never more than FETCH_LIMIT bytes into memory.
+fetched once when the attempt ends, never more than FETCH_LIMIT bytes into memory. Last, what
+Ray's API gave less of is taken from Ray's own file of the driver's output on this node (the
+runner runs where the drivers run: the head): Ray's log API fails on output that is not UTF-8
+(its stream then ends quietly, its fetch answers 500), and that output must not be lost.
 """
 
 from __future__ import annotations
@@ -29,13 +32,23 @@ FETCH_WHOLE_BELOW = 8 << 20
 FETCH_LIMIT = 64 << 20  # the most one fetch of a whole log may pull into the runner's memory
 JOB_LOG_CAP = int(os.environ.get("RAYSTACK_JOB_LOG_CAP") or 1 << 30)
 NO_CAP = 1 << 62
+LOCAL_PART = 8 << 20  # bytes read at a time from Ray's own file of a driver's output
 
 
 class LogTail:
     """Streams submission `sid`'s log into `path` (appending, capped) on a daemon thread."""
 
-    def __init__(self, api: Any, sid: str, path: Path, start: bool = True, cap: int = JOB_LOG_CAP):
+    def __init__(
+        self,
+        api: Any,
+        sid: str,
+        path: Path,
+        start: bool = True,
+        cap: int = JOB_LOG_CAP,
+        local: Path | None = None,
+    ):
         self.api, self.sid, self.path = api, sid, path
+        self.local = local  # Ray's own file of the driver's output, where this runs (the head)
         self.failed: str | None = None
         self.closed = False
         self.lock = threading.Lock()
@@ -74,6 +87,7 @@ class LogTail:
             with self.lock:
                 self.closed = True  # the stream writes nothing more; the fetch appends the rest
                 if self._fetch_rest():
+                    self._take_local()
                     return
                 self.closed = False  # no answer: the stream's own end, then
         if self.thread.is_alive():
@@ -83,12 +97,30 @@ class LogTail:
             if self.thread.is_alive() or self.failed or not self.thread.ident:
                 if self.failed:
                     log.warning("log stream of %s failed (%s); fetching the rest", self.sid, self.failed)
-                if not self._fetch_rest():
+                if not self._fetch_rest() and not self._take_local():
                     self._append(
                         b"\n[raystack: the rest of this log was not fetched (over %d MB, or the "
                         b"dashboard did not answer); Ray's own copy: logs/ray/<head>/job-driver-%s.log]\n"
                         % (FETCH_LIMIT >> 20, self.sid.encode())
                     )
+                return
+            self._take_local()
+
+    def _take_local(self) -> bool:
+        """Append what the copy lacks of Ray's own file of the driver's output (read in parts);
+        False where there is no such file here. Its bytes are what the API sends, as long as
+        they are UTF-8: where they are not, the API stopped there."""
+        try:
+            if self.local is None or not self.local.is_file():
+                return False
+            with open(self.local, "rb") as fh:
+                fh.seek(self.at)
+                while part := fh.read(LOCAL_PART):
+                    self._append(part)
+        except OSError as exc:
+            log.warning("log of %s: Ray's file %s not read: %s", self.sid, self.local, exc)
+            return False
+        return True
 
     def _fetch_rest(self) -> bool:
         """Append what the copy lacks of the whole log (one bounded request); False if it failed

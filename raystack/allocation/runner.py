@@ -50,6 +50,7 @@ TICK = 0.1  # seconds between runner passes
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
 SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
+RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
 STACK_WAIT = 20.0  # seconds a hung job waits for the nodes' stack dumps before it is stopped
 SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
@@ -350,7 +351,14 @@ class Runner:
         n = len(record.attempts)
         sid = record.attempts[-1].id
         if sid not in self.tails:
-            self.tails[sid] = LogTail(self.api, sid, self.paths.job_log(record.id, n))
+            self.tails[sid] = LogTail(
+                self.api, sid, self.paths.job_log(record.id, n), local=self.driver_log(sid)
+            )
+
+    def driver_log(self, sid: str) -> Path | None:
+        """Ray's own file of a driver's output on this node (the head: drivers run there)."""
+        folder = os.environ.get(RAY_LOGS_VAR)
+        return Path(folder) / f"job-driver-{sid}.log" if folder else None
 
     def fault(self, record: JobRecord, sid: str, fault: str) -> JobRecord:
         """The watchdog found the attempt stuck: say so in the ledger at once; a hung job's
@@ -514,7 +522,7 @@ class Runner:
         tail = self.tails.pop(sid, None)
         if tail is None:  # ended before it was seen running: fetch its log whole
             path = self.paths.job_log(record.id, len(record.attempts))
-            tail = LogTail(self.api, sid, path, start=False)
+            tail = LogTail(self.api, sid, path, start=False, local=self.driver_log(sid))
         tail.complete()
 
     # ------------------------------------------------------------------ resources

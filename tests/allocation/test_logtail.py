@@ -104,3 +104,42 @@ def test_a_lagging_stream_never_pulls_a_huge_log_into_memory(tmp_path: Path, mon
     tail = started(api, path)
     tail.complete()
     assert api.fetches >= 1 and "was not fetched" in path.read_text()
+
+
+class NotUtf8:
+    """Ray's log API on a driver's output that is not UTF-8: the stream sends what decodes and
+    ends quietly; a fetch answers 500."""
+
+    def __init__(self, decodable: str):
+        self.decodable = decodable
+
+    @property
+    def jobs(self) -> NotUtf8:
+        return self
+
+    async def tail_job_logs(self, sid: str):  # type: ignore[no-untyped-def]
+        yield self.decodable
+
+    def log_bounded(self, sid: str, limit: int) -> str | None:
+        raise RuntimeError("Request failed with status code 500: UnicodeDecodeError")
+
+
+def test_output_that_is_not_utf8_is_taken_from_rays_own_file(tmp_path: Path) -> None:
+    whole = (
+        b"Running entrypoint for job s1: python bytes.py\nbad \xff\xfe bytes\n" + b"x" * 300_000 + b"\nend\n"
+    )
+    ray_file = tmp_path / "job-driver-s1.log"
+    ray_file.write_bytes(whole)
+    first = whole.split(b"bad")[0].decode()
+    for start in (True, False):  # streamed, or ended before the runner saw it run
+        path = tmp_path / f"job-{start}.log"
+        tail = LogTail(NotUtf8(first), "s1", path, start=start, local=ray_file)
+        if start:
+            tail.thread.join(5)
+        tail.complete()
+        assert path.read_bytes() == whole
+    path = tmp_path / "no-file.log"  # (no file of Ray's here: the note says where Ray's copy is)
+    tail = LogTail(NotUtf8(first), "s1", path, local=tmp_path / "absent.log")
+    tail.thread.join(5)
+    tail.complete()
+    assert path.read_bytes().startswith(first.encode())

@@ -95,6 +95,19 @@ def test_a_job_logging_100_mb_keeps_the_copies_within_their_caps(rl: dict) -> No
     assert text.rstrip().splitlines()[-1].startswith("spam done on node2"), text[-500:]
 
 
+def test_output_that_is_not_utf8_is_in_the_jobs_log_whole(rl: dict) -> None:
+    """Ray's log API fails on it (its stream ends quietly, its fetch answers 500): the runner
+    takes the rest from Ray's own file of the driver's output on the head."""
+    code = (
+        "import sys; sys.stdout.buffer.write(b'bad \\xff\\xfe bytes\\n' + b'y' * 100000 + b'\\nthe end\\n')"
+    )
+    job = Cluster(NAME).submit(["python", "-c", code])
+    assert job.wait(timeout=300).state is JobState.SUCCEEDED
+    shown = raystack("logs", job.id)
+    assert shown.returncode == 0 and "bad " in shown.stdout, shown
+    assert "y" * 100000 + "\nthe end" in shown.stdout, shown.stdout[-500:]
+
+
 def test_a_node_killed_mid_job_left_its_logs_up_to_the_last_pass(rl: dict) -> None:
     job = Cluster(NAME).submit(str(JOBS / "faults.yaml"), sets=[faults("tick", "node4", "--seconds", "300")])
     wait_until(lambda: worker_copy("node4", "tick 30 at"), 120, "node4's ticks in its copy")
