@@ -12,7 +12,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
+from raystack.cli.common import (
+    ClusterOpt,
+    JsonOpt,
+    NameArg,
+    app,
+    cluster_name,
+    err,
+    on_interrupt,
+    out,
+    print_json,
+)
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
 from raystack.client.pending import expected_start
@@ -267,7 +277,8 @@ def _up_slurm(
     if not no_wait:  # (the handle only for waiting: --no-wait shows what was submitted)
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         cluster = Cluster(record.name, record)
-        cluster.wait_ready(progress=say, timeout=timeout)
+        with on_interrupt(lambda: still_starting(record.name)):
+            cluster.wait_ready(progress=say, timeout=timeout)
         record = cluster.snapshot()
     _show_ready(record, as_json)
 
@@ -299,7 +310,8 @@ def _up_local(
         )
     if not no_wait:
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
-        cluster.wait_ready(progress=say, timeout=timeout)
+        with on_interrupt(lambda: still_starting(name)):
+            cluster.wait_ready(progress=say, timeout=timeout)
     _show_ready(cluster.snapshot(), as_json)
 
 
@@ -354,8 +366,20 @@ def wait(
     """Wait until a cluster (e.g. one started with --no-wait) is READY; exit 1 if it ends first."""
     handle = Cluster.get(cluster_name(name, cluster))
     say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
-    handle.wait_ready(progress=say, timeout=_timeout(timeout))
+    with on_interrupt(lambda: still_starting(handle.name)):
+        handle.wait_ready(progress=say, timeout=_timeout(timeout))
     _show_ready(handle.snapshot(), as_json)
+
+
+def still_starting(name: str) -> str:
+    """What a Ctrl-C of `up` or `wait` leaves going on: the allocation, and the commands for it."""
+    record = Cluster(name).record()
+    if record.state.is_terminal():
+        return f"cluster {name} is {record.state.value}: {record.message}"
+    return (
+        f"cluster {name} is still {record.state.value} ({where(record)}); wait again: raystack wait "
+        f"{name}, release it: raystack down {name}"
+    )
 
 
 @app.command(short_help="Exports for plain `ray job submit` and `ray status`.")

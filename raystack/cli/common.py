@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -68,3 +70,18 @@ def cluster_name(positional: str | None, option: str | None) -> str | None:
 
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
+
+
+@contextlib.contextmanager
+def on_interrupt(what_goes_on: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C while following or waiting ends the command, not what it watched: say so (exit 130)
+    with what goes on and how to stop it. `what_goes_on` is asked only then (one read)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        try:
+            note = what_goes_on()
+        except Exception as exc:  # (the record unreadable: the plain word, and why)
+            note = f"(its state was not read: {type(exc).__name__})"
+        err.print(f"raystack: interrupted; {note}", markup=False)
+        raise typer.Exit(130) from None

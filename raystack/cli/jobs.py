@@ -11,8 +11,19 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from raystack.cli.common import ClusterOpt, JobArg, JsonOpt, NameArg, app, cluster_name, err, out, print_json
-from raystack.cli.submit import exit_for
+from raystack.cli.common import (
+    ClusterOpt,
+    JobArg,
+    JsonOpt,
+    NameArg,
+    app,
+    cluster_name,
+    err,
+    on_interrupt,
+    out,
+    print_json,
+)
+from raystack.cli.submit import exit_for, still
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import Sweep
 from raystack.errors import ClusterError, ConfigError
@@ -174,7 +185,8 @@ def logs(
     A job still in the queue says where it stands: `queued, position 3 (running: grpo-7b, 40m in)`."""
     job = Job.get(job_id, cluster)
     if follow:
-        exit_for(job.follow(out=sys.stderr if as_json else None))
+        with on_interrupt(lambda: still([job])):
+            exit_for(job.follow(out=sys.stderr if as_json else None))
     filtered = node is not None or actor is not None
     found = job.workers(node, actor) if workers or filtered else None
     shown = [w for w in found or [] if w.error or filtered]

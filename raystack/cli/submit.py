@@ -13,7 +13,7 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
-from raystack.cli.common import ClusterOpt, JsonOpt, app, err, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, app, err, on_interrupt, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import ending_note
 from raystack.errors import ConfigError
@@ -170,7 +170,24 @@ def submit(
     )
     _tell(target, jobs, follow, as_json)
     if follow:
-        exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
+        with on_interrupt(lambda: still(jobs)):
+            exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
+
+
+def still(jobs: list[Job]) -> str:
+    """What a Ctrl-C of a follow leaves going on, and the commands for it."""
+    first = jobs[0].record()
+    if first.request.sweep and len(jobs) > 1:
+        return (
+            f"sweep {first.request.sweep} goes on; follow a job again: raystack logs ID -f, "
+            f"stop the rest: raystack cancel {first.request.sweep}"
+        )
+    if first.state.is_terminal():
+        return f"job {first.id} ended {first.state.value}"
+    return (
+        f"job {first.id} is still {first.state.value}; follow it again: raystack logs {first.id} -f, "
+        f"stop it: raystack stop {first.id}"
+    )
 
 
 def exit_for(record: JobRecord) -> None:

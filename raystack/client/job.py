@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,14 @@ from raystack.store import cluster as records
 from raystack.store import deps, paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, set_aside, update_job
 from raystack.store.queue import active, cancel, position
+
+SAY_AGAIN = 600.0  # seconds after which a follow says the same waiting line again
+DURATION = re.compile(r"\b\d+[smhd](?:\d+[smhd])*\b")  # (1m24s: the job ahead's time, always moving)
+
+
+def gist(line: str) -> str:
+    """A waiting line without its running times: said again only when more than those changed."""
+    return DURATION.sub("", line)
 
 
 def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
@@ -228,18 +237,18 @@ class Job:
         out = out or sys.stdout
         say = say or (lambda line: print(f"raystack: job {self.id} {line}", file=sys.stderr, flush=True))
         shown, offset, checked = 0, 0, time.monotonic()  # attempts fully shown, offset in the next
-        headed, said = 0, ""  # attempts whose header was written; the last waiting line
+        headed, said, said_at = 0, "", 0.0  # attempts whose header was written; the last waiting line
         while True:
             record = self.record()
             ended = False
             if not record.state.is_terminal() and time.monotonic() - checked > 2:
                 checked, ended = time.monotonic(), self.cluster_ended()
                 line = self.waiting_line(record) if not ended else None
-                if line and line != said:
-                    said = line
+                if line and (gist(line) != gist(said) or time.monotonic() - said_at > SAY_AGAIN):
+                    said, said_at = line, time.monotonic()
                     say(line)
             elif not said and (line := self.waiting_line(record)):
-                said = line
+                said, said_at = line, time.monotonic()
                 say(line)
             files = self.log_files(record)
             grew = False

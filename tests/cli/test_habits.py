@@ -319,6 +319,38 @@ def test_a_queued_job_says_where_it_waits(home: Path, capsys: pytest.CaptureFixt
     )
 
 
+def test_ctrl_c_of_a_follow_says_the_job_goes_on_and_the_wait_is_said_once(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C ends the follow, not the job: exit 130 with its state and the commands for it. While
+    it waits, the line is said again when more than the running job's time changed."""
+    import signal
+    import time
+
+    from raystack.store.ledger import update_job
+
+    first, waiting = queue_two(capsys)
+    update_job("c4", first, started=time.time() - 30)  # (its time in the line moves every second)
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 5.5)
+    try:
+        code, out, err = run(capsys, "logs", waiting, "-f")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert code == 130 and out == "", err
+    assert err.count(f"job {waiting} queued, next (running: first, ") == 1, err
+    assert (
+        f"raystack: interrupted; job {waiting} is still QUEUED; follow it again: raystack logs {waiting} -f, "
+        f"stop it: raystack stop {waiting}" in err
+    ), err
+    assert queue.position("c4", waiting) == 1  # (nothing changed for the job)
+
+
 def test_a_job_taken_from_the_queue_says_it_starts_not_that_it_waits_for_itself(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
