@@ -53,7 +53,9 @@ def render(view: dict[str, Any]) -> Group:
             mem,
         )
     parts: list[Any] = [head, nodes]
-    if view["ray_error"]:
+    if view.get("ended"):
+        parts.append(Text(f"ended: {view['message']}"))
+    elif view["ray_error"]:
         parts.append(Text(f"ray: {view['ray_error']}", style="red"))
     elif len(view["nodes"]) < view["nodes_expected"] and view["state"] == "READY":
         parts.append(Text(f"{len(view['nodes'])}/{view['nodes_expected']} nodes alive", style="red"))
@@ -87,8 +89,8 @@ def top(
         raise ConfigError("--json: use it with --once (one snapshot for scripts)")
     if interval < 0.5:
         raise ConfigError(f"--interval: {interval:g}s is too short; use 0.5 or more")
-    if once:
-        view = snapshot(handle.name)
+    view = snapshot(handle.name)
+    if once or view["ended"]:  # (an ended cluster: its last state once, not a view that never changes)
         if as_json:
             print_json(view)
         else:
@@ -97,12 +99,14 @@ def top(
             raise typer.Exit(1)
         return
     try:
-        with Live(render(snapshot(handle.name)), console=out, screen=False, auto_refresh=False) as live:
-            while True:
+        with Live(render(view), console=out, screen=False, auto_refresh=False) as live:
+            while not view["ended"]:
                 time.sleep(interval)
-                live.update(render(snapshot(handle.name)), refresh=True)
+                view = snapshot(handle.name)
+                live.update(render(view), refresh=True)
     except KeyboardInterrupt:
-        pass
+        return
+    raise typer.Exit(1)  # (the cluster ended while watched)
 
 
 @app.command(short_help="How well an allocation was used (node-hours, GPU use).")

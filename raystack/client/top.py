@@ -107,9 +107,14 @@ def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
         "cluster": name,
         "time": round(now, 2),
         "state": record.state.value,
+        "ended": record.state.is_terminal(),
         "message": record.message,
         "allocation_id": record.allocation_id,
-        "time_left_s": max(0, int(record.walltime_end - now)) if record.walltime_end else None,
+        "time_left_s": (
+            max(0, int(record.walltime_end - now))
+            if record.walltime_end and not record.state.is_terminal()
+            else None
+        ),
         "nodes_expected": record.nodes_expected,
         "idle_s": round(now - record.idle_since, 1) if record.idle_since else None,
         "idle_timeout_s": record.idle_timeout,

@@ -519,3 +519,14 @@ def test_check_without_a_job_names_check_not_submit(home: Path, capsys: pytest.C
     assert (
         code == 1 and "raystack check job.yaml, raystack check -- python x.py" in err and "submit" not in err
     )
+
+
+def test_top_of_an_ended_cluster_shows_its_end_once(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a live view that never changes (it waited for Ctrl-C, printing nothing into a pipe):
+    the last state, why it ended, no time left; exit 1 as `status` does."""
+    clusters.update(
+        "c4", state=ClusterState.STOPPED, message="allocation 8 ended (raystack down)", walltime_end=4e9
+    )
+    code, out, _ = run(capsys, "top", "c4")
+    assert code == 1 and "STOPPED" in out and "ended: allocation 8 ended (raystack down)" in out, out
+    assert "time left -" in out, out
