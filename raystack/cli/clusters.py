@@ -423,7 +423,7 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             ),
             ("GPUs", f"{st.gpus if st.gpus is not None else '-'}"),
             ("CPUs", f"{st.cpus if st.cpus is not None else '-'}"),
-            ("dashboard", st.dashboard_url or "-"),
+            ("dashboard", "-" if st.ended else st.dashboard_url or "-"),  # (stale once ended)
             ("jobs", f"running {st.running_job or '-'}, {st.queued_jobs} queued"),
         ]
         if st.chain_count > 1:
@@ -466,7 +466,7 @@ def list_(as_json: JsonOpt = False) -> None:
             r.allocation_id or "-",
             str(r.nodes_expected),
             str(r.gpus_per_node),
-            r.dashboard_url or "-",
+            "-" if r.state.is_terminal() else r.dashboard_url or "-",  # (an ended one's is stale)
             r.message,
         )
     if not records:

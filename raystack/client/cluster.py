@@ -99,6 +99,10 @@ class ClusterStatus:
     def ready(self) -> bool:
         return self.state == ClusterState.READY.value and self.nodes_alive == self.nodes_expected
 
+    @property
+    def ended(self) -> bool:
+        return any(self.state == s.value and s.is_terminal() for s in ClusterState)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ready": self.ready}
 

@@ -530,3 +530,12 @@ def test_top_of_an_ended_cluster_shows_its_end_once(home: Path, capsys: pytest.C
     code, out, _ = run(capsys, "top", "c4")
     assert code == 1 and "STOPPED" in out and "ended: allocation 8 ended (raystack down)" in out, out
     assert "time left -" in out, out
+
+
+def test_an_ended_clusters_stale_dashboard_is_not_offered(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clusters.update("c4", state=ClusterState.STOPPED, message="stopped", dashboard_url="http://10.0.0.1:8265")
+    for argv in (["list"], ["status", "c4"]):
+        _, out, err = run(capsys, *argv)
+        assert "10.0.0.1:8265" not in out and "STOPPED" in out, out + err
