@@ -38,6 +38,7 @@ from raystack.spec.values import (
     one_line_error,
     parse_yaml,
     quote,
+    refuse_yes_no,
     size_to_mb,
     validate_env,
 )
@@ -485,6 +486,7 @@ def _validate(data: dict[str, Any], source: str) -> JobSpec:
                 "torchrun, deepspeed or accelerate), or write the Ray driver as entrypoint: ..."
             )
         raise ConfigError(f"{source}: missing field 'entrypoint'; add it, e.g. entrypoint: python train.py")
+    refuse_yes_no(data, JobSpec, source)
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from raystack.errors import ConfigError
 from raystack.slurmtime import Walltime, duration, off_or_duration, parse_duration
 from raystack.spec import sbatch
-from raystack.spec.values import Size, SpecModel, load_yaml, one_line_error, validate_env
+from raystack.spec.values import Size, SpecModel, load_yaml, one_line_error, refuse_yes_no, validate_env
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
 # slurm/profiles), so they are found in an installed wheel as well as in an editable install.
@@ -322,6 +322,7 @@ def load_profile(name: str = "generic") -> Profile:
         )
     data = load_yaml(path)
     data.setdefault("name", path.stem)
+    refuse_yes_no(data, Profile, f"profile {path}")
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ValidationError
 
 from raystack.errors import ConfigError
 from raystack.slurmtime import (  # noqa: F401 (the durations, read where values are)
@@ -118,22 +118,30 @@ def keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
 
 
 class SpecModel(BaseModel):
-    """A model read from a YAML file a person wrote (job spec, profile, plan). YAML reads yes, no,
-    on and off as true/false, and pydantic would take true as the number 1: where a number is
-    meant (retries: yes, needs.gpus: on), that is refused instead of guessed."""
+    """A model read from a YAML file a person wrote (job spec, profile, plan): its loader checks
+    the data with `refuse_yes_no` first."""
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_yes_no_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if (
-            isinstance(value, bool)
-            and info.field_name
-            and _numeric(cls.model_fields[info.field_name].annotation)
-        ):
-            raise ValueError(
-                f"{str(value).lower()} is a yes/no (YAML reads yes, no, on, off so), not a number"
+
+def refuse_yes_no(data: Any, model: type[BaseModel], source: str, at: str = "") -> None:
+    """YAML reads yes, no, on and off as true/false, and pydantic would take true as the number 1:
+    where `model` means a number (retries: yes, needs.gpus: on), refuse it, naming the field. One
+    walk of the data as loaded, nested models included; a field with a validator of its own (a
+    duration: `off` is false there) says what it takes itself."""
+    if not isinstance(data, dict):
+        return
+    own = {f for d in model.__pydantic_decorators__.field_validators.values() for f in d.info.fields}
+    for key, value in data.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None or key in own:
+            continue
+        if isinstance(value, bool) and _numeric(field.annotation):
+            raise ConfigError(
+                f"{source}: field '{printable(at + key)}': {str(value).lower()} is a yes/no "
+                "(YAML reads yes, no, on, off so), not a number"
             )
-        return value
+        for kind in typing.get_args(field.annotation) or (field.annotation,):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                refuse_yes_no(value, kind, source, f"{at}{key}.")
 
 
 def _numeric(annotation: Any) -> bool:
