@@ -58,7 +58,7 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
         return before[0]
     raw = ctx.meta.get("raw_args", before)
     i = raw.index(before[0]) if before[0] in raw else len(raw)
-    fix = shlex.join(["raystack", "submit", *raw[:i], "--", *raw[i:]])
+    fix = shlex.join([*verb.split(), *raw[:i], "--", *raw[i:]])  # (raystack submit, raystack check)
     near = _nearest_spec(before[0]) if len(before) == 1 else ""
     raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
 

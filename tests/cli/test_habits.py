@@ -84,6 +84,11 @@ def test_submit_never_swallows_what_was_typed(
     assert queued() == 0
 
 
+def test_check_s_hint_for_a_bare_command_names_check(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "check", "-c", "c4", "python", "train.py")
+    assert code == 1 and "a command goes after --: raystack check -c c4 -- python train.py" in err, err
+
+
 def test_a_bare_command_hint_keeps_the_scripts_own_flags(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
