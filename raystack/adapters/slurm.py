@@ -272,6 +272,24 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
     )
 
 
+def parse_sinfo_time_limits(text: str, partition: str | None) -> tuple[str, int | None] | None:
+    """`sinfo --noheader --format=%P|%l` -> (the partition, its time limit in seconds, None when
+    infinite) for `partition` (the default one, marked '*', when None); None where sinfo lists
+    no such partition or a limit it does not know how to read."""
+    for line in text.splitlines():
+        name, _, limit = (p.strip() for p in line.partition("|"))
+        default = name.endswith("*")
+        name = name.removesuffix("*")
+        if name and (name == partition or (partition is None and default)):
+            if limit.lower() in ("infinite", "unlimited"):
+                return name, None
+            try:
+                return name, slurmtime.seconds(limit)
+            except ValueError:
+                return None
+    return None
+
+
 # ---------------------------------------------------------------------------- commands
 def sbatch(options: Sequence[str], script: str) -> str:
     """Submit `script` (a path) with `options`; return the job id. SLURM's refusal is raised."""
@@ -314,6 +332,11 @@ def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
 def node_shape(partition: str | None) -> NodeShape:
     """CPUs and GPUs per node of `partition` (or the default one), from sinfo."""
     return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G"]), partition)
+
+
+def time_limit(partition: str | None) -> tuple[str, int | None] | None:
+    """The partition's (or the default one's) time limit, from sinfo: see parse_sinfo_time_limits."""
+    return parse_sinfo_time_limits(_run(["sinfo", "--noheader", "--format=%P|%l"]), partition)
 
 
 def scancel(job_id: str) -> None:

@@ -413,7 +413,27 @@ def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
                 f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
                 "give --gpus-per-node and --cpus-per-task, or a profile that sets them"
             ) from None
-    return plan(nodes, profile=prof, shape=shape, **options)
+    given = options.get("time")
+    planned = plan(nodes, profile=prof, shape=shape, **options)
+    _within_time_limit(planned, "--time" if given else f"profile {prof.name}'s time")
+    return planned
+
+
+def _within_time_limit(p: AllocationPlan, what: str) -> None:
+    """A walltime over the partition's limit is refused here: SLURM would refuse it, or (where
+    it does not enforce partition limits at submit) leave it PENDING (PartitionTimeLimit) for
+    ever. sinfo's answer helps, never gates: without one, SLURM decides."""
+    if not p.walltime:
+        return
+    try:
+        found = slurm.time_limit(p.partition)
+    except SlurmError:
+        return
+    if found is not None and found[1] is not None and p.walltime > found[1]:
+        raise ConfigError(
+            f"{what} {p.time}: partition {found[0]} allows at most {slurmtime.slurm_text(found[1])} "
+            "(sinfo); ask at most that, and add --chain N to run on across N allocations"
+        )
 
 
 def submit(p: AllocationPlan) -> ClusterRecord:

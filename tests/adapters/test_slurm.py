@@ -87,6 +87,17 @@ def test_sinfo_node_shape() -> None:
         slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
+def test_sinfo_time_limits() -> None:
+    """`sinfo --format=%P|%l` as SLURM prints it: the default partition marked '*'."""
+    text = "gh*|1-00:00:00\ndebug|30:00\nlong|infinite\nodd|2h\n"
+    assert slurm.parse_sinfo_time_limits(text, None) == ("gh", 86400)
+    assert slurm.parse_sinfo_time_limits(text, "debug") == ("debug", 1800)
+    assert slurm.parse_sinfo_time_limits(text, "long") == ("long", None)
+    assert slurm.parse_sinfo_time_limits(text, "odd") is None  # (not SLURM's: no limit guessed)
+    assert slurm.parse_sinfo_time_limits(text, "nope") is None
+    assert slurm.parse_sinfo_time_limits("testbed*|infinite\n", None) == ("testbed", None)
+
+
 @pytest.mark.parametrize(
     ("gres", "gpus"),
     [

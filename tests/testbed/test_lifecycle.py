@@ -92,6 +92,23 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
     )
 
 
+def test_a_walltime_over_the_partitions_limit_is_refused_before_sbatch(rs_home: Path) -> None:
+    """Where SLURM does not enforce partition limits at submit, such a job waits (PENDING,
+    PartitionTimeLimit) for ever: raystack reads the limit from sinfo and says so first."""
+    limit = ["scontrol", "update", "PartitionName=testbed"]
+    subprocess.run([*limit, "MaxTime=1-00:00:00"], check=True)
+    try:
+        done = raystack("up", "-N", "1", "-P", "testbed", "-t", "30:00:00", "--chain", "2", "--name", "long")
+        assert done.returncode == 1 and not clusters.exists("long"), done.stderr
+        assert (
+            "--time 30:00:00: partition testbed allows at most 1-00:00:00 (sinfo); ask at most that, "
+            "and add --chain N" in done.stderr
+        )
+        assert raystack("up", "-N", "1", "-P", "testbed", "-t", "1-0", "--dry-run").returncode == 0
+    finally:
+        subprocess.run([*limit, "MaxTime=INFINITE"], check=True)
+
+
 def test_no_sbatch_on_path_is_one_line_naming_the_fix(rs_home: Path) -> None:
     done = raystack("up", "--nodes", "1", env={"PATH": str(Path(sys.executable).parent)})
     assert done.returncode == 1
