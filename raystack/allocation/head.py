@@ -34,6 +34,7 @@ from raystack.allocation.context import (
 )
 from raystack.allocation.duties import GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
+from raystack.allocation.logsync import session_logs
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open, why_ray_ended
 from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
 from raystack.allocation.runner import LEASE_HELD, RAY_LOGS_VAR
@@ -374,7 +375,7 @@ class Head:
         with open(p.runner_log, "a") as logfile:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "raystack.allocation.runner", self.ctx.cluster],
-                env={**ray_env(self.ctx), RAY_LOGS_VAR: str(self.ctx.temp_dir / "session_latest" / "logs")},
+                env={**ray_env(self.ctx), RAY_LOGS_VAR: str(session_logs(self.ctx.temp_dir))},
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,

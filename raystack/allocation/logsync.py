@@ -41,12 +41,17 @@ class Tracked:
     copy: CappedCopy
 
 
+def session_logs(temp_dir: Path) -> Path:
+    """Where Ray writes this node's logs (the drivers' output too, on the head)."""
+    return temp_dir / "session_latest" / "logs"
+
+
 class LogSync:
     """One node's copy of Ray's logs: `start()` the thread, `final()` at teardown."""
 
     def __init__(self, cluster: str, host: str, allocation: str, temp_dir: Path, caps: Caps):
         self.caps, self.allocation = caps, allocation
-        self.src = temp_dir / "session_latest" / "logs"
+        self.src = session_logs(temp_dir)
         folder = paths.cluster(cluster)
         self.request = folder.ray_logs / REQUEST
         self.dest = folder.ray_host_logs(host)

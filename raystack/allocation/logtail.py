@@ -86,8 +86,7 @@ class LogTail:
         if self.thread.is_alive() and self.at < FETCH_WHOLE_BELOW:
             with self.lock:
                 self.closed = True  # the stream writes nothing more; the fetch appends the rest
-                if self._fetch_rest():
-                    self._take_local()
+                if self._fetch_rest():  # (whole: the API read all of Ray's file, so it was UTF-8)
                     return
                 self.closed = False  # no answer: the stream's own end, then
         if self.thread.is_alive():

@@ -101,7 +101,7 @@ class ClusterStatus:
 
     @property
     def ended(self) -> bool:
-        return any(self.state == s.value and s.is_terminal() for s in ClusterState)
+        return ClusterState(self.state).is_terminal()  # (a state of another version: not ended)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ready": self.ready}

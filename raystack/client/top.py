@@ -102,18 +102,17 @@ def jobs_view(name: str, now: float) -> tuple[list[dict[str, Any]], list[dict[st
 def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
     """Everything `raystack top` shows, as one dict (`top --once --json` prints it)."""
     record = records.read(name)
+    ended = record.state.is_terminal()
     now = time.time()
     view: dict[str, Any] = {
         "cluster": name,
         "time": round(now, 2),
         "state": record.state.value,
-        "ended": record.state.is_terminal(),
+        "ended": ended,
         "message": record.message,
         "allocation_id": record.allocation_id,
         "time_left_s": (
-            max(0, int(record.walltime_end - now))
-            if record.walltime_end and not record.state.is_terminal()
-            else None
+            max(0, int(record.walltime_end - now)) if record.walltime_end and not ended else None
         ),
         "nodes_expected": record.nodes_expected,
         "idle_s": round(now - record.idle_since, 1) if record.idle_since else None,
