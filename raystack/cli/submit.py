@@ -204,13 +204,12 @@ def _follow_many(jobs: list[Job]) -> JobRecord:
 
 
 def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None:
-    places = target.positions()  # (one listing of the queue for a whole sweep)
     rows = [
         {
             "id": job.id,
             "cluster": job.cluster,
             "state": (job.seen or job.record()).state.value,
-            "position": places.get(job.id, 0),
+            "position": job.queued_place if job.queued_place is not None else job.position(),
         }
         for job in jobs
     ]
@@ -228,13 +227,14 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         pos = rows[0]["position"]
         where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
         err.print(f"queued job {jobs[0].id} on cluster {target.name} ({where})", markup=False)
-    if note := ending_note(target.snapshot()):
+    cluster = target.snapshot()
+    if note := ending_note(cluster):
         err.print(f"  note: {note}", markup=False)
     if first.request.after:
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
     if first.request.plan:
         plan = PlanSpec.model_validate(first.request.plan)
-        mine = occupied(target.snapshot(), first.request.needs)
+        mine = occupied(cluster, first.request.needs)
         line = describe(plan, mine, f"job {jobs[0].id}", first.request.processes)
         err.print(f"  plan: {line}", markup=False)
     if not follow:

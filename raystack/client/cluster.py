@@ -29,7 +29,7 @@ from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiErro
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
-from raystack.spec.resolve import prepare_jobs
+from raystack.spec.resolve import new_job_id, prepare_jobs
 from raystack.store import cluster as records
 from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
@@ -485,11 +485,14 @@ class Cluster:
         why = deps.unknown(self.name, jobs[0].request.after, {j.request.id for j in jobs})
         if why:
             raise ConfigError(why)
-        new_id = None if job_id or len(jobs) > 1 else specs.new_job_id
+        new_id = None if job_id or len(jobs) > 1 else new_job_id
         out = []
         for one in jobs:
             record = enqueue(one.request, now=now, new_id=new_id, resume_request=one.resume)
             out.append(Job(self.name, record.id, record))
+        places = positions(self.name)  # (one listing of the queue for a whole sweep)
+        for job in out:
+            job.queued_place = places.get(job.id, 0)
         return out
 
     def in_flight(self) -> Argv:

@@ -92,6 +92,7 @@ class Job:
     cluster: str
     id: str
     seen: JobRecord | None = None  # the ledger entry as it was written or last read here
+    queued_place: int | None = None  # its place in the queue as `submit` left it (0: started)
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"

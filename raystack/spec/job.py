@@ -12,7 +12,6 @@ import difflib
 import json
 import math
 import re
-import secrets
 import shlex
 from pathlib import Path
 from typing import Any, Literal
@@ -448,7 +447,7 @@ def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
     file = Path(path)
     data = load_yaml(file)
     data.setdefault("name", file.stem)
-    return _validate(apply_sets(data, sets or []), f"job spec {file}")
+    return validate(apply_sets(data, sets or []), f"job spec {file}")
 
 
 def command_name(argv: list[str]) -> str:
@@ -474,10 +473,10 @@ def command_spec(argv: list[str], sets: list[str] | None = None, name: str | Non
     if data.get("kind") == "spmd" or data.get("launcher"):  # `raystack submit --launcher torchrun -- x.py`
         command = data.pop("entrypoint")
         data = {**data, "kind": "spmd", "command": command}
-    return _validate(data, "command")
+    return validate(data, "command")
 
 
-def _validate(data: dict[str, Any], source: str) -> JobSpec:
+def validate(data: dict[str, Any], source: str) -> JobSpec:
     typo = not set(data) <= set(JobSpec.model_fields)  # an unknown key explains a missing one better
     if data.get("kind", "ray") == "ray" and "entrypoint" not in data and not typo:
         if "command" in data or "launcher" in data:  # an SPMD job without its kind
@@ -521,22 +520,3 @@ def spmd_entrypoint(spec: JobSpec) -> str:
     words += [f"--launcher-arg={a}" for a in spec.launcher_args]
     words.append(f"--stop-grace={max(1, spec.stop_grace - 5):g}")  # inside Ray's own grace
     return shlex.join(words) + " -- " + str(spec.command).strip()
-
-
-def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
-    """The spec an interrupted job resumes with: its `resume.set` overrides applied and
-    `resume.env` added; None when it has none (it resumes as it was)."""
-    if not spec.resume.set and not spec.resume.env:
-        return None
-    data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
-    try:
-        data = apply_sets(data, list(spec.resume.set))
-    except ConfigError as exc:  # (its words say --set: these came from the spec's resume.set)
-        raise ConfigError(f"{source}: field 'resume.set': {str(exc).removeprefix('--set ')}") from None
-    data["env"] = {**data.get("env", {}), **spec.resume.env}
-    return _validate(data, f"{source} (resume)")
-
-
-def new_job_id(name: str) -> str:
-    """name-<32 random bits>; the ledger is created with O_EXCL, so a repeat gets a new id."""
-    return f"{name[:40]}-{secrets.token_hex(4)}"

@@ -26,8 +26,7 @@ from raystack.spec.job import (
     apply_sets,
     command_spec,
     load_spec,
-    new_job_id,
-    resumed_spec,
+    validate,
 )
 from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
@@ -35,6 +34,11 @@ from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
 log = logging.getLogger("raystack")
+
+
+def new_job_id(name: str) -> str:
+    """name-<32 random bits>; the ledger is created with O_EXCL, so a repeat gets a new id."""
+    return f"{name[:40]}-{secrets.token_hex(4)}"
 
 
 def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
@@ -168,6 +172,20 @@ def resolve(
         spec_file=spec_file,
         submit_dir=str(submit_dir) if submit_dir else None,
     )
+
+
+def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
+    """The spec an interrupted job resumes with: its `resume.set` overrides applied and
+    `resume.env` added; None when it has none (it resumes as it was)."""
+    if not spec.resume.set and not spec.resume.env:
+        return None
+    data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
+    try:
+        data = apply_sets(data, list(spec.resume.set))
+    except ConfigError as exc:  # (its words say --set: these came from the spec's resume.set)
+        raise ConfigError(f"{source}: field 'resume.set': {str(exc).removeprefix('--set ')}") from None
+    data["env"] = {**data.get("env", {}), **spec.resume.env}
+    return validate(data, f"{source} (resume)")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from raystack.allocation.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec, resumed_spec
-from raystack.spec.resolve import resolve
+from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec
+from raystack.spec.resolve import resolve, resumed_spec
 from raystack.spec.values import parse_duration
 from raystack.store import cluster as clusters
 from raystack.store import ledger, queue
