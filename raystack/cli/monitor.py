@@ -35,7 +35,7 @@ def render(view: dict[str, Any]) -> Group:
         if view["idle_timeout_s"]:
             idle += f" (autostop at {duration_text(view['idle_timeout_s'])})"
     head = Text(
-        f"cluster {view['cluster']}  {view['state']}  slurm {view['allocation_id'] or '-'}  "
+        f"cluster {view['cluster']}  {view['state']}  {view['where']}  "
         f"time left {left}{idle}   {time.strftime('%H:%M:%S', time.localtime(view['time']))}"
     )
     nodes = Table("node", "ip", "CPU %", "Ray cores", "mem GiB", "GPU util %", "GPU mem GiB", box=None)
@@ -83,14 +83,17 @@ def top(
     as_json: JsonOpt = False,
 ) -> None:
     """Live view of a cluster: per node CPU, memory and GPUs (Ray's own node stats), the jobs
-    running and queued, the time left and idle time. Ctrl-C ends it."""
+    running and queued, the time left and idle time. Ctrl-C ends it. Into a pipe or a file:
+    one snapshot, as --once."""
     handle = Cluster.get(cluster_name(name, cluster))
     if as_json and not once:
         raise ConfigError("--json: use it with --once (one snapshot for scripts)")
     if interval < 0.5:
         raise ConfigError(f"--interval: {interval:g}s is too short; use 0.5 or more")
     view = snapshot(handle.name)
-    if once or view["ended"]:  # (an ended cluster: its last state once, not a view that never changes)
+    # An ended cluster: its last state once, not a view that never changes. Into a pipe or a file
+    # a live view writes nothing until Ctrl-C (and nothing at all when killed): one snapshot.
+    if once or view["ended"] or not out.is_terminal:
         if as_json:
             print_json(view)
         else:

@@ -9,8 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.client.access import live_dashboard
+from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import cluster as records
 from raystack.store.ledger import read_job
@@ -101,7 +103,8 @@ def jobs_view(name: str, now: float) -> tuple[list[dict[str, Any]], list[dict[st
 
 def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
     """Everything `raystack top` shows, as one dict (`top --once --json` prints it)."""
-    record = records.read(name)
+    raw = records.read(name)
+    record = as_ended(raw, pending_end(raw))  # (an end its head could not record shows as ended)
     ended = record.state.is_terminal()
     now = time.time()
     view: dict[str, Any] = {
@@ -111,6 +114,7 @@ def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
         "ended": ended,
         "message": record.message,
         "allocation_id": record.allocation_id,
+        "where": allocator(record.backend).where(record.allocation_id) if record.allocation_id else "-",
         "time_left_s": (
             max(0, int(record.walltime_end - now)) if record.walltime_end and not ended else None
         ),

@@ -6,6 +6,7 @@ RAYSTACK_HOME (a 4-node x 4-GPU cluster still starting: no SLURM is needed to re
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -544,3 +545,12 @@ def test_an_ended_clusters_stale_dashboard_is_not_offered(
     for argv in (["list"], ["status", "c4"]):
         _, out, err = run(capsys, *argv)
         assert "10.0.0.1:8265" not in out and "STOPPED" in out, out + err
+
+
+def test_top_into_a_pipe_shows_one_snapshot(home: Path) -> None:
+    """A live view into a pipe or a file wrote nothing until Ctrl-C (and nothing at all when
+    killed, as `timeout 60 raystack top > top.txt` does): one snapshot, as --once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "raystack", "top", "c4"], capture_output=True, text=True, timeout=120
+    )
+    assert "c4" in done.stdout and "STARTING" in done.stdout, done.stdout + done.stderr

@@ -1,4 +1,4 @@
-"""Readers read: `status`, `queue`, `list`, `logs`, `wait` show an allocation that ended without
+"""Readers read: `status`, `queue`, `list`, `logs`, `wait`, `top` show an allocation that ended without
 recording it (its head SIGKILLed, cancelled while pending) as ended, and write nothing; the
 commands that change the cluster (`down`, `submit`, `up`) settle it, under the lock, once.
 
@@ -84,6 +84,9 @@ def test_readers_show_an_unrecorded_end_and_write_nothing_down_settles_it(rs_hom
     assert waited.returncode == 1 and "STOPPED" in waited.stderr, waited.stderr
     logs = cli("logs", job_id, "-c", "rd")
     assert logs.returncode == 0, logs.stderr
+    top = cli("top", "rd", "--once", "--json")
+    assert top.returncode == 1 and json.loads(top.stdout)["state"] == "STOPPED", top.stdout
+    assert json.loads(top.stdout)["where"] == f"SLURM job {alloc}"
 
     assert folder_state(root) == before, "a reader wrote into the cluster folder"
     assert records.read("rd").state is ClusterState.READY  # (only shown as ended, so far)
