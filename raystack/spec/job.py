@@ -249,6 +249,14 @@ class JobSpec(SpecModel):
             )
         return value
 
+    @field_validator("entrypoint", "command", mode="before")
+    @classmethod
+    def _one_line(cls, value: Any) -> Any:
+        if isinstance(value, list) and all(isinstance(w, str | int | float) for w in value):
+            line = shlex.join(str(w) for w in value)
+            raise ValueError(f"is a list; give the command as one line: {line}")
+        return value
+
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, value: str, info: ValidationInfo) -> str:
@@ -376,7 +384,7 @@ class JobSpec(SpecModel):
     @field_validator("outputs", mode="before")
     @classmethod
     def _outputs_mapping(cls, value: Any) -> Any:
-        if isinstance(value, list):
+        if isinstance(value, list | str):
             raise ValueError("must map names to folders, e.g. outputs: {ckpt: checkpoints/}")
         return value
 

@@ -231,6 +231,17 @@ BAD = [
         [],
         r"field 'outputs': must map names to folders, e.g. outputs:",
     ),
+    ("name: t\nentrypoint: x\noutputs: ckpt\n", [], r"field 'outputs': must map names to folders"),
+    (
+        "name: t\nentrypoint: [python, train.py, --lr, 1e-6]\n",
+        [],
+        r"field 'entrypoint': is a list; give the command as one line: python train.py --lr 1e-6",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: torchrun\ncommand: [train.py, 'my arg']\n",
+        [],
+        r"field 'command': is a list; give the command as one line: train.py 'my arg'",
+    ),
     ("name: t\nentrypoint: x\nretries: yes\n", [], r"field 'retries': true is a yes/no \(YAML reads"),
     ("name: t\nentrypoint: x\nneeds: {gpus: on}\n", [], r"field 'needs.gpus': true is a yes/no"),
     ("name: t\nentrypoint: x\ntimeout: yes\n", [], r"field 'timeout': true is a yes/no, not a duration"),
