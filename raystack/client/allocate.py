@@ -207,6 +207,18 @@ def _fits(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
             )
 
 
+def _why_refused(p: AllocationPlan) -> str:
+    """What sinfo says a refused request does not fit (SLURM's own words name no number: `Node
+    count specification invalid`), as '; ...'; '' when sinfo sees no misfit or cannot say."""
+    try:
+        _fits(slurm.node_shape(p.partition), p.nodes or 0, p.gpus_per_node, p.cpus_per_task)
+    except (ConfigError, NoSuchPartition) as exc:
+        return f"; {exc}"
+    except SlurmError:
+        pass
+    return ""
+
+
 def _signal_lead(
     prof: Profile, signal_lead: str | float | None, walltime: slurmtime.Walltime
 ) -> tuple[float, str]:
@@ -467,7 +479,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
         alloc_id = backend.submit(p.script_path, options, paths.cluster(p.name).logs)
     except SlurmError as exc:
         records.update(p.name, state=ClusterState.FAILED, message=str(exc))
-        raise ClusterError(f"SLURM refused the allocation: {exc}") from exc
+        raise ClusterError(f"SLURM refused the allocation: {exc}{_why_refused(p)}") from exc
     return records.update(p.name, allocation_id=alloc_id, message=f"submitted as {backend.where(alloc_id)}")
 
 

@@ -81,8 +81,13 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
     assert done.returncode == 1
     assert done.stderr.startswith("raystack: error: SLURM refused the allocation:")
     assert "Node count specification invalid" in done.stderr
+    # SLURM's words name no number: sinfo's are added (the profile gave the counts, so none was read)
+    assert f"; --nodes {NODES + 1}: partition testbed has {NODES} node(s) (sinfo)" in done.stderr
     assert done.stderr.strip().count("\n") == 0
     assert clusters.read("huge").state is ClusterState.FAILED
+    done = raystack("up", "--nodes", "1", "--profile", "testbed", "--gpus-per-node", "5", "--name", "wide")
+    assert done.returncode == 1 and "SLURM refused the allocation:" in done.stderr, done.stderr
+    assert "; --gpus-per-node 5: partition testbed's nodes have 4 GPUs (sinfo); ask at most 4" in done.stderr
     # Without a profile raystack reads the partition's size from sinfo and says it first.
     done = raystack("up", "--nodes", str(NODES + 1), "--name", "huger")
     assert done.returncode == 1 and not clusters.exists("huger"), done.stderr
