@@ -50,6 +50,16 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
         time.sleep(interval)
 
 
+@pytest.fixture(autouse=True)
+def _slurm_answers_of_this_test_only() -> Iterator[None]:
+    """The SLURM allocator keeps answers per process (one command asks once per allocation): a
+    test that faked one (monkeypatched job_info) must not leave it to the next."""
+    yield
+    from raystack.adapters.allocator import allocator
+
+    allocator("slurm").forget()
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Path]:
     """A running testbed with NODES nodes; yields its shared home folder."""

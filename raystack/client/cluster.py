@@ -122,8 +122,9 @@ class Cluster:
     # ------------------------------------------------------------------ lookup
     @classmethod
     def get(cls, name: str | None = None) -> Cluster:
-        """The named cluster, or the only one there is. Raises ClusterError when missing."""
-        record = records.find(name)
+        """The named cluster, or the only live one there is (in SLURM's light: one whose allocation
+        ended unrecorded is not live), or the only one. Raises ClusterError when missing."""
+        record = records.find(name, ended=lambda r: r.state.is_terminal() or pending_end(r) is not None)
         return cls(record.name, raw=record)
 
     @staticmethod

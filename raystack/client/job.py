@@ -64,8 +64,13 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
 
 
 def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
-    """' (did you mean ...?)' for a mistyped job id: the closest of the ledgers' ids (-> cluster)."""
-    close = difflib.get_close_matches(job_id, list(known), n=1, cutoff=0.8)
+    """' (did you mean ...?)' for a mistyped job id: the closest of the ledgers' ids (-> cluster);
+    for a job's name (ids are <name>-<8 hex>), the ids of that name."""
+    named = sorted(j for j in known if j.startswith(f"{job_id}-"))
+    if len(named) > 1:
+        shown = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+        return f" ({job_id} is a name; its jobs: {shown})"
+    close = named or difflib.get_close_matches(job_id, list(known), n=1, cutoff=0.8)
     if not close:
         return ""
     return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if clusters > 1 else "") + "?)"

@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -267,9 +268,9 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
         return record
 
 
-def find(name: str | None) -> ClusterRecord:
+def find(name: str | None, ended: Callable[[ClusterRecord], bool] | None = None) -> ClusterRecord:
     """The record of the cluster meant (`resolve`): what a command starts from."""
-    return read(resolve(name))
+    return read(resolve(name, ended))
 
 
 def no_clusters() -> str:
@@ -277,9 +278,10 @@ def no_clusters() -> str:
     return f"no clusters in {paths.clusters_dir()}: start one with `raystack up --nodes N`"
 
 
-def resolve(name: str | None) -> str:
+def resolve(name: str | None, ended: Callable[[ClusterRecord], bool] | None = None) -> str:
     """The cluster meant: NAME, else $RAYSTACK_CLUSTER (which `raystack env` exports, and every
-    job has), else the only live cluster, else the only cluster at all."""
+    job has), else the only live cluster, else the only cluster at all. `ended`: whether a record
+    has ended (default: as it says; the client also asks SLURM about the live-looking ones)."""
     if name:
         return paths.validate_name(name)
     name = os.environ.get("RAYSTACK_CLUSTER") or None
@@ -292,7 +294,8 @@ def resolve(name: str | None) -> str:
         return name
     records = read_all()
     names = [r.name for r in records]
-    live = [r.name for r in records if not r.state.is_terminal()]
+    has_ended = ended or (lambda r: r.state.is_terminal())
+    live = [r.name for r in records if not has_ended(r)]
     for candidates in (live, names):
         if len(candidates) == 1:
             return candidates[0]

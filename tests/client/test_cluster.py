@@ -73,7 +73,10 @@ def test_state_history_records_every_change_once(home: Path) -> None:
     assert [h["state"] for h in clusters.read("c").history] == ["STARTING", "READY"]
 
 
-def test_name_resolution(home: Path) -> None:
+def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raystack.adapters import slurm
+    from raystack.adapters.slurm import JobInfo, SlurmState
+
     with pytest.raises(ClusterError, match=r"no clusters in .*raystack up --nodes N"):
         clusters.resolve(None)
     for name, state in (("a", ClusterState.STOPPED), ("b", ClusterState.READY)):
@@ -86,6 +89,13 @@ def test_name_resolution(home: Path) -> None:
         clusters.resolve(None)
     with pytest.raises(ClusterError, match="no cluster named 'zz'"):
         Cluster.get("zz")
+    # A record that still says READY but whose allocation SLURM says ended is not live: its head
+    # could not record the end (SIGKILL), and `raystack down` alone means the other one.
+    clusters.update("c", allocation_id="77")
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.TIMEOUT))
+    assert Cluster.get().name == "b"
+    with pytest.raises(ClusterError, match=r"several clusters \(b, c\)"):
+        clusters.resolve(None)  # (the store alone reads the records as they are)
 
 
 def test_env_of_a_tls_cluster_names_its_client_certificate_and_ca(home: Path) -> None:
@@ -165,6 +175,11 @@ def test_a_mistyped_job_id_is_answered_with_the_closest_one(home: Path) -> None:
         Job.get("train-3f9c2a7l")
     with pytest.raises(ClusterError, match=r"no job 'eval-1' in any cluster in \S+: list jobs"):
         Job.get("eval-1")  # (nothing close: no guess)
+    with pytest.raises(ClusterError, match=r"\(did you mean train-3f9c2a71 in cluster b\?\)"):
+        Job.get("train")  # (a job's name, as `raystack queue` shows it: its id)
+    queue.enqueue(JobRequest(id="train-00c0ffee", name="train", cluster="b", entrypoint="true"))
+    with pytest.raises(ClusterError, match=r"\(train is a name; its jobs: train-00c0ffee, train-3f9c2a71\)"):
+        Job.get("train")
     assert Job.get("train-3f9c2a71").cluster == "b"
     for k in (1, 2, 10):  # a sweep's jobs: <sweep>-<k>
         queue.enqueue(JobRequest(id=f"lr-0a1b2c-{k}", name="lr", cluster="a", entrypoint="true"))
