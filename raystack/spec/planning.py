@@ -66,10 +66,12 @@ class PlanSpec(SpecModel):
 def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRecord:
     """The part of the cluster a job plans on: the whole, or the nodes its `needs` occupies (a
     job side by side with others plans its layout on its own nodes)."""
+    if not needs:
+        return cluster
     nodes = nodes_wanted(
-        (needs or {}).get("nodes"),
-        (needs or {}).get("gpus"),
-        (needs or {}).get("cpus"),
+        needs.get("nodes"),
+        needs.get("gpus"),
+        needs.get("cpus"),
         cluster.gpus_per_node,
         cluster.cpus_per_node,
     )
