@@ -271,9 +271,6 @@ def _up_slurm(
     record = allocate.submit(plan)
     if not as_json:
         err.print(f"{record.message} for cluster {record.name}", markup=False)
-        warning = allocate.space_warning(plan.profile)
-        if warning:
-            err.print(f"  warning: {warning}")
     if not no_wait:  # (the handle only for waiting: --no-wait shows what was submitted)
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         cluster = Cluster(record.name, record)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import shutil
 import sys
@@ -30,6 +31,8 @@ from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.paths import ClusterPaths
+
+log = logging.getLogger("raystack")
 
 
 @dataclass(frozen=True)
@@ -466,6 +469,8 @@ def submit(p: AllocationPlan) -> ClusterRecord:
             f"'{p.name}': `scancel {twins[0].job_id}` first, or choose another --name"
         )
     options = p.sbatch_options()
+    if warning := space_warning(p.profile):  # (said before, not instead: a quota may allow it)
+        log.warning("raystack: warning: %s", warning)
     prepare(
         p,
         render_script(p),
@@ -568,6 +573,8 @@ def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     """Start a local plan's node program on this machine, detached. The record."""
     assert p.name and p.script_path and p.cluster_paths
     check_name_free(p.name)
+    if warning := space_warning(p.profile):
+        log.warning("raystack: warning: %s", warning)
     prepare(p, render_local_script(p, gpu_ids), note="local", backend="local", message="starting")
     backend = allocator("local")
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.

@@ -283,6 +283,21 @@ def test_up_warns_when_the_home_filesystem_has_less_room_than_the_folder_may_tak
     assert "GB free" in (allocate.space_warning(Profile(folder_cap=None)) or "")
 
 
+def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Said where the allocation starts (not only by the CLI), before anything is written."""
+    from raystack.adapters.allocator import LocalAllocator
+
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)
+    monkeypatch.setattr(LocalAllocator, "submit", lambda self, script, options, log: "local-vm-0000")
+    plan, ids = allocate.plan_local(gpus=0, cpus=1, profile=Profile(gpus_per_node=0), name="w")
+    record = allocate.start_local(plan, ids)
+    assert record.allocation_id == "local-vm-0000"
+    assert any("raystack: warning: RAYSTACK_HOME" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_a_walltime_shorter_than_the_profiles_signal_lead_gets_a_quarter_of_it_as_lead() -> None:
     """`up -t 10` with a profile that warns 10 minutes ahead: not an error about an option the
     user never gave; SLURM warns a quarter of the walltime ahead, and the note says so."""
