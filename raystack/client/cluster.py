@@ -23,7 +23,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
-from raystack.client.pending import PendingShown, expected_start
+from raystack.client.pending import PendingShown, expected_start, unseen_output
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
 from raystack.spec import job as specs
@@ -268,7 +268,7 @@ class Cluster:
         """
         say = progress or (lambda _msg: None)
         start, last_slurm, last_said, interval = clock(), -1e9, "", SLURM_POLL_MIN
-        estimate = PendingShown()
+        estimate, unseen = PendingShown(), None
         while True:
             record = records.read(self.name)
             if record.state is ClusterState.READY:  # (and its allocation still runs)
@@ -289,6 +289,10 @@ class Cluster:
                     why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
                     when = expected_start(info.start_time, time.time(), countdown=False)
                     say(last_said := f"PENDING in SLURM (job {record.allocation_id}, reason: {why}){when}")
+                elif record.state is ClusterState.SUBMITTED and not unseen and record.allocation_id:
+                    out = paths.cluster(self.name).allocation_log(record.allocation_id)
+                    if unseen := unseen_output(info, out, paths.home(), time.time()):
+                        say(f"warning: {unseen}")
             if record.state.is_terminal():
                 logs = str(paths.cluster(self.name).logs)
                 hint = "" if logs in record.message else f" (logs: {logs})"

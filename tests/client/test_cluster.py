@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -56,6 +57,44 @@ def test_wait_ready_returns_once_ready_and_reports_progress(home: Path) -> None:
     record = Cluster("c").wait_ready(progress=said.append, clock=clock, sleep=sleep)
     assert record.state is ClusterState.READY
     assert said == [f"STARTING: {k}/2 nodes joined" for k in range(3)]
+
+
+@pytest.mark.parametrize("output_seen", [False, True])
+def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
+    home: Path, monkeypatch: pytest.MonkeyPatch, output_seen: bool
+) -> None:
+    """RAYSTACK_HOME on /tmp: the allocation runs, but its head writes into the nodes' own /tmp
+    and `up` would wait in silence for ever. SLURM opens the allocation's output file in the
+    cluster folder as it starts: not seeing it here after a minute says why."""
+    from raystack.adapters import slurm
+    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.store import paths
+
+    clusters.create("c")
+    clusters.write(
+        ClusterRecord(name="c", state=ClusterState.SUBMITTED, allocation_id="77", nodes_expected=2)
+    )
+    started = int(time.time()) - 90
+    monkeypatch.setattr(
+        slurm,
+        "job_info",
+        lambda alloc_id: JobInfo(alloc_id, SlurmState.RUNNING, nodes="n[1-2]", start_time=started),
+    )
+    if output_seen:  # (setup lines still running: nothing to say)
+        out = paths.cluster("c").allocation_log("77")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("loading modules\n")
+    clock, said = FakeClock(), []
+    with pytest.raises(ClusterError, match="not READY after 60s"):
+        Cluster("c").wait_ready(progress=said.append, timeout=60, clock=clock, sleep=clock.sleep)
+    warned = [m for m in said if m.startswith("warning:")]
+    if output_seen:
+        assert warned == [], said
+    else:
+        assert len(warned) == 1, said
+        ran = r"SLURM job 77 has run for 1m3\ds on n\[1-2\], but its output \S+ is not here"
+        assert re.search(ran, warned[0]), warned
+        assert f"its nodes do not see RAYSTACK_HOME ({home / 'rs'})" in warned[0]
 
 
 def test_wait_ready_raises_with_the_reason_and_logs_when_the_start_failed(home: Path) -> None:
