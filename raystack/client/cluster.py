@@ -20,7 +20,7 @@ from typing import Any
 import raystack.client.allocate as allocate
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
-from raystack.adapters.slurm import SlurmState
+from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.pending import PendingShown, expected_start, unseen_output
@@ -327,6 +327,21 @@ class Cluster:
         return seen is not False
 
     # ------------------------------------------------------------------ inspect
+    def _said(self, record: ClusterRecord, info: JobInfo | None) -> tuple[str, str]:
+        """The state and message `status` shows: DEGRADED when the head has gone silent; why
+        nothing is heard from an allocation whose nodes do not see the cluster folder."""
+        silent = self.head_silent(record)
+        if silent is not None:
+            return DEGRADED, (
+                f"the head's node program has not been heard from for {silent:.0f}s (its log: "
+                f"{paths.cluster(self.name).node_log(record.head_host or '?')}); {record.message}"
+            )
+        if record.state is ClusterState.SUBMITTED and record.allocation_id:
+            out = paths.cluster(self.name).allocation_log(record.allocation_id)
+            if unseen := unseen_output(info, out, paths.home(), time.time()):
+                return record.state.value, f"{unseen}; {record.message}"
+        return record.state.value, record.message
+
     def status(self) -> ClusterStatus:
         record = self.record()
         backend = allocator(record.backend)
@@ -346,14 +361,7 @@ class Cluster:
                 ray_error = str(exc)
         running = active(self.name)
         nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
-        state, message = record.state.value, record.message
-        silent = self.head_silent(record)
-        if silent is not None:
-            state = DEGRADED
-            message = (
-                f"the head's node program has not been heard from for {silent:.0f}s (its log: "
-                f"{paths.cluster(self.name).node_log(record.head_host or '?')}); {message}"
-            )
+        state, message = self._said(record, info)
         return ClusterStatus(
             name=self.name,
             state=state,

@@ -88,6 +88,8 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     with pytest.raises(ClusterError, match="not READY after 60s"):
         Cluster("c").wait_ready(progress=said.append, timeout=60, clock=clock, sleep=clock.sleep)
     warned = [m for m in said if m.startswith("warning:")]
+    status = Cluster("c").status().message  # (`up --no-wait`, then `raystack status`)
+    assert ("its nodes do not see RAYSTACK_HOME" in status) is not output_seen, status
     if output_seen:
         assert warned == [], said
     else:
