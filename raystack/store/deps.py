@@ -19,6 +19,7 @@ from raystack.store.ledger import JobRecord, JobState, read_job
 
 NOT_OK = {JobState.FAILED, JobState.STOPPED, JobState.CANCELLED}
 WORDS = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
+SWEEP_JOB = re.compile(r"[0-9a-f]{6}-\d+")  # a sweep job's id after its name: <6 hex>-<k>
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,24 @@ def unknown(name: str, after: list[str], own: set[str], label: str = "--after") 
         if dep.target in own or any(m in own for m in members(dep.target, own)):
             return f"{label} {item}: a job cannot wait for itself"
         if not members(dep.target, ids):
+            found = named(dep.target, ids)
+            hint = f"; {dep.target} is a name, its ids: {', '.join(found[:3])}" if found else ""
             return (
-                f"{label} {item}: no job or sweep {dep.target!r} in cluster {name} (see raystack queue --all)"
+                f"{label} {item}: no job or sweep {dep.target!r} in cluster {name}{hint} "
+                "(see raystack queue --all)"
             )
     return None
+
+
+def named(name: str, ids: Iterable[str]) -> list[str]:
+    """The ids to give for jobs named `name` (a job's id is <name>-<8 hex>; a sweep's, named by
+    its jobs <name>-<6 hex>-<k>, is <name>-<6 hex>), sorted."""
+    found = set()
+    for job_id in ids:
+        rest = job_id.removeprefix(f"{name}-")
+        if rest != job_id:
+            found.add(job_id.rsplit("-", 1)[0] if SWEEP_JOB.fullmatch(rest) else job_id)
+    return sorted(found)
 
 
 @dataclass(frozen=True)

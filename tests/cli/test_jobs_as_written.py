@@ -197,3 +197,12 @@ def test_a_packed_job_plans_its_layout_on_its_own_nodes(capsys: pytest.CaptureFi
     [row] = submitted(capsys, "g.yaml")
     planned = request(row["id"]).planned
     assert "--num_learners_per_node 2 2 " in planned and "--vllm_num_engines 4" in planned, planned
+
+
+def test_after_a_name_is_answered_with_its_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    """`raystack queue` shows names (sw [env.LR=1e-6]); --after takes ids: the ids of that name."""
+    sweep = request(submitted(capsys, "--sweep", "env.LR=1,2", "--", "python", "sw.py")[0]["id"]).sweep
+    job = submitted(capsys, "--", "python", "sw.py")[0]["id"]
+    code, _, err = run(capsys, "submit", "-c", "c4", "--after", "sw", "--", "python", "x.py")
+    assert code == 1 and "no job or sweep 'sw' in cluster c4; sw is a name, its ids: " in err, err
+    assert sorted(err.split("its ids: ")[1].split(" (see")[0].split(", ")) == sorted([sweep, job]), err
