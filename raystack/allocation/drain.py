@@ -3,12 +3,17 @@ released (vLLM is known to leave processes holding GPU memory behind)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raystack.allocation.context import GPU_REFRESH
+from raystack.errors import RayApiError
 from raystack.store import cluster as records
+
+log = logging.getLogger("raystack.runner")
 
 FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
 SETTLE = 2.0  # seconds after a job's end by which every node has reported a change of its GPUs
@@ -46,3 +51,21 @@ def gpu_memory_held(name: str, since: float, now: float | None = None) -> list[s
             continue
         held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in procs]
     return held
+
+
+class Leftovers(Protocol):
+    def job_leftovers(self, ray_job_id: str) -> list[str]: ...
+
+
+def nodes_free(api: Leftovers, drain: Drain, now: float) -> bool:
+    """A packed job's nodes are free again once no actor or placement group of it is left (or
+    at its deadline). A driver that never called ray.init() has no Ray job id, so nothing left:
+    the State API refuses an empty id, and asking with one failed every pass until the deadline.
+    Where the State API does not answer, the nodes stay held and the next pass asks again."""
+    if now > drain.deadline or not drain.ray_job_id:
+        return True
+    try:
+        return not api.job_leftovers(drain.ray_job_id)
+    except RayApiError as exc:
+        log.warning("cannot check the resources of %s: %s", drain.job_id, exc)
+        return False

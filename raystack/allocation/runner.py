@@ -27,7 +27,7 @@ from typing import Any
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
 from raystack.allocation import pipcheck
-from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held
+from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held, nodes_free
 from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import LogTail
 from raystack.allocation.picker import Picker
@@ -194,7 +194,7 @@ class Runner:
             self.drain = None
         board.whole = board.whole or self.drain is not None
         for job_id, (drain, nodes) in list(self.node_drains.items()):
-            if self.clock() > drain.deadline or not self.api.job_leftovers(drain.ray_job_id or ""):
+            if nodes_free(self.api, drain, self.clock()):
                 del self.node_drains[job_id]
             else:
                 board.held.setdefault(job_id, nodes)

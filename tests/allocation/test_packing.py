@@ -172,6 +172,38 @@ def test_a_job_waiting_for_a_dependency_does_not_block_the_queue() -> None:
     update_job("c", free, message="")
 
 
+@pytest.mark.usefixtures("home")
+def test_packed_jobs_whose_drivers_never_called_ray_init_free_their_nodes_at_once() -> None:
+    """`python -c ...` with needs: Ray gives its submission no Ray job id; the State API refuses
+    an empty one (`ID string needs to have length 4, got 0`), and asking with it failed every
+    runner pass for ten minutes (FREE_TIMEOUT): nothing else started or was followed."""
+    from raystack.errors import RayApiError
+
+    api = four_nodes(FakeApi())
+
+    def leftovers(ray_job_id: str) -> list[str]:
+        if not ray_job_id:
+            raise RayApiError("State API did not answer: ID string needs to have length 4, got 0")
+        return []
+
+    api.job_leftovers = leftovers  # type: ignore[method-assign]
+    r = runner(api)
+    r.cluster.gpus_per_node, r.cluster.cpus_per_node = 4, 16
+    jobs = [submit(name=f"p{i}", needs={"gpus": 4}) for i in range(3)]
+    whole = submit(name="whole")
+    r.tick()
+    assert api.submitted == jobs
+    for j in jobs:
+        api.ray[j].job_id = None  # type: ignore[assignment]  # (no ray.init() in the driver)
+        api.set(j, "RUNNING")
+    r.tick()
+    for j in jobs:
+        api.set(j, "SUCCEEDED", 0)
+    for _ in range(3):
+        r.tick()  # (raised on every pass before)
+    assert api.submitted[-1] == whole
+
+
 # ---------------------------------------------------------------------------- pip, fast
 def wheel(folder: Path, name: str = "rstiny", version: str = "0.1") -> Path:
     """A pure-Python wheel made by hand (no build tool, no network)."""

@@ -98,6 +98,21 @@ def test_a_job_that_declares_nothing_waits_for_the_packed_ones_and_runs_alone(jt
     assert len({x["ip"] for x in spread(whole)["actors"]}) == NODES
 
 
+def test_packed_jobs_that_never_call_ray_init_free_their_nodes_at_once(jt: dict) -> None:
+    """Their submissions have no Ray job id: asking the State API about an empty one failed
+    every runner pass until FREE_TIMEOUT (600 s), and nothing else started meanwhile."""
+    cluster: Cluster = jt["cluster"]
+    plain = [
+        cluster.submit(["python", "-c", "print('plain')"], sets=[f"name=plain{i}", "needs.nodes=1"])
+        for i in range(2)
+    ]
+    whole = cluster.submit(["python", "-c", "print('whole')"], sets=["name=afterplain"])
+    records = done([*plain, whole], timeout=120)
+    assert [r.state for r in records] == [JobState.SUCCEEDED] * 3, [r.message for r in records]
+    log = cluster.paths.runner_log.read_text()
+    assert "ID string needs to have length" not in log
+
+
 def test_a_sweep_with_one_failing_job_and_an_afterok_chain(jt: dict) -> None:
     cluster: Cluster = jt["cluster"]
     sweep = cluster.submit_jobs(
