@@ -255,9 +255,23 @@ def stacks(
 
 @app.command(short_help="Stop a running job (SIGTERM, then kill); cancel a queued one.")
 def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
-    """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is cancelled."""
-    record = Job.get(job_id, cluster).stop()
-    _print_job(record, as_json)
+    """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is
+    cancelled; a sweep's id stops all of it (its queued jobs cancelled, its running ones stopped)."""
+    try:
+        job = Job.get(job_id, cluster)
+    except ClusterError:
+        sweep = Sweep.get(job_id, cluster)
+        if sweep is None:
+            raise
+        ended = sweep.stop()
+        if as_json:
+            print_json([r.model_dump(mode="json") for r in ended])
+            return
+        out.print(f"sweep {sweep.id}: {len(ended)} job(s) stopped or cancelled", markup=False)
+        for record in ended:
+            _print_job(record, as_json)
+        return
+    _print_job(job.stop(), as_json)
 
 
 @app.command(short_help="Remove a queued job (or the rest of a sweep) from the queue.")
@@ -281,7 +295,11 @@ def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False)
             markup=False,
         )
         if left:
-            out.print(f"  started already (raystack stop ID): {', '.join(left)}", markup=False)
+            out.print(
+                f"  started already (raystack stop ID; all of the sweep: raystack stop {sweep.id}): "
+                f"{', '.join(left)}",
+                markup=False,
+            )
         return
     _print_job(job.cancel(), as_json)
 

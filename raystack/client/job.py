@@ -335,3 +335,15 @@ class Sweep:
             except ClusterError:
                 left.append(job_id)
         return done, left
+
+    def stop(self) -> list[JobRecord]:
+        """Stop the whole sweep, as scancel does an array job: the jobs not started are cancelled
+        first (none of them starts in a place a stopped one frees), then those in flight are
+        stopped together (SIGTERM, SIGKILL after their stop_grace). The records of the jobs acted
+        on, as they ended."""
+        cancelled, running = self.cancel()
+        jobs = [Job(self.cluster, job_id) for job_id in running]
+        for job in jobs:
+            job.stop(wait=False)
+        ended = cancelled + [job.wait(timeout=job.record().request.stop_grace + 60) for job in jobs]
+        return sorted(ended, key=lambda r: self.job_ids.index(r.id))

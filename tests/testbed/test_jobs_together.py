@@ -17,7 +17,8 @@ from raystack.store import cluster as clusters
 from raystack.store.ledger import JobRecord, JobState
 
 from ..allocation.test_packing import wheel
-from ..conftest import NODES, module_home
+from ..conftest import NODES, module_home, wait_until
+from .test_cluster import raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 DEBUG = Path(__file__).resolve().parents[2] / "jobs" / "debug"
@@ -111,6 +112,25 @@ def test_packed_jobs_that_never_call_ray_init_free_their_nodes_at_once(jt: dict)
     assert [r.state for r in records] == [JobState.SUCCEEDED] * 3, [r.message for r in records]
     log = cluster.paths.runner_log.read_text()
     assert "ID string needs to have length" not in log
+
+
+def test_stop_of_a_sweep_stops_its_running_jobs_and_cancels_the_queued_ones(jt: dict) -> None:
+    """As scancel of an array job: `raystack stop SWEEP` (it refused a sweep's id before)."""
+    cluster: Cluster = jt["cluster"]
+    jobs = cluster.submit_jobs(
+        ["python", "-c", "import time; time.sleep(300)"],
+        sets=["name=long", "needs.nodes=1"],
+        sweeps=[f"env.K={','.join(str(k) for k in range(NODES + 1))}"],
+    )
+    sweep = (jobs[0].seen or jobs[0].record()).request.sweep
+    wait_until(lambda: sum(j.record().state is JobState.RUNNING for j in jobs) == NODES, 120, "the sweep")
+    started = time.monotonic()
+    done = raystack("stop", str(sweep), "--json")
+    assert done.returncode == 0, done.stderr
+    states = [r["state"] for r in json.loads(done.stdout)]
+    assert sorted(states) == ["CANCELLED"] + ["STOPPED"] * NODES, states
+    assert [j.record().state.value for j in jobs] == states  # (in the sweep's order)
+    assert time.monotonic() - started < 60
 
 
 def test_a_sweep_with_one_failing_job_and_an_afterok_chain(jt: dict) -> None:
