@@ -12,6 +12,7 @@ how to read which rank failed from its output. Pure functions.
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 from dataclasses import dataclass
 
@@ -172,3 +173,66 @@ def failure(lines: list[str], code: int) -> tuple[int | None, int]:
     if ds:
         return rank, int(ds[-1])
     return rank, code
+
+
+# What argv sets on each launcher's command line, by the spec field that decides it (None: the
+# rendezvous raystack makes on node 0). Given again in launcher_args, the launcher would take the
+# user's, out of step with the nodes and GPUs Ray gave the job.
+SET_HERE: dict[str, dict[str, str | None]] = {
+    "torchrun": {
+        **dict.fromkeys(("--nnodes",), "nodes"),
+        **dict.fromkeys(("--nproc_per_node", "--nproc-per-node"), "procs_per_node"),
+        **dict.fromkeys(("--node_rank", "--node-rank", "--master_addr", "--master-addr", "--standalone")),
+        **dict.fromkeys(("--master_port", "--master-port", "--rdzv_endpoint", "--rdzv-endpoint")),
+        **dict.fromkeys(("--rdzv_backend", "--rdzv-backend")),
+    },
+    "deepspeed": {
+        **dict.fromkeys(("--num_nodes",), "nodes"),
+        **dict.fromkeys(("--num_gpus", "--num_accelerators"), "procs_per_node"),
+        **dict.fromkeys(("--hostfile", "-H", "--node_rank", "--master_addr", "--master_port", "--include")),
+    },
+    "accelerate": {
+        **dict.fromkeys(("--num_machines",), "nodes"),
+        **dict.fromkeys(("--num_processes",), "procs_per_node"),
+        **dict.fromkeys(("--machine_rank", "--main_process_ip", "--main_process_port")),
+    },
+}
+NO_PYTHON = ("--no-python", "--no_python")  # the launcher runs the command as it is, not with Python
+PYTHON = re.compile(r"python[\d.]*")
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.runner")
+
+
+def misuse(launcher: str, command: str, launcher_args: list[str]) -> str | None:
+    """What an SPMD spec gets wrong that its launcher would take silently: a launcher inside the
+    command (each node's launcher would start another: ranks times ranks), `python` first (the
+    launcher starts Python itself and would run a script called python), an option raystack
+    sets in launcher_args. None when there is nothing to say."""
+    for arg in launcher_args:
+        flag = arg.split("=", 1)[0]
+        if flag in SET_HERE.get(launcher, {}):
+            field = SET_HERE[launcher][flag]
+            why = f"give {field}: N instead" if field else "raystack makes the rendezvous on node 0"
+            return f"launcher_args: {flag} is set by raystack on {launcher}'s command line ({why}); drop it"
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None  # (the shell says what is wrong with its quoting)
+    first = words[0].rsplit("/", 1)[-1] if words else ""
+    nested = first if first in LAUNCHERS else None
+    if PYTHON.fullmatch(first) and words[1:2] == ["-m"] and words[2:3] and words[2] in LAUNCHER_MODULES:
+        nested = shlex.join(words[:3])
+    if nested:
+        return (
+            f"command starts with {nested}: raystack runs {launcher} itself on every node; give the "
+            "script and its arguments (command: train.py ...), the launcher's options in "
+            "launcher_args, processes per node in procs_per_node"
+        )
+    if PYTHON.fullmatch(first) and not any(a.split("=", 1)[0] in NO_PYTHON for a in launcher_args):
+        rest = words[1:]
+        if rest[:1] == ["-m"]:
+            module = "--module" if launcher == "deepspeed" else "-m"
+            fix = f"command: {shlex.join(rest[1:])} with launcher_args: [{module}]"
+        else:
+            fix = f"command: {shlex.join(rest) or 'train.py'}"
+        return f"command starts with {first}: {launcher} starts Python itself; drop it: {fix}"
+    return None

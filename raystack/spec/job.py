@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from raystack.errors import ConfigError
+from raystack.launch.launchers import misuse
 from raystack.slurmtime import off_or_duration, parse_duration
 from raystack.spec.planning import PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
@@ -349,6 +350,8 @@ class JobSpec(SpecModel):
             raise ValueError("kind: spmd makes its own entrypoint: give launcher and command instead")
         if not self.launcher or not (self.command or "").strip():
             raise ValueError("kind: spmd needs launcher (torchrun, deepspeed, accelerate) and command")
+        if problem := misuse(self.launcher, str(self.command), self.launcher_args):
+            raise ValueError(problem)
         self.entrypoint = check_command(spmd_entrypoint(self))
         return self
 

@@ -210,6 +210,11 @@ def test_command_spec_name(argv: list[str], name: str) -> None:
     assert command_spec(argv).name == name
 
 
+def test_python_first_is_kept_where_the_launcher_is_told_not_to_add_it() -> None:
+    spec = command_spec(["python", "t.py"], sets=["launcher=torchrun", 'launcher_args=["--no-python"]'])
+    assert spec.command == "python t.py"
+
+
 def test_command_spec_with_a_launcher_becomes_spmd() -> None:
     spec = command_spec(["train.py", "--lr", "1"], sets=["launcher=torchrun", "nodes=2"])
     assert (spec.kind, spec.command, spec.nodes) == ("spmd", "train.py --lr 1", 2)
@@ -241,6 +246,37 @@ BAD = [
         "name: t\nkind: spmd\nlauncher: torchrun\ncommand: [train.py, 'my arg']\n",
         [],
         r"field 'command': is a list; give the command as one line: train.py 'my arg'",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: torchrun\ncommand: python train.py --lr 1\n",
+        [],
+        r"command starts with python: torchrun starts Python itself; drop it: command: train.py --lr 1$",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: deepspeed\ncommand: python3 -m pkg.train\n",
+        [],
+        r"drop it: command: pkg.train with launcher_args: \[--module\]",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: torchrun\ncommand: torchrun --nproc_per_node 4 train.py\n",
+        [],
+        r"command starts with torchrun: raystack runs torchrun itself on every node; give the script",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: torchrun\ncommand: python -m torch.distributed.run t.py\n",
+        [],
+        r"command starts with python -m torch.distributed.run: raystack runs torchrun itself",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: accelerate\nlauncher_args: [--num_processes, '8']\ncommand: t.py\n",
+        [],
+        r"launcher_args: --num_processes is set by raystack on accelerate's command line \(give "
+        r"procs_per_node: N instead\); drop it",
+    ),
+    (
+        "name: t\nkind: spmd\nlauncher: torchrun\nlauncher_args: [--master_port=1]\ncommand: t.py\n",
+        [],
+        r"--master_port is set by raystack on torchrun's command line \(raystack makes the rendezvous",
     ),
     ("name: t\nentrypoint: x\nretries: yes\n", [], r"field 'retries': true is a yes/no \(YAML reads"),
     ("name: t\nentrypoint: x\nneeds: {gpus: on}\n", [], r"field 'needs.gpus': true is a yes/no"),
