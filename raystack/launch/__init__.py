@@ -5,3 +5,6 @@ from pathlib import Path
 
 # On PYTHONPATH of every process of a packed job (the queue runner puts it there).
 PIN_DIR = Path(__file__).resolve().parent / "pinned"
+# The folder a job without a working_dir was submitted from: its driver and every node's
+# launcher start there (spec/submission.py sets it, launch/spmd.py reads it).
+SUBMIT_DIR_ENV = "RAYSTACK_SUBMIT_DIR"

@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Any
 
+from raystack.launch import SUBMIT_DIR_ENV
 from raystack.launch.launchers import (
     CONSOLE_COPY,
     LAUNCHERS,
@@ -84,7 +85,7 @@ class NodeLauncherImpl:
         for path, text in files.items():
             with open(path, "w") as fh:
                 fh.write(text)
-        folder = os.environ.get("RAYSTACK_SUBMIT_DIR")  # (a job without a working_dir runs there)
+        folder = os.environ.get(SUBMIT_DIR_ENV)  # (a job without a working_dir runs there)
         if folder and not os.path.isdir(folder):
             here = os.getcwd()
             self._add(None, f"raystack spmd: warning: no folder {folder} on this node; ranks run in {here}")

@@ -8,6 +8,7 @@ import math
 import shlex
 from typing import Any
 
+from raystack.launch import SUBMIT_DIR_ENV
 from raystack.spec.planning import PlanSpec, occupied, substitute
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
@@ -65,7 +66,7 @@ def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> di
         env["RAYSTACK_RESUME"] = "1"
         env["RAYSTACK_RESUME_COUNT"] = str(resumes)
     if folder := run_dir(request):  # (SPMD ranks start there too: raystack.launch.spmd)
-        env["RAYSTACK_SUBMIT_DIR"] = folder
+        env[SUBMIT_DIR_ENV] = folder
     for key, path in request.outputs.items():
         env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
     env.update(request.env)
