@@ -23,7 +23,7 @@ from raystack.adapters.ray import Dashboard
 from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
-from raystack.client.pending import PendingShown, expected_start, unseen_output
+from raystack.client.pending import PendingShown, never_starts, pending_line, unseen_output
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
 from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
 from raystack.spec import job as specs
@@ -286,9 +286,7 @@ class Cluster:
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
-                    why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
-                    when = expected_start(info.start_time, time.time(), countdown=False)
-                    say(last_said := f"PENDING in SLURM (job {record.allocation_id}, reason: {why}){when}")
+                    say(last_said := pending_line(self.name, info))
                 elif record.state is ClusterState.SUBMITTED and not unseen and record.allocation_id:
                     out = paths.cluster(self.name).allocation_log(record.allocation_id)
                     if unseen := unseen_output(info, out, paths.home(), time.time()):
@@ -338,8 +336,9 @@ class Cluster:
             )
         if record.state is ClusterState.SUBMITTED and record.allocation_id:
             out = paths.cluster(self.name).allocation_log(record.allocation_id)
-            if unseen := unseen_output(info, out, paths.home(), time.time()):
-                return record.state.value, f"{unseen}; {record.message}"
+            hint = never_starts(self.name, info) or unseen_output(info, out, paths.home(), time.time())
+            if hint:
+                return record.state.value, f"{hint}; {record.message}"
         return record.state.value, record.message
 
     def status(self) -> ClusterStatus:

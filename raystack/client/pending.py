@@ -62,3 +62,39 @@ def unseen_output(info: JobInfo | None, output: Path, home: Path, now: float) ->
         "on a filesystem the compute nodes share (not /tmp or a node-local disk), then `raystack down` "
         "and up again"
     )
+
+
+# SLURM's reasons for a PENDING job that no amount of waiting clears (a limit per job, a name
+# that is not valid), and what to change; reasons that clear as other jobs end are not here.
+# (The names as slurm-wlm 22.05's libslurm spells them.)
+_TIME, _NODES = "a shorter --time, and --chain N", "fewer --nodes"
+_ASSOC = "(sacctmgr show assoc user=$USER)"
+NEVER_STARTS = {  # reason: (what it means, what to change)
+    "PartitionTimeLimit": ("the walltime is over the partition's limit (sinfo)", _TIME),
+    "QOSMaxWallDurationPerJobLimit": ("the walltime is over your QOS's limit", _TIME),
+    "AssocMaxWallDurationPerJobLimit": ("the walltime is over your account's limit", _TIME),
+    "PartitionNodeLimit": ("more nodes than the partition gives one job", _NODES),
+    "QOSMaxNodePerJobLimit": ("more nodes than your QOS gives one job", _NODES),
+    "AssocMaxNodePerJobLimit": ("more nodes than your account gives one job", _NODES),
+    "InvalidAccount": ("the account is not valid here", f"another --account {_ASSOC}"),
+    "InvalidQOS": ("the QOS is not valid here", f"another --qos {_ASSOC}"),
+    "BadConstraints": ("no node meets the constraint", "another --constraint (sinfo -o '%N %f')"),
+}
+
+
+def never_starts(name: str, info: JobInfo | None) -> str | None:
+    """Why a PENDING allocation will never start, and the fix: `raystack down`, then up again
+    with what SLURM's reason asks; None while it may still start."""
+    if info is None or info.state is not SlurmState.PENDING or info.reason not in NEVER_STARTS:
+        return None
+    why, fix = NEVER_STARTS[info.reason]
+    return f"it never starts ({why}): `raystack down {name}`, then up with {fix}"
+
+
+def pending_line(name: str, info: JobInfo) -> str:
+    """What `up` and `wait` say of a PENDING allocation: its reason, SLURM's start estimate, and
+    the fix where it never starts."""
+    why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
+    when = expected_start(info.start_time, time.time(), countdown=False)
+    never = f"; {hint}" if (hint := never_starts(name, info)) else ""
+    return f"PENDING in SLURM (job {info.job_id}, reason: {why}){when}{never}"

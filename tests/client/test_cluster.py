@@ -99,6 +99,37 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
         assert f"its nodes do not see RAYSTACK_HOME ({home / 'rs'})" in warned[0]
 
 
+def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PartitionTimeLimit (an allocation submitted by hand, or where sinfo did not answer): SLURM
+    keeps it PENDING for ever; `up`, `wait` and `status` say so, and what to change."""
+    from raystack.adapters import slurm
+    from raystack.adapters.allocator import allocator
+    from raystack.adapters.slurm import JobInfo, SlurmState
+
+    clusters.create("c")
+    clusters.write(
+        ClusterRecord(name="c", state=ClusterState.SUBMITTED, allocation_id="77", nodes_expected=2)
+    )
+    reason = "PartitionTimeLimit"
+    monkeypatch.setattr(
+        slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.PENDING, reason=reason)
+    )
+    clock, said = FakeClock(), []
+    with pytest.raises(ClusterError, match="not READY after 30s"):
+        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock, sleep=clock.sleep)
+    fix = (
+        "it never starts (the walltime is over the partition's limit (sinfo)): `raystack down c`, "
+        "then up with a shorter --time, and --chain N"
+    )
+    assert said == [f"PENDING in SLURM (job 77, reason: PartitionTimeLimit); {fix}"], said
+    assert Cluster("c").status().message.startswith(fix)
+    reason = "Priority"  # (clears as other jobs end: nothing more is said)
+    allocator("slurm").forget()
+    assert "never starts" not in Cluster("c").status().message
+
+
 def test_wait_ready_raises_with_the_reason_and_logs_when_the_start_failed(home: Path) -> None:
     clusters.create("c")
     clusters.write(ClusterRecord(name="c", state=ClusterState.FAILED, message="node node3 did not join"))
