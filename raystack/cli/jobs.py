@@ -267,7 +267,8 @@ def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
         if as_json:
             print_json([r.model_dump(mode="json") for r in ended])
             return
-        out.print(f"sweep {sweep.id}: {len(ended)} job(s) stopped or cancelled", markup=False)
+        said = f"{len(ended)} job(s) stopped or cancelled" if ended else "every job of it had ended"
+        out.print(f"sweep {sweep.id}: {said}", markup=False)
         for record in ended:
             _print_job(record, as_json)
         return

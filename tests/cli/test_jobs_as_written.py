@@ -206,3 +206,12 @@ def test_after_a_name_is_answered_with_its_ids(capsys: pytest.CaptureFixture[str
     code, _, err = run(capsys, "submit", "-c", "c4", "--after", "sw", "--", "python", "x.py")
     assert code == 1 and "no job or sweep 'sw' in cluster c4; sw is a name, its ids: " in err, err
     assert sorted(err.split("its ids: ")[1].split(" (see")[0].split(", ")) == sorted([sweep, job]), err
+
+
+def test_stop_of_a_queued_sweep_cancels_it_and_says_so_once_ended(capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = request(submitted(capsys, "--sweep", "env.LR=1,2", "--", "python", "t.py")[0]["id"]).sweep
+    code, out, err = run(capsys, "stop", str(sweep))
+    assert code == 0 and f"sweep {sweep}: 2 job(s) stopped or cancelled" in out, out + err
+    assert out.count("CANCELLED (cancelled before it started)") == 2 and queue.waiting("c4") == []
+    code, out, _ = run(capsys, "stop", str(sweep))
+    assert code == 0 and f"sweep {sweep}: every job of it had ended" in out, out
