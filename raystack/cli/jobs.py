@@ -253,7 +253,7 @@ def stacks(
         raise typer.Exit(1)
 
 
-@app.command(short_help="Stop a running job (SIGTERM, then kill); cancel a queued one.")
+@app.command(short_help="Stop a running job (SIGTERM, then kill), cancel a queued one; or a whole sweep.")
 def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is
     cancelled; a sweep's id stops all of it (its queued jobs cancelled, its running ones stopped)."""
