@@ -257,12 +257,9 @@ def stacks(
 def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is
     cancelled; a sweep's id stops all of it (its queued jobs cancelled, its running ones stopped)."""
-    try:
-        job = Job.get(job_id, cluster)
-    except ClusterError:
-        sweep = Sweep.get(job_id, cluster)
-        if sweep is None:
-            raise
+    target = _job_or_sweep(job_id, cluster)
+    if isinstance(target, Sweep):
+        sweep = target
         ended = sweep.stop()
         if as_json:
             print_json([r.model_dump(mode="json") for r in ended])
@@ -272,19 +269,16 @@ def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
         for record in ended:
             _print_job(record, as_json)
         return
-    _print_job(job.stop(), as_json)
+    _print_job(target.stop(), as_json)
 
 
 @app.command(short_help="Remove a queued job (or the rest of a sweep) from the queue.")
 def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Remove a job that has not started from the queue (CANCELLED); a sweep's id cancels every
     job of it that has not started (those running go on: `raystack stop ID`)."""
-    try:
-        job = Job.get(job_id, cluster)
-    except ClusterError:
-        sweep = Sweep.get(job_id, cluster)
-        if sweep is None:
-            raise
+    target = _job_or_sweep(job_id, cluster)
+    if isinstance(target, Sweep):
+        sweep = target
         cancelled, left = sweep.cancel()
         if as_json:
             print_json({"sweep": sweep.id, "cancelled": [r.id for r in cancelled], "not_cancelled": left})
@@ -302,7 +296,18 @@ def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False)
                 markup=False,
             )
         return
-    _print_job(job.cancel(), as_json)
+    _print_job(target.cancel(), as_json)
+
+
+def _job_or_sweep(job_id: str, cluster: str | None) -> Job | Sweep:
+    """The job of this id, else the sweep of this id (stop and cancel take both)."""
+    try:
+        return Job.get(job_id, cluster)
+    except ClusterError:
+        sweep = Sweep.get(job_id, cluster)
+        if sweep is None:
+            raise
+        return sweep
 
 
 def _print_job(record: JobRecord, as_json: bool) -> None:
