@@ -287,10 +287,12 @@ class Cluster:
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
                     say(last_said := pending_line(self.name, info))
-                elif record.state is ClusterState.SUBMITTED and not unseen and record.allocation_id:
-                    out = paths.cluster(self.name).allocation_log(record.allocation_id)
-                    if unseen := unseen_output(info, out, paths.home(), time.time()):
-                        say(f"warning: {unseen}")
+                elif (
+                    record.state is ClusterState.SUBMITTED
+                    and not unseen
+                    and (unseen := unseen_output(self.name, info, time.time()))
+                ):
+                    say(f"warning: {unseen}")
             if record.state.is_terminal():
                 logs = str(paths.cluster(self.name).logs)
                 hint = "" if logs in record.message else f" (logs: {logs})"
@@ -334,9 +336,8 @@ class Cluster:
                 f"the head's node program has not been heard from for {silent:.0f}s (its log: "
                 f"{paths.cluster(self.name).node_log(record.head_host or '?')}); {record.message}"
             )
-        if record.state is ClusterState.SUBMITTED and record.allocation_id:
-            out = paths.cluster(self.name).allocation_log(record.allocation_id)
-            hint = never_starts(self.name, info) or unseen_output(info, out, paths.home(), time.time())
+        if record.state is ClusterState.SUBMITTED:
+            hint = never_starts(self.name, info) or unseen_output(self.name, info, time.time())
             if hint:
                 return record.state.value, f"{hint}; {record.message}"
         return record.state.value, record.message

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.slurmtime import duration_text
+from raystack.store import paths
 
 UNSEEN_AFTER = 60.0  # seconds a running allocation's output file may take to appear here
 
@@ -47,18 +47,19 @@ class PendingShown:
         return True
 
 
-def unseen_output(info: JobInfo | None, output: Path, home: Path, now: float) -> str | None:
+def unseen_output(name: str, info: JobInfo | None, now: float) -> str | None:
     """Why an allocation SLURM has run for UNSEEN_AFTER seconds has not been heard from: its
     output file (sbatch --output, in the cluster folder) is opened by SLURM on the node as the job
     starts, so where this host cannot see it the nodes do not share RAYSTACK_HOME's filesystem
     (/tmp, a node-local disk) and the cluster can never be seen READY from here. None otherwise."""
     if info is None or info.state is not SlurmState.RUNNING or not info.start_time:
         return None
+    output = paths.cluster(name).allocation_log(info.job_id)
     if now - info.start_time < UNSEEN_AFTER or output.exists():
         return None
     return (
         f"SLURM job {info.job_id} has run for {duration_text(now - info.start_time)} on {info.nodes or '?'}, "
-        f"but its output {output} is not here: its nodes do not see RAYSTACK_HOME ({home}); put it "
+        f"but its output {output} is not here: its nodes do not see RAYSTACK_HOME ({paths.home()}); put it "
         "on a filesystem the compute nodes share (not /tmp or a node-local disk), then `raystack down` "
         "and up again"
     )
