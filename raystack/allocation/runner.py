@@ -536,7 +536,7 @@ class Runner:
             )
             return True
         try:
-            if drain.ray_job_id and self.api.job_leftovers(drain.ray_job_id):
+            if not nodes_free(self.api, drain, self.clock()):  # (its actors, placement groups)
                 return False
             available, total = rayapi.available_gpus(str(self.cluster.gcs_address))
             if available < total:

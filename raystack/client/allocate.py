@@ -469,8 +469,6 @@ def submit(p: AllocationPlan) -> ClusterRecord:
             f"'{p.name}': `scancel {twins[0].job_id}` first, or choose another --name"
         )
     options = p.sbatch_options()
-    if warning := space_warning(p.profile):  # (said before, not instead: a quota may allow it)
-        log.warning("raystack: warning: %s", warning)
     prepare(
         p,
         render_script(p),
@@ -489,8 +487,11 @@ def submit(p: AllocationPlan) -> ClusterRecord:
 
 
 def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> None:
-    """A fresh cluster folder for a plan: its launch script and its first record."""
+    """A fresh cluster folder for a plan: its launch script and its first record. Little room
+    where it goes is said first (said, not refused: a quota may allow it)."""
     assert p.name and p.script_path and p.cluster_paths
+    if warning := space_warning(p.profile):
+        log.warning("raystack: warning: %s", warning)
     records.begin(
         p.name,
         profile=p.profile.name,
@@ -573,8 +574,6 @@ def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     """Start a local plan's node program on this machine, detached. The record."""
     assert p.name and p.script_path and p.cluster_paths
     check_name_free(p.name)
-    if warning := space_warning(p.profile):
-        log.warning("raystack: warning: %s", warning)
     prepare(p, render_local_script(p, gpu_ids), note="local", backend="local", message="starting")
     backend = allocator("local")
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
