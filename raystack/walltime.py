@@ -34,8 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raystack.adapters.allocator import allocator
-from raystack.adapters.slurm import JobInfo
+from raystack.adapters.allocator import JobInfo, allocator
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths

@@ -9,8 +9,8 @@ import pytest
 
 from raystack import walltime
 from raystack.adapters import slurm
-from raystack.adapters.allocator import LOCAL_ENDED
-from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.adapters.local import LOCAL_ENDED
 from raystack.store import cluster as clusters
 from raystack.store import queue
 from raystack.store.cluster import ClusterRecord, ClusterState

@@ -1,1 +1,7 @@
-"""The only code that talks to external systems: SLURM (slurm.py) and Ray's HTTP APIs (ray.py)."""
+"""The only code that talks to external systems: SLURM (slurm.py) and Ray's HTTP APIs (ray.py).
+
+Importing the package registers both allocators (allocator.py's interface; slurm.py and
+local.py implement it), so `allocator.allocator(backend)` always finds them.
+"""
+
+from raystack.adapters import local, slurm  # noqa: F401  (each registers its Allocator)

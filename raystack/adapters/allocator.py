@@ -3,23 +3,83 @@ machine (`raystack up --local`: the node program started directly, no SLURM).
 
 The backend is chosen once, from the `backend` field of the cluster record (or the node
 program's context) and never guessed from the shape of an id. Model: submitit's Executor, with
-its slurm/ and local/ implementations. Every answer is in SLURM's terms (`JobInfo`), so the rest
-of raystack judges both the same way.
+its slurm/ and local/ implementations: each implementation lives beside the commands it wraps
+(`slurm.SlurmAllocator`, `local.LocalAllocator`) and registers itself here (the package imports
+both). Every answer is in SLURM's terms (`JobInfo`), so the rest of raystack judges both the
+same way.
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from raystack.adapters import local, slurm
-from raystack.adapters.slurm import JobInfo, SlurmState
-
 Backend = Literal["slurm", "local"]
-LOCAL_ENDED = "the local node program is no longer running"
+
+
+class SlurmState(str, Enum):
+    """An allocation's state in SLURM's words (base states, without flags), plus GONE and UNKNOWN;
+    both backends answer in them (slurm.parse_state reads SLURM's text)."""
+
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    REQUEUED = "REQUEUED"
+    RESIZING = "RESIZING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    GONE = "GONE"  # slurmctld says the id is invalid and accounting has no row for it
+    UNKNOWN = "UNKNOWN"
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def is_active(self) -> bool:
+        """The allocation holds (or may still get) its nodes."""
+        return not self.is_terminal() and self is not SlurmState.UNKNOWN
+
+
+_TERMINAL = {
+    SlurmState.COMPLETED,
+    SlurmState.CANCELLED,
+    SlurmState.FAILED,
+    SlurmState.TIMEOUT,
+    SlurmState.NODE_FAIL,
+    SlurmState.PREEMPTED,
+    SlurmState.BOOT_FAIL,
+    SlurmState.DEADLINE,
+    SlurmState.OUT_OF_MEMORY,
+    SlurmState.GONE,
+}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What raystack needs to know about one allocation (a SLURM job; a local one in its terms)."""
+
+    job_id: str
+    state: SlurmState
+    reason: str = ""
+    name: str = ""
+    nodes: str = ""  # SLURM's compressed node list, e.g. "node[1-4]"
+    node_count: int = 0
+    start_time: int = 0  # epoch seconds, 0 when unknown
+    end_time: int = 0  # epoch seconds: expected end while running, actual end once finished
+    time_limit_s: int = 0  # 0 when unlimited or unknown
+    exit_code: str = ""
 
 
 class Allocator(ABC):
@@ -65,113 +125,18 @@ class Allocator(ABC):
 
     def time_left(self, info: JobInfo | None) -> int | None:
         """Seconds to its walltime end while it runs; None without one (or not running)."""
-        if info is None or info.state is not SlurmState.RUNNING or not info.end_time:
-            return None
-        return max(0, int(info.end_time - time.time()))
+        return None
 
     def where(self, alloc_id: str | None) -> str:
         return f"{self.label} {alloc_id}"
 
 
-class SlurmAllocator(Allocator):
-    """Answers are kept for slurm.CACHE_TTL: one command asks SLURM once per allocation. When an
-    ask found SLURM not answering (squeue gave up after its own timeout, SLOW_FAILURE or more),
-    nobody here asks again for QUIET seconds: "unknown" at once, not another wait as long."""
-
-    backend = "slurm"
-    label = "SLURM job"
-    remote = True
-    SLOW_FAILURE = 5.0
-    QUIET = 30.0
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cache: dict[str, tuple[float, JobInfo | None]] = {}
-        self.clock = clock
-        self.quiet_until = 0.0
-
-    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
-        return slurm.sbatch(options, str(script))
-
-    def info(self, alloc_id: str) -> JobInfo | None:
-        cached = self.cache.get(alloc_id)
-        if cached and self.clock() - cached[0] < slurm.CACHE_TTL:
-            return cached[1]
-        if self.clock() < self.quiet_until:
-            return None
-        asked = self.clock()
-        info = slurm.job_info(alloc_id)
-        if info is None and self.clock() - asked >= self.SLOW_FAILURE:
-            self.quiet_until = self.clock() + self.QUIET
-        self.cache[alloc_id] = (self.clock(), info)
-        return info
-
-    def cancel(self, alloc_id: str) -> None:
-        self.forget(alloc_id)
-        slurm.scancel(alloc_id)
-
-    def release(self, alloc_id: str) -> None:
-        self.cancel(alloc_id)
-
-    def forget(self, alloc_id: str | None = None) -> None:
-        if alloc_id is None:
-            self.cache.clear()
-        else:
-            self.cache.pop(alloc_id, None)
-
-    def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
-        return slurm.hostnames(nodelist)
-
-    def why_ended(self, info: JobInfo) -> tuple[str, str]:
-        reason = (info.reason or "").lower()
-        if "timelimit" in reason or info.state is SlurmState.TIMEOUT:
-            return "walltime", "walltime"
-        if "node" in reason or info.state is SlurmState.NODE_FAIL:
-            return "node lost", f"node failure ({info.reason or info.state.value})"
-        if "preempt" in reason or info.state is SlurmState.PREEMPTED:
-            return "preempted", "preempted"
-        return "scancel", "cancelled by scancel or an administrator"
+ALLOCATORS: dict[str, Allocator] = {}
 
 
-class LocalAllocator(Allocator):
-    """A one-node allocation on this machine; its id `local-<host>-<random>` names the host it
-    runs on (only that host can ask about it)."""
-
-    backend = "local"
-    label = "on this machine as"
-    remote = False
-
-    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
-        alloc_id = local.new_id()
-        local.start(alloc_id, script, log)
-        return alloc_id
-
-    def info(self, alloc_id: str) -> JobInfo | None:
-        """RUNNING while its node program lives, COMPLETED once it has gone; None from another
-        host (it cannot be asked)."""
-        alive = local.alive(alloc_id)
-        if alive is None:
-            return None
-        host = local.host_of(alloc_id)
-        if alive:
-            return JobInfo(alloc_id, SlurmState.RUNNING, name="raystack-local", nodes=host, node_count=1)
-        return JobInfo(alloc_id, SlurmState.COMPLETED, reason=LOCAL_ENDED, nodes=host, node_count=1)
-
-    def cancel(self, alloc_id: str) -> None:
-        local.stop(alloc_id)
-
-    def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
-        return [local.this_host()]
-
-    def sweep(self, alloc_id: str) -> list[int]:
-        return local.sweep(alloc_id)
-
-    def why_ended(self, info: JobInfo) -> tuple[str, str]:
-        if info.reason == LOCAL_ENDED:
-            return "failed", f"{LOCAL_ENDED} (killed, or the machine restarted)"
-        return "scancel", "the local node program was sent a signal"
-
-
-ALLOCATORS: dict[str, Allocator] = {a.backend: a for a in (SlurmAllocator(), LocalAllocator())}
+def register(implementation: Allocator) -> Allocator:
+    ALLOCATORS[implementation.backend] = implementation
+    return implementation
 
 
 def allocator(backend: str) -> Allocator:

@@ -5,7 +5,7 @@ small launch script, detached from the terminal. Such an allocation is named
 `local-<host>-<random>`; that id travels in the node program's environment as RAYSTACK_LOCAL_ID
 and is how it is found again: a process of this user on this host whose command is the node
 program and whose environment carries the id. Nothing is kept by pid, so a reused pid is never
-taken for it. The rest of raystack asks about it through `allocator.LocalAllocator` (chosen by
+taken for it. The rest of raystack asks about it through `LocalAllocator` (below) (chosen by
 the record's `backend`, never by the id's shape).
 """
 
@@ -19,7 +19,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, register
 
 PREFIX = "local-"
 ENV_ID = "RAYSTACK_LOCAL_ID"
@@ -126,3 +129,48 @@ def sweep(alloc_id: str) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+LOCAL_ENDED = "the local node program is no longer running"
+
+
+class LocalAllocator(Allocator):
+    """A one-node allocation on this machine; its id `local-<host>-<random>` names the host it
+    runs on (only that host can ask about it)."""
+
+    backend = "local"
+    label = "on this machine as"
+    remote = False
+
+    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
+        alloc_id = new_id()
+        start(alloc_id, script, log)
+        return alloc_id
+
+    def info(self, alloc_id: str) -> JobInfo | None:
+        """RUNNING while its node program lives, COMPLETED once it has gone; None from another
+        host (it cannot be asked)."""
+        living = alive(alloc_id)
+        if living is None:
+            return None
+        host = host_of(alloc_id)
+        if living:
+            return JobInfo(alloc_id, SlurmState.RUNNING, name="raystack-local", nodes=host, node_count=1)
+        return JobInfo(alloc_id, SlurmState.COMPLETED, reason=LOCAL_ENDED, nodes=host, node_count=1)
+
+    def cancel(self, alloc_id: str) -> None:
+        stop(alloc_id)
+
+    def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
+        return [this_host()]
+
+    def sweep(self, alloc_id: str) -> list[int]:
+        return sweep(alloc_id)
+
+    def why_ended(self, info: JobInfo) -> tuple[str, str]:
+        if info.reason == LOCAL_ENDED:
+            return "failed", f"{LOCAL_ENDED} (killed, or the machine restarted)"
+        return "scancel", "the local node program was sent a signal"
+
+
+register(LocalAllocator())

@@ -15,11 +15,12 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from pathlib import Path
 
 from raystack import slurmtime
+from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, register
 from raystack.errors import (
     AccountingDisabled,
     JobEnding,
@@ -31,76 +32,6 @@ from raystack.errors import (
 )
 
 CACHE_TTL = 1.0  # seconds a job's state is reused within one process
-
-
-class SlurmState(str, Enum):
-    """SLURM's job states (base states, without flags), plus GONE and UNKNOWN."""
-
-    PENDING = "PENDING"
-    CONFIGURING = "CONFIGURING"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    SUSPENDED = "SUSPENDED"
-    REQUEUED = "REQUEUED"
-    RESIZING = "RESIZING"
-    COMPLETED = "COMPLETED"
-    CANCELLED = "CANCELLED"
-    FAILED = "FAILED"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    PREEMPTED = "PREEMPTED"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    GONE = "GONE"  # slurmctld says the id is invalid and accounting has no row for it
-    UNKNOWN = "UNKNOWN"
-
-    @classmethod
-    def parse(cls, raw: str) -> SlurmState:
-        """Map SLURM's text ("CANCELLED by 0", "RUNNING", ...) to a state; UNKNOWN otherwise."""
-        word = raw.strip().split(" ")[0].upper() if raw else ""
-        return _STATE_TABLE.get(word, cls.UNKNOWN)
-
-    def is_terminal(self) -> bool:
-        return self in _TERMINAL
-
-    def is_active(self) -> bool:
-        """The allocation holds (or may still get) its nodes."""
-        return not self.is_terminal() and self is not SlurmState.UNKNOWN
-
-
-_STATE_TABLE = {s.value: s for s in SlurmState} | {
-    "OOM": SlurmState.OUT_OF_MEMORY,
-    "CA": SlurmState.CANCELLED,
-}
-_TERMINAL = {
-    SlurmState.COMPLETED,
-    SlurmState.CANCELLED,
-    SlurmState.FAILED,
-    SlurmState.TIMEOUT,
-    SlurmState.NODE_FAIL,
-    SlurmState.PREEMPTED,
-    SlurmState.BOOT_FAIL,
-    SlurmState.DEADLINE,
-    SlurmState.OUT_OF_MEMORY,
-    SlurmState.GONE,
-}
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """What raystack needs to know about one SLURM job."""
-
-    job_id: str
-    state: SlurmState
-    reason: str = ""
-    name: str = ""
-    nodes: str = ""  # SLURM's compressed node list, e.g. "node[1-4]"
-    node_count: int = 0
-    start_time: int = 0  # epoch seconds, 0 when unknown
-    end_time: int = 0  # epoch seconds: expected end while running, actual end once finished
-    time_limit_s: int = 0  # 0 when unlimited or unknown
-    exit_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,6 +82,18 @@ def refusal(message: str) -> type[SlurmError]:
 
 
 # ---------------------------------------------------------------------------- parsers (pure)
+_STATE_TABLE = {s.value: s for s in SlurmState} | {
+    "OOM": SlurmState.OUT_OF_MEMORY,
+    "CA": SlurmState.CANCELLED,
+}
+
+
+def parse_state(raw: str) -> SlurmState:
+    """Map SLURM's text ("CANCELLED by 0", "RUNNING", ...) to a state; UNKNOWN otherwise."""
+    word = raw.strip().split(" ")[0].upper() if raw else ""
+    return _STATE_TABLE.get(word, SlurmState.UNKNOWN)
+
+
 _SBATCH_ID = re.compile(r"(\d+)(?:;\S+)?")
 # squeue --format fields; the name last, since it may hold the separator.
 SQUEUE_FORMAT = "%i|%T|%r|%N|%D|%S|%e|%l|%j"
@@ -191,7 +134,7 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         job_id, state, reason, nodes, count, start, end, limit, name = parts
         jobs[job_id] = JobInfo(
             job_id=job_id,
-            state=SlurmState.parse(state),
+            state=parse_state(state),
             reason=reason.strip(),
             name=name,
             nodes=nodes.strip(),
@@ -216,7 +159,7 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
         job_id, state, name, nodes, start, end, exit_code = parts
         jobs[job_id] = JobInfo(
             job_id,
-            SlurmState.parse(state),
+            parse_state(state),
             name=name,
             nodes=nodes,
             start_time=parse_timestamp(start),
@@ -348,3 +291,71 @@ def scancel(job_id: str) -> None:
 def hostnames(nodelist: str) -> list[str]:
     """Expand a SLURM node list ("node[1-3],gpu7") into host names, in SLURM's order."""
     return _run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+class SlurmAllocator(Allocator):
+    """Answers are kept for CACHE_TTL: one command asks SLURM once per allocation. When an
+    ask found SLURM not answering (squeue gave up after its own timeout, SLOW_FAILURE or more),
+    nobody here asks again for QUIET seconds: "unknown" at once, not another wait as long."""
+
+    backend = "slurm"
+    label = "SLURM job"
+    remote = True
+    SLOW_FAILURE = 5.0
+    QUIET = 30.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache: dict[str, tuple[float, JobInfo | None]] = {}
+        self.clock = clock
+        self.quiet_until = 0.0
+
+    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
+        return sbatch(options, str(script))
+
+    def info(self, alloc_id: str) -> JobInfo | None:
+        cached = self.cache.get(alloc_id)
+        if cached and self.clock() - cached[0] < CACHE_TTL:
+            return cached[1]
+        if self.clock() < self.quiet_until:
+            return None
+        asked = self.clock()
+        info = job_info(alloc_id)
+        if info is None and self.clock() - asked >= self.SLOW_FAILURE:
+            self.quiet_until = self.clock() + self.QUIET
+        self.cache[alloc_id] = (self.clock(), info)
+        return info
+
+    def cancel(self, alloc_id: str) -> None:
+        self.forget(alloc_id)
+        scancel(alloc_id)
+
+    def release(self, alloc_id: str) -> None:
+        self.cancel(alloc_id)
+
+    def forget(self, alloc_id: str | None = None) -> None:
+        if alloc_id is None:
+            self.cache.clear()
+        else:
+            self.cache.pop(alloc_id, None)
+
+    def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
+        return hostnames(nodelist)
+
+    def why_ended(self, info: JobInfo) -> tuple[str, str]:
+        reason = (info.reason or "").lower()
+        if "timelimit" in reason or info.state is SlurmState.TIMEOUT:
+            return "walltime", "walltime"
+        if "node" in reason or info.state is SlurmState.NODE_FAIL:
+            return "node lost", f"node failure ({info.reason or info.state.value})"
+        if "preempt" in reason or info.state is SlurmState.PREEMPTED:
+            return "preempted", "preempted"
+        return "scancel", "cancelled by scancel or an administrator"
+
+    def time_left(self, info: JobInfo | None) -> int | None:
+        """Seconds to its walltime end while it runs; None without one (or not running)."""
+        if info is None or info.state is not SlurmState.RUNNING or not info.end_time:
+            return None
+        return max(0, int(info.end_time - time.time()))
+
+
+register(SlurmAllocator())

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 
-from raystack.adapters.allocator import allocator
+from raystack.adapters.allocator import JobInfo, SlurmState, allocator
 from raystack.adapters.ray import Dashboard
-from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.errors import ClusterError
 from raystack.store.cluster import ClusterRecord
 

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import raystack.client.allocate as allocate
-from raystack.adapters.allocator import allocator
+from raystack.adapters.allocator import JobInfo, SlurmState, allocator
 from raystack.adapters.ray import Dashboard
-from raystack.adapters.slurm import JobInfo, SlurmState
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
 from raystack.client.pending import PendingShown, never_starts, pending_line, unseen_output
@@ -35,7 +34,15 @@ from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.ledger import JobRecord, all_jobs
 from raystack.store.paths import ClusterPaths
-from raystack.store.queue import QueueView, active, enqueue, interrupted, positions, settle_orphans, waiting
+from raystack.store.queue import (
+    QueueView,
+    active,
+    enqueue_all,
+    interrupted,
+    positions,
+    settle_orphans,
+    waiting,
+)
 from raystack.store.queue import view as queue_view
 
 log = logging.getLogger("raystack")
@@ -499,14 +506,8 @@ class Cluster:
         if why:
             raise ConfigError(why)
         new_id = None if job_id or len(jobs) > 1 else new_job_id
-        out = []
-        for one in jobs:
-            record = enqueue(one.request, now=now, new_id=new_id, resume_request=one.resume)
-            out.append(Job(self.name, record.id, record))
-        places = positions(self.name)  # (one listing of the queue for a whole sweep)
-        for job in out:
-            job.queued_place = places.get(job.id, 0)
-        return out
+        queued = enqueue_all([(one.request, one.resume) for one in jobs], now=now, new_id=new_id)
+        return [Job(self.name, q.record.id, q.record, queued_place=q.place) for q in queued]
 
     def in_flight(self) -> Argv:
         """Ids of the jobs given to Ray and not yet ended."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.adapters.allocator import JobInfo, SlurmState
 from raystack.slurmtime import duration_text
 from raystack.store import paths
 

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raystack.adapters.allocator import Allocator, allocator
-from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, allocator
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind

@@ -23,7 +23,7 @@ log = logging.getLogger("raystack")
 
 
 class ClusterState(str, Enum):
-    """The Ray cluster's state (never SLURM's: see adapters.slurm.SlurmState)."""
+    """The Ray cluster's state (never SLURM's: see adapters.allocator.SlurmState)."""
 
     SUBMITTED = "SUBMITTED"  # sbatch accepted it (or the chain's next allocation): may be pending
     STARTING = "STARTING"  # the allocation runs; Ray is coming up

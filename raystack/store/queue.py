@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from raystack.errors import ClusterError, NoSuchCluster
 from raystack.store import cluster as records
@@ -128,44 +129,67 @@ def check_open(name: str) -> None:
         )
 
 
+class Queued(NamedTuple):
+    record: JobRecord
+    place: int  # 1-based place among the jobs not yet started, as the queue stood then
+
+
+def enqueue_all(
+    items: Sequence[tuple[JobRequest, JobRequest | None]],
+    now: bool = False,
+    new_id: object = None,
+) -> list[Queued]:
+    """Queue jobs (one, or a sweep's: each request with its resume request or None) in one
+    transaction under the cluster lock (one lock, one open-check and one listing of the queue for
+    a whole sweep); each comes back with its place in the queue.
+
+    Each ledger is created with O_EXCL: an id that exists already (ids are random) gets a new
+    one from `new_id` (a callable), so no job ever inherits another's record.
+    """
+    name = items[0][0].cluster
+    p = paths.cluster(name)
+    make_private_dirs(p)
+    with locked(p):
+        check_open(name)
+        made = [_create(p, request, resume, now, new_id) for request, resume in items]
+        places = positions(name)
+    return [Queued(record, places.get(record.id, 0)) for record in made]
+
+
 def enqueue(
     request: JobRequest,
     now: bool = False,
     new_id: object = None,
     resume_request: JobRequest | None = None,
 ) -> JobRecord:
-    """Write the ledger entry (QUEUED) and the queue file in one transaction.
+    """Write the ledger entry (QUEUED) and the queue file in one transaction."""
+    return enqueue_all([(request, resume_request)], now, new_id)[0].record
 
-    The ledger is created with O_EXCL: an id that exists already (ids are random) gets a new
-    one from `new_id` (a callable), so no job ever inherits another's record.
-    """
-    p = paths.cluster(request.cluster)
-    make_private_dirs(p)
-    with locked(p):
-        check_open(request.cluster)
-        seq = f"{0 if now else 1}{time.time_ns():020d}"
-        for _ in range(ID_RETRIES):
-            entry = Entry(seq, request.id)
-            record = JobRecord(
-                id=request.id,
-                name=request.name,
-                request=request,
-                now=now,
-                entry=entry.name,
-                resume_request=resume_request.model_copy(update={"id": request.id})
-                if resume_request
-                else None,
-                history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
-            )
-            if create_job(request.cluster, record):
-                break
-            if not callable(new_id):
-                raise ClusterError(f"job id {request.id} is taken in cluster {request.cluster}")
-            request.id = new_id(request.name)
-        else:
-            raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
-        touch(p.queue / entry.name)
-        append_line(p.journal, f"+ {entry.name}")
+
+def _create(
+    p: paths.ClusterPaths, request: JobRequest, resume: JobRequest | None, now: bool, new_id: object
+) -> JobRecord:
+    seq = f"{0 if now else 1}{time.time_ns():020d}"
+    for _ in range(ID_RETRIES):
+        entry = Entry(seq, request.id)
+        record = JobRecord(
+            id=request.id,
+            name=request.name,
+            request=request,
+            now=now,
+            entry=entry.name,
+            resume_request=resume.model_copy(update={"id": request.id}) if resume else None,
+            history=[{"state": "QUEUED", "time": time.time(), "message": ""}],
+        )
+        if create_job(request.cluster, record):
+            break
+        if not callable(new_id):
+            raise ClusterError(f"job id {request.id} is taken in cluster {request.cluster}")
+        request.id = new_id(request.name)
+    else:
+        raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
+    touch(p.queue / entry.name)
+    append_line(p.journal, f"+ {entry.name}")
     return record
 
 

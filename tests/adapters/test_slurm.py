@@ -6,7 +6,7 @@ import pytest
 
 from raystack import errors
 from raystack.adapters import slurm
-from raystack.adapters.slurm import SlurmState as JobState
+from raystack.adapters.allocator import SlurmState as JobState
 from raystack.errors import NoSuchPartition, SlurmError
 
 from ..conftest import FIXTURES
@@ -125,7 +125,7 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
     ],
 )
 def test_state_table(raw: str, state: JobState) -> None:
-    assert JobState.parse(raw) is state
+    assert slurm.parse_state(raw) is state
 
 
 def test_terminal_and_active() -> None:
@@ -191,7 +191,7 @@ def test_a_missing_command_is_slurm_missing(monkeypatch: pytest.MonkeyPatch) -> 
 def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     """squeue that gave up after its own timeout (a hung slurmctld): the next asks within QUIET
     get "unknown" at once, not another 20 s each; a quick failure is asked again."""
-    from raystack.adapters.allocator import SlurmAllocator
+    from raystack.adapters.slurm import SlurmAllocator
 
     now, asked = [0.0], []
 

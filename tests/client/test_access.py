@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 
 from raystack.adapters import slurm
-from raystack.adapters.slurm import JobInfo, SlurmState
+from raystack.adapters.allocator import JobInfo, SlurmState
 from raystack.client import Cluster, Job, access
 from raystack.client.top import snapshot
 from raystack.errors import ClusterError

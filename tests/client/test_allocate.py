@@ -287,7 +287,7 @@ def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Said where the allocation starts (not only by the CLI), before anything is written."""
-    from raystack.adapters.allocator import LocalAllocator
+    from raystack.adapters.local import LocalAllocator
 
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)

@@ -67,7 +67,7 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     and `up` would wait in silence for ever. SLURM opens the allocation's output file in the
     cluster folder as it starts: not seeing it here after a minute says why."""
     from raystack.adapters import slurm
-    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.store import paths
 
     clusters.create("c")
@@ -105,8 +105,7 @@ def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
     """PartitionTimeLimit (an allocation submitted by hand, or where sinfo did not answer): SLURM
     keeps it PENDING for ever; `up`, `wait` and `status` say so, and what to change."""
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import allocator
-    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.adapters.allocator import JobInfo, SlurmState, allocator
 
     clusters.create("c")
     clusters.write(
@@ -147,7 +146,7 @@ def test_state_history_records_every_change_once(home: Path) -> None:
 
 def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from raystack.adapters import slurm
-    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.adapters.allocator import JobInfo, SlurmState
 
     with pytest.raises(ClusterError, match=r"no clusters in .*raystack up --nodes N"):
         clusters.resolve(None)
@@ -208,7 +207,7 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
     before the head writes anything: the record says SLURM's reason and the script's last words,
     at the launch script's line, not just "FAILED"."""
     from raystack.adapters import slurm
-    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.store import paths
 
     clusters.create("c")
@@ -301,7 +300,7 @@ def test_slurms_start_estimate_is_said_once_it_has_one() -> None:
 
 
 def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_really_moves() -> None:
-    from raystack.adapters.slurm import JobInfo, SlurmState
+    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.client.pending import PendingShown
 
     shown = PendingShown()

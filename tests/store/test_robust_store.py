@@ -309,3 +309,23 @@ def test_a_record_of_schema_1_is_read_as_schema_2(home: Path) -> None:
         written = json.loads(path.read_text())
         assert "slurm_job_id" not in written and written["allocation_id"] == old
         assert written["schema_version"] == 2 and written["allocations"][0]["alloc_id"] == old
+
+
+def test_a_sweep_is_queued_in_one_transaction_with_its_places(home: Path) -> None:
+    first = submit("before")
+    requests = [
+        (JobRequest(id=f"sw-abc123-{k}", name="sw", cluster="c", entrypoint="true", sweep="sw-abc123"), None)
+        for k in range(3)
+    ]
+    queued = queue.enqueue_all(requests)
+    assert [(q.record.id, q.place) for q in queued] == [
+        ("sw-abc123-0", 2),
+        ("sw-abc123-1", 3),
+        ("sw-abc123-2", 4),
+    ]
+    assert [e.job_id for e in queue.waiting("c")] == [first, *(q.record.id for q in queued)]
+    clusters.update("c", state=ClusterState.STOPPING)
+    more = [(JobRequest(id=f"late-{k}", name="late", cluster="c", entrypoint="true"), None) for k in range(2)]
+    with pytest.raises(ClusterError, match="cluster c is STOPPING"):
+        queue.enqueue_all(more)
+    assert len(queue.waiting("c")) == 4

@@ -21,7 +21,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.adapters import slurm
-from raystack.adapters.slurm import SlurmState
+from raystack.adapters.allocator import SlurmState
 from raystack.client import Job
 from raystack.store import cluster as clusters
 from raystack.store import queue
