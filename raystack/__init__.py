@@ -11,8 +11,9 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+source"
 
 if TYPE_CHECKING:
-    from raystack.client.cluster import Cluster, ClusterStatus
+    from raystack.client.cluster import Cluster
     from raystack.client.job import Job
+    from raystack.client.status import ClusterStatus
     from raystack.errors import RaystackError
 
 __all__ = ["Cluster", "ClusterStatus", "Job", "RaystackError", "__version__"]

@@ -13,18 +13,18 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import raystack.client.allocate as allocate
-from raystack.adapters.allocator import JobInfo, SlurmState, allocator
+from raystack.adapters.allocator import SlurmState, allocator
 from raystack.adapters.ray import Dashboard
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
-from raystack.client.pending import PendingShown, never_starts, pending_line, unseen_output
+from raystack.client.pending import PendingShown, pending_line, unseen_output
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end, settle
-from raystack.errors import ClusterError, ConfigError, NoSuchCluster, RayApiError
+from raystack.client.status import HEAD_SILENT, ClusterStatus, status_of
+from raystack.errors import ClusterError, ConfigError, NoSuchCluster
 from raystack.spec import job as specs
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import Profile
@@ -38,10 +38,8 @@ from raystack.store.queue import (
     QueueView,
     active,
     enqueue_all,
-    interrupted,
     positions,
     settle_orphans,
-    waiting,
 )
 from raystack.store.queue import view as queue_view
 
@@ -49,8 +47,6 @@ log = logging.getLogger("raystack")
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
-HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
-DEGRADED = "DEGRADED"  # (shown, never recorded: the record keeps what the head last wrote)
 Argv = list[str]  # (inside Cluster, `list` is the classmethod)
 JobRecords = list[JobRecord]
 Jobs = list[Job]
@@ -70,48 +66,6 @@ def filesystem_error(exc: OSError) -> str | None:
             "on a filesystem every node sees)"
         )
     return line
-
-
-@dataclass
-class ClusterStatus:
-    """A snapshot joining the record, SLURM's view and Ray's view of one cluster."""
-
-    name: str
-    state: str
-    message: str
-    allocation_id: str | None
-    slurm_state: str | None
-    slurm_reason: str | None
-    time_left_s: int | None
-    nodes_expected: int
-    nodes_alive: int | None
-    gpus: float | None
-    cpus: float | None
-    dashboard_url: str | None
-    ray_error: str | None = None
-    running_job: str | None = None
-    queued_jobs: int = 0
-    chain_index: int = 1
-    chain_count: int = 1
-    next_allocation_id: str | None = None  # the chain's next allocation, pending on this one
-    next_state: str | None = None
-    next_reason: str | None = None
-    resuming_jobs: list[str] | None = None  # INTERRUPTED: they resume in the next allocation
-    idle_s: float | None = None  # idle (nothing queued, running or attached) for this long
-    idle_timeout_s: float | None = None  # autostop after this long idle
-    prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
-    slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
-
-    @property
-    def ready(self) -> bool:
-        return self.state == ClusterState.READY.value and self.nodes_alive == self.nodes_expected
-
-    @property
-    def ended(self) -> bool:
-        return ClusterState(self.state).is_terminal()  # (a state of another version: not ended)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ready": self.ready}
 
 
 class Cluster:
@@ -334,83 +288,9 @@ class Cluster:
         return seen is not False
 
     # ------------------------------------------------------------------ inspect
-    def _said(self, record: ClusterRecord, info: JobInfo | None) -> tuple[str, str]:
-        """The state and message `status` shows: DEGRADED when the head has gone silent; why
-        nothing is heard from an allocation whose nodes do not see the cluster folder."""
-        silent = self.head_silent(record)
-        if silent is not None:
-            return DEGRADED, (
-                f"the head's node program has not been heard from for {silent:.0f}s (its log: "
-                f"{paths.cluster(self.name).node_log(record.head_host or '?')}); {record.message}"
-            )
-        if record.state is ClusterState.SUBMITTED:
-            hint = never_starts(self.name, info) or unseen_output(self.name, info, time.time())
-            if hint:
-                return record.state.value, f"{hint}; {record.message}"
-        return record.state.value, record.message
-
     def status(self) -> ClusterStatus:
-        record = self.record()
-        backend = allocator(record.backend)
-        info = backend.info(record.allocation_id) if record.allocation_id else None
-        time_left = backend.time_left(info)
-        nodes = gpus = cpus = None
-        ray_error = None
-        if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
-            try:
-                alive = live_dashboard(record, info).alive_nodes(timeout=5)
-                nodes = len(alive)
-                gpus = sum(n.resources.get("GPU", 0) for n in alive)
-                cpus = sum(n.resources.get("CPU", 0) for n in alive)
-            except RayApiError as exc:
-                ray_error = str(exc)
-            except ClusterError as exc:  # (SLURM says it ended, or did not answer: no token sent)
-                ray_error = str(exc)
-        running = active(self.name)
-        nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
-        state, message = self._said(record, info)
-        return ClusterStatus(
-            name=self.name,
-            state=state,
-            message=message,
-            allocation_id=record.allocation_id,
-            slurm_state=info.state.value if info else None,
-            slurm_reason=info.reason if info else None,
-            slurm_expected_start=info.start_time or None
-            if info and info.state is SlurmState.PENDING
-            else None,
-            time_left_s=time_left,
-            nodes_expected=record.nodes_expected,
-            nodes_alive=nodes,
-            gpus=gpus,
-            cpus=cpus,
-            dashboard_url=record.dashboard_url,
-            ray_error=ray_error,
-            running_job=running[0] if running else None,
-            queued_jobs=len(waiting(self.name)),
-            chain_index=record.chain_index,
-            chain_count=record.chain_count,
-            next_allocation_id=record.next_allocation_id,
-            next_state=nxt.state.value if nxt else None,
-            next_reason=nxt.reason if nxt else None,
-            resuming_jobs=interrupted(self.name),
-            idle_s=round(time.time() - record.idle_since, 1)
-            if record.idle_since and record.state is ClusterState.READY
-            else None,
-            idle_timeout_s=record.idle_timeout,
-            prometheus=record.prometheus,
-        )
-
-    def head_silent(self, record: ClusterRecord) -> float | None:
-        """Seconds since the head's last heartbeat, when a live-looking cluster's head has been
-        silent for over HEAD_SILENT seconds (a READY record then shows as DEGRADED); else None."""
-        if record.state is not ClusterState.READY:
-            return None
-        beat = read_heartbeat(self.name)
-        if beat is None or beat.get("allocation") != record.allocation_id:
-            return None  # (a head of an older raystack beats not at all: judge what can be judged)
-        age = time.time() - float(beat.get("t", 0))
-        return age if age > HEAD_SILENT else None
+        """The record, SLURM's and Ray's view joined (client/status.py)."""
+        return status_of(self.name, self.record())
 
     def dashboard(self) -> Dashboard:
         """An authenticated client of this cluster's dashboard (Jobs and State APIs), once SLURM
