@@ -80,6 +80,20 @@ class Upload:
     def biggest(self, n: int = 3) -> list[tuple[str, int]]:
         return sorted(self.by_top.items(), key=lambda kv: -kv[1])[:n]
 
+    def bulk(self) -> list[str]:
+        """The top-level entries that make the upload too big (a tenth of it or more; by file
+        count when the walk stopped at MAX_FILES): what to exclude, not every entry there is."""
+        if self.stopped and "files" in self.stopped:
+            counts: dict[str, int] = {}
+            for rel in self.files:
+                first = rel.split("/", 1)[0] + ("/" if "/" in rel else "")
+                counts[first] = counts.get(first, 0) + 1
+            weights, total = counts, len(self.files)
+        else:
+            weights, total = self.by_top, self.bytes
+        ranked = sorted(weights.items(), key=lambda kv: -kv[1])
+        return [name for name, w in ranked if w * 10 >= total][:3] or [ranked[0][0]]
+
 
 def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: int = MAX_FILES) -> Upload:
     """Walk `root` as Ray's packager does; stop once over `limit` bytes or `max_files` files.
@@ -159,9 +173,9 @@ def check(root: Path, excludes: list[str], source: str) -> Upload:
     if up.stopped is None:
         return up
     parts = [f"{name} ({size / 2**20:.0f} MiB)" for name, size in up.biggest()]
-    fix = ", ".join(name for name, _ in up.biggest())
+    fix = ", ".join(up.bulk())
     raise ConfigError(
         f"{source}: working_dir {root} holds {up.stopped} to upload (Ray's dashboard takes at most "
         f"{UPLOAD_LIMIT / 2**20:.0f} MiB; counted before compression); biggest: {', '.join(parts)}; "
-        f"add them to excludes (e.g. --set 'excludes=[{fix}]') or to a .rayignore"
+        f"add what it need not carry to excludes (e.g. --set 'excludes=[{fix}]') or to a .rayignore"
     )

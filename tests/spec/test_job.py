@@ -395,7 +395,7 @@ def test_working_dir_over_the_upload_limit_names_the_biggest_folders(home: Path)
     assert done.returncode == 1
     line = done.stderr.strip()
     assert "\n" not in line and "over 100 MiB to upload" in line, line
-    assert "biggest: data/ (100 MiB)" in line and "--set 'excludes=[data/" in line, line
+    assert "biggest: data/ (100 MiB)" in line and "--set 'excludes=[data/]'" in line, line  # (not src/: tiny)
     assert ledger.all_jobs("c4") == []
     # The fix it names works.
     assert submit(home, path, "--set", "excludes=[data/]").returncode == 0
@@ -577,3 +577,14 @@ def test_a_bare_off_or_no_turns_off_what_can_be_off(home: Path) -> None:
     assert load_spec(write(home, GOOD), ["timeout=off"]).timeout is None
     with pytest.raises(ConfigError, match=r"field 'stop_grace': false is a yes/no, not a duration"):
         load_spec(write(home, GOOD + "stop_grace: off\n"), [])  # (a grace cannot be off)
+
+
+def test_too_many_files_names_the_folder_that_holds_them(tmp_path: Path) -> None:
+    (tmp_path / "node_modules" / "x").mkdir(parents=True)
+    for i in range(30):
+        (tmp_path / "node_modules" / "x" / f"{i}.js").write_text("1")
+    (tmp_path / "big.txt").write_bytes(b"x" * 4096)  # the most bytes, but not the many files
+    (tmp_path / "train.py").write_text("print(1)\n")
+    up = workdir.scan(tmp_path, [], max_files=20)
+    assert up.stopped == "over 20 files"
+    assert up.bulk() == ["node_modules/"]
