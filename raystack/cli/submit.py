@@ -17,6 +17,7 @@ from raystack.cli.common import ClusterOpt, JsonOpt, app, err, on_interrupt, pri
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import ending_note
 from raystack.errors import ConfigError
+from raystack.spec.job import name_problem
 from raystack.spec.planning import PlanSpec, describe, occupied
 
 
@@ -116,6 +117,10 @@ RuntimeEnvOpt = Annotated[
 RuntimeEnvJsonOpt = Annotated[
     str | None, typer.Option("--runtime-env-json", metavar="JSON", help="Ray's runtime_env.")
 ]
+NameOpt = Annotated[
+    str | None,
+    typer.Option("--name", metavar="NAME", help="The job's name (as --set name=NAME; its id: NAME-<8 hex>)."),
+]
 SubmissionIdOpt = Annotated[
     str | None, typer.Option("--submission-id", metavar="ID", help="The job's id (default: <name>-<8 hex>).")
 ]
@@ -132,6 +137,7 @@ def submit(
         ),
     ] = None,
     cluster: ClusterOpt = None,
+    name: NameOpt = None,
     sets: SetOpt = None,
     sweep: SweepOpt = None,
     after: AfterOpt = None,
@@ -154,7 +160,10 @@ def submit(
     -memory, --entrypoint-resources, --metadata-json, --runtime-env[-json], --submission-id);
     --sweep makes one job per value, --after makes it wait for other jobs."""
     job_input = job_argument(ctx, list(args or []))
+    if name is not None and (why := name_problem(name)):
+        raise ConfigError(f"--name {why}")
     flags = {
+        "name": name,
         "working_dir": _absolute(working_dir),
         "entrypoint_num_cpus": entrypoint_num_cpus,
         "entrypoint_num_gpus": entrypoint_num_gpus,

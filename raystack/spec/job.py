@@ -163,6 +163,18 @@ ELSEWHERE = {
 }
 
 
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot be a job's name (it starts the job's id and file names), else None."""
+    if NAME.fullmatch(value):
+        return None
+    return (
+        f"{quote(value)}"
+        + (f" ({len(value)} characters)" if len(value) > 63 else "")
+        + " is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
+        "starting with a letter or digit"
+    )
+
+
 class JobSpec(SpecModel):
     """One job: what to run, with what environment, needing what, with which outputs."""
 
@@ -241,13 +253,8 @@ class JobSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME.fullmatch(value):
-            raise ValueError(
-                f"{quote(value)}"
-                + (f" ({len(value)} characters)" if len(value) > 63 else "")
-                + " is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
-                "starting with a letter or digit"
-            )
+        if why := name_problem(value):
+            raise ValueError(why)
         return value
 
     @field_validator("entrypoint", "command", mode="before")

@@ -588,3 +588,16 @@ def test_too_many_files_names_the_folder_that_holds_them(tmp_path: Path) -> None
     up = workdir.scan(tmp_path, [], max_files=20)
     assert up.stopped == "over 20 files"
     assert up.bulk() == ["node_modules/"]
+
+
+def test_submit_name_names_the_job_and_a_bad_one_is_refused(home: Path) -> None:
+    """`--name` (as `up --name`, sbatch's --job-name) was refused as an unknown option."""
+    done = submit(home, "--name", "eval", "--", "python", "-c", "print(1)")
+    assert done.returncode == 0, done.stderr
+    (job,) = ledger.all_jobs("c4")
+    assert job.name == "eval" and job.id.startswith("eval-")
+    bad = submit(home, "--name", "my eval", write(home, GOOD))
+    assert bad.returncode == 1 and bad.stderr.startswith(
+        "raystack: error: --name 'my eval' is not a job name"
+    )
+    assert len(ledger.all_jobs("c4")) == 1
