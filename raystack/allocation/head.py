@@ -415,6 +415,12 @@ class Head:
         lost = self.nodes()
         if lost:
             self.lose_nodes(lost)
+        elif self.nodes.reported and not self.nodes.missing_since:  # (a worker's Ray rejoined)
+            back, self.nodes.reported = ", ".join(self.nodes.reported), []
+            if records.read(self.ctx.cluster).ending is None:
+                message = f"node back: {back}; all {self.ctx.num_nodes} nodes in Ray"
+                log.info("%s", message)
+                records.update(self.ctx.cluster, message=message)
 
     def check_idle(self) -> str | None:
         assert self.idle is not None

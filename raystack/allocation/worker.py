@@ -37,6 +37,8 @@ STALL = 30.0  # seconds without a node joining after which a waiting worker join
 BEAT_STALE = 20.0  # seconds of a silent heartbeat after which a head whose GCS is gone is lost
 HEAD_HUNG = 300.0  # seconds of a silent heartbeat after which the head is lost even with its GCS up
 GCS_GONE = 3.0  # seconds without an answer from the GCS port that count as "gone"
+REJOINS = 3  # restarts of this node's Ray after the cluster is up, at most, per REJOIN_WINDOW
+REJOIN_WINDOW = 600.0
 
 
 def head_record(ctx: NodeContext) -> ClusterRecord | None:
@@ -176,6 +178,7 @@ class Worker:
             )
         ]
         self.ray: RayProcess | None = None
+        self.rejoined: list[float] = []  # when this node's Ray was started again after the cluster was up
 
     def _start_ray(self) -> RayProcess:
         # Fresh ports on every try: the last try's processes may not have released theirs yet.
@@ -205,27 +208,37 @@ class Worker:
     def restart(self, tries: Backoff) -> bool:
         """`ray start` exited. While the head still waits for its nodes, try again (NOTE: a GCS
         swamped by many nodes registering at once makes `ray start` give up after ~30 s: "The
-        current node timed out during startup"); else leave. Whether to go on."""
+        current node timed out during startup"). Once the cluster is up and its head lives, start
+        it again and rejoin (the allocation still holds this node: a raylet killed by the OOM
+        killer must not leave it idle until the walltime), up to REJOINS times per REJOIN_WINDOW.
+        Whether to go on."""
         assert self.ray is not None
         code = self.ray.proc.returncode
         try:
             still_joining = joining(self.ctx)
         except (OSError, RaystackError):
             still_joining = False
-        if not still_joining:
-            if self.watch.gcs_up():
-                log.error("ray start exited with code %s while the head lives; leaving", code)
-            else:
-                log.info("ray start exited with code %s; head %s is gone; leaving", code, self.gcs)
+        if still_joining:
+            why = f"ray start exited with code {code} (try {tries.attempt + 1})"
+            why += " while the head waits for its nodes"
+        elif not self.watch.gcs_up():
+            log.info("ray start exited with code %s; head %s is gone; leaving", code, self.gcs)
             return False
+        else:
+            now = self.clock.now()
+            self.rejoined = [t for t in self.rejoined if now - t < REJOIN_WINDOW]
+            if len(self.rejoined) >= REJOINS:
+                log.error(
+                    "Ray on this node exited (code %s) while the head lives, the %d time in %.0f s; leaving",
+                    code,
+                    REJOINS + 1,
+                    REJOIN_WINDOW,
+                )
+                return False
+            self.rejoined.append(now)
+            why = f"Ray on this node exited (code {code}) while the head lives; it rejoins"
         delay = tries.next()
-        log.warning(
-            "ray start exited with code %s (try %d) while the head waits for its nodes; "
-            "trying again in %.1fs",
-            code,
-            tries.attempt,
-            delay,
-        )
+        log.warning("%s: trying again in %.1fs", why, delay)
         self.ray.stop()  # (whatever that try left behind: its raylet may still be registering)
         self.reap.owned.discard(self.ray.proc.pid)
         self.clock.sleep(delay)

@@ -80,6 +80,11 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
     running = active(name)
     nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
     state, message = said(name, record, info)
+    if state == ClusterState.READY.value and nodes is not None and nodes < record.nodes_expected:
+        message = (
+            f"{nodes} of {record.nodes_expected} nodes in Ray now: a node's Ray left (whether it rejoins: "
+            f"{paths.cluster(name).logs}/node-*.log); {message}"
+        )
     return ClusterStatus(
         name=name,
         state=state,

@@ -264,6 +264,40 @@ def test_a_worker_that_finds_the_head_gone_settles_the_jobs_and_cancels(
     assert job.state is JobState.INTERRUPTED and queue.active("c") == []  # it resumes next time
 
 
+def test_a_worker_whose_ray_dies_while_the_head_lives_rejoins(
+    home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a worker's raylet killed (kill -9 on the testbed; the OOM killer on a real node) made
+    its node program leave while the head lived: the cluster stayed at 1 of 2 nodes and SLURM held
+    the node idle until the walltime. Now it rejoins; a Ray that keeps dying is given up on."""
+    clock, started = FakeClock(), []
+
+    def start(lives: int) -> FakeRay:
+        started.append(clock.now())
+        return FakeRay(alive_for=lives)
+
+    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, start_ray=lambda: start(50))
+    node.watch.beat, node.duties = Beats(), []
+    with caplog.at_level(logging.WARNING, "raystack.node"):
+        assert node.run() == 0  # dies every ~50 s: REJOINS rejoins, then it leaves
+    assert len(started) == 1 + worker.REJOINS
+    assert caplog.text.count("while the head lives; it rejoins") == worker.REJOINS
+    assert f"the {worker.REJOINS + 1} time in 600 s; leaving" in caplog.text
+
+    def seldom() -> FakeRay:  # dies every ~400 s: always rejoins, until the head records the end
+        if len(started) == 10:
+            clusters.update("c", state=ClusterState.STOPPED)
+        return start(400)
+
+    started.clear()
+    caplog.clear()
+    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, start_ray=seldom)
+    node.watch.beat, node.duties = Beats(), []
+    with caplog.at_level(logging.WARNING, "raystack.node"):
+        assert node.run() == 0
+    assert len(started) >= 10 and "leaving" not in caplog.text  # (the end is read every RECORD_EVERY)
+
+
 # ---------------------------------------------------------------------------- the head's loop
 def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
     home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -290,6 +324,29 @@ def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
     assert "Disk quota exceeded" in caplog.text and "invalid literal" in caplog.text
     beat = read_heartbeat("c")
     assert beat is not None and beat["n"] > 10  # it kept beating all along
+
+
+def test_a_lost_node_that_rejoins_is_said_back(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`node lost: node4; running on without it` stayed in the record after the node's Ray rejoined."""
+    clock, missing = FakeClock(), [["node4"]]
+    h = head_mod.Head(ctx(home, 0), FakeRay(), clock=clock)  # type: ignore[arg-type]
+    monkeypatch.setattr(head_mod, "missing_nodes", lambda c, alive: missing[0])
+
+    class Alive:
+        def alive_nodes(self) -> list[Any]:
+            return []
+
+    clusters.update("c", dashboard_url="http://10.0.0.1:8265")
+    h.nodes.dashboard = Alive()  # type: ignore[assignment]
+    for _ in range(8):  # 40 s missing: over the 30 s grace
+        h.watch_nodes()
+        clock.advance(5)
+    assert clusters.read("c").message == "node lost: node4; running on without it"
+    missing[0] = []
+    clock.advance(5)
+    h.watch_nodes()
+    assert clusters.read("c").message == "node back: node4; all 4 nodes in Ray"
+    assert clusters.read("c").state is ClusterState.READY
 
 
 def test_an_unexpected_error_ends_the_allocation_with_ray_stopped_and_jobs_requeued(

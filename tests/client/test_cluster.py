@@ -315,3 +315,35 @@ def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_rea
     assert pending("Priority", 10_000 + 900)  # by a quarter of an hour
     assert pending("Resources", 10_900)  # a new reason
     assert pending("Resources")  # the estimate withdrawn
+
+
+def test_status_of_a_ready_cluster_missing_a_node_says_so(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record said `READY 2 nodes, 8 GPUs ready` while Ray had 1 (a worker's raylet killed)."""
+    from raystack.adapters import slurm
+    from raystack.adapters.allocator import JobInfo, SlurmState
+    from raystack.adapters.ray import NodeSummary
+    from raystack.client import status
+
+    clusters.create("c")
+    clusters.write(
+        ClusterRecord(
+            name="c",
+            state=ClusterState.READY,
+            allocation_id="77",
+            nodes_expected=2,
+            dashboard_url="http://10.0.0.1:8265",
+            message="2 nodes, 8 GPUs ready",
+        )
+    )
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.RUNNING))
+
+    class OneNode:
+        def alive_nodes(self, timeout: float) -> list[NodeSummary]:
+            return [NodeSummary("n1", "10.0.0.1", True, {"GPU": 4.0, "CPU": 4.0})]
+
+    monkeypatch.setattr(status, "live_dashboard", lambda record, info=None: OneNode())
+    st = Cluster("c").status()
+    assert not st.ready and st.nodes_alive == 1
+    assert st.message.startswith("1 of 2 nodes in Ray now: a node's Ray left") and "node-*.log" in st.message

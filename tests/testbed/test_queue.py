@@ -334,6 +334,38 @@ def test_queue_survives_faults(qc: dict, tmp_path: Path, monkeypatch: pytest.Mon
     print(f"FAULTS {json.dumps(report)}")
 
 
+def test_a_worker_whose_raylet_is_killed_rejoins_and_whole_cluster_jobs_run(qc: dict) -> None:
+    """Before: a worker's raylet SIGKILLed (as the OOM killer does) made its node program leave; the
+    cluster stayed at NODES-1 nodes until the walltime, SLURM holding the node idle."""
+    cluster: Cluster = qc["cluster"]
+    record = clusters.read("qc")
+    head_ip = str(record.gcs_address).rsplit(":", 1)[0]
+    [(victim, ip)] = [
+        (pid, ip)
+        for pid, cmd in processes_of_job(str(record.allocation_id))
+        if "/raylet " in f"{cmd.split()[0]} "
+        and (ip := cmd.split("--node_ip_address=")[1].split()[0]) != head_ip
+    ][-1:]
+    os.kill(victim, signal.SIGKILL)
+    logs = list(cluster.paths.logs.glob("node-*.log"))
+    wait_until(
+        lambda: any("while the head lives; it rejoins" in log.read_text() for log in logs), 60, "a rejoin"
+    )
+    wait_until(
+        lambda: any(
+            pid != victim and f"--node_ip_address={ip} " in f"{cmd} " and "/raylet " in f"{cmd.split()[0]} "
+            for pid, cmd in processes_of_job(str(record.allocation_id))
+        ),
+        60,
+        f"a new raylet on {ip}",
+    )
+    wait_until(lambda: Cluster("qc").status().nodes_alive == NODES, 120, f"{NODES} nodes alive")
+    code = "import ray; ray.init(); print('ALIVE', len({n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))"  # noqa: E501
+    job = cluster.submit(py(code), sets=["name=whole", "needs.nodes=" + str(NODES)])
+    assert finished(job).state is JobState.SUCCEEDED, job.record().message
+    assert f"ALIVE {NODES}" in job.logs()
+
+
 def test_logs_and_ledger_outlive_the_allocation(qc: dict) -> None:
     cluster: Cluster = qc["cluster"]
     cluster.down()
