@@ -43,6 +43,7 @@ class NodeShape:
     gpus: int
     nodes: int
     uniform: bool
+    mem_mb: int | None = None  # RealMemory per node (the smallest), where sinfo lists it
 
 
 # ---------------------------------------------------------------------------- command runner
@@ -180,22 +181,26 @@ def gres_gpus(gres: str) -> int:
 
 
 def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
-    """`sinfo --noheader --Node --format=%N|%P|%c|%G` -> the shape of `partition`'s nodes (the
-    default partition, marked '*', when None). Raises SlurmError when it has no nodes."""
+    """`sinfo --noheader --Node --format=%N|%P|%c|%G|%m` -> the shape of `partition`'s nodes (the
+    default partition, marked '*', when None; without the memory field, memory is unknown).
+    Raises SlurmError when it has no nodes."""
     rows: dict[str, tuple[int, int]] = {}
+    mems: list[int] = []
     default = None
     seen: set[str] = set()
     for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) != 4:
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) not in (4, 5):
             continue
-        node, part, cpus, gres = (p.strip() for p in parts)
+        node, part, cpus, gres = parts[:4]
         if part.endswith("*"):
             part = part[:-1]
             default = part
         seen.add(part)
         if part == (partition or default) and cpus.isdigit():
             rows[node] = (int(cpus), gres_gpus(gres))
+            if len(parts) == 5 and parts[4].isdigit():
+                mems.append(int(parts[4]))
     name = partition or default
     if partition and seen and partition not in seen:
         raise NoSuchPartition(
@@ -212,7 +217,19 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
         gpus=min(g for _, g in shapes),
         nodes=len(rows),
         uniform=len(shapes) == 1,
+        mem_mb=min(mems) if mems and len(mems) == len(rows) else None,
     )
+
+
+SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+
+
+def parse_mem_mb(text: str | None) -> int | None:
+    """sbatch's --mem in MB (a number is MB; K, M, G, T suffixes); None where it is not one."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT])?B?", (text or "").strip().upper())
+    if not match:
+        return None
+    return int(float(match[1]) * SIZE_MB[match[2] or "M"])
 
 
 def parse_sinfo_time_limits(text: str, partition: str | None) -> tuple[str, int | None] | None:
@@ -273,8 +290,8 @@ def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
 
 
 def node_shape(partition: str | None) -> NodeShape:
-    """CPUs and GPUs per node of `partition` (or the default one), from sinfo."""
-    return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G"]), partition)
+    """CPUs, GPUs and memory per node of `partition` (or the default one), from sinfo."""
+    return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G|%m"]), partition)
 
 
 def time_limit(partition: str | None) -> tuple[str, int | None] | None:

@@ -212,13 +212,21 @@ def _fits(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
 
 def _why_refused(p: AllocationPlan) -> str:
     """What sinfo says a refused request does not fit (SLURM's own words name no number: `Node
-    count specification invalid`), as '; ...'; '' when sinfo sees no misfit or cannot say."""
+    count specification invalid`, `Memory specification can not be satisfied`), as '; ...'; ''
+    when sinfo sees no misfit or cannot say."""
     try:
-        _fits(slurm.node_shape(p.partition), p.nodes or 0, p.gpus_per_node, p.cpus_per_task)
+        shape = slurm.node_shape(p.partition)
+        _fits(shape, p.nodes or 0, p.gpus_per_node, p.cpus_per_task)
     except (ConfigError, NoSuchPartition) as exc:
         return f"; {exc}"
     except SlurmError:
-        pass
+        return ""
+    asked = slurm.parse_mem_mb(p.mem)
+    if asked and shape.mem_mb is not None and asked > shape.mem_mb:
+        return (
+            f"; --mem {p.mem}: partition {shape.partition}'s nodes have {shape.mem_mb} MB "
+            f"({shape.mem_mb / 1024:.0f}G, sinfo); ask at most {shape.mem_mb}M, or --mem 0 for all of it"
+        )
     return ""
 
 

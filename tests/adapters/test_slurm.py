@@ -87,6 +87,18 @@ def test_sinfo_node_shape() -> None:
         slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
+def test_sinfo_node_memory_and_sbatch_mem() -> None:
+    """Recorded on the testbed with the memory field (%m, RealMemory in MB); an older recording
+    without it parses with the memory unknown."""
+    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).mem_mb == 16000
+    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None).mem_mb is None
+    both = "a|gpu*|64|gpu:4|515000\nb|gpu*|64|gpu:4|480000\n"
+    assert slurm.parse_sinfo_nodes(both, None).mem_mb == 480000
+    sizes = {"500G": 512000, "200g": 204800, "16000": 16000, "1T": 1048576, "512M": 512, "0": 0}
+    assert {text: slurm.parse_mem_mb(text) for text in sizes} == sizes
+    assert slurm.parse_mem_mb("lots") is None and slurm.parse_mem_mb(None) is None
+
+
 def test_sinfo_time_limits() -> None:
     """`sinfo --format=%P|%l` as SLURM prints it: the default partition marked '*'."""
     text = "gh*|1-00:00:00\ndebug|30:00\nlong|infinite\nodd|2h\n"

@@ -95,6 +95,13 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
         f"--nodes {NODES + 1}: partition testbed has {NODES} node(s) (sinfo); ask at most {NODES}"
         in done.stderr
     )
+    # `Memory specification can not be satisfied` names no number either.
+    done = raystack("up", "--nodes", "1", "--profile", "testbed", "--mem", "500G", "--name", "fat")
+    assert done.returncode == 1 and "Memory specification can not be satisfied" in done.stderr, done.stderr
+    assert (
+        "; --mem 500G: partition testbed's nodes have 16000 MB (16G, sinfo); ask at most 16000M"
+        in done.stderr
+    )
 
 
 def test_a_walltime_over_the_partitions_limit_is_refused_before_sbatch(rs_home: Path) -> None:
