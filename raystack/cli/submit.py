@@ -39,6 +39,7 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
     verb = ctx.command_path  # raystack submit, raystack check
     before, command = (args, []) if after is None else (args[: len(args) - after], args[len(args) - after :])
     if after is not None:
+        _one_word_pairs(ctx.meta.get("raw_args", args), after)
         if before:
             raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
         if not command:
@@ -62,6 +63,14 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
     fix = shlex.join([*verb.split(), *raw[:i], "--", *raw[i:]])  # (raystack submit, raystack check)
     near = _nearest_spec(before[0]) if len(before) == 1 else ""
     raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
+
+
+def _one_word_pairs(raw: list[str], after: int) -> None:
+    """`--set env.LR 1 -- cmd` (a space where the = goes): the 1 would be taken for the job."""
+    mine = raw[: len(raw) - after - 1]
+    for option, value, nxt in zip(mine, mine[1:], [*mine[2:], None], strict=False):
+        if option in ("--set", "--sweep") and "=" not in value and nxt and not nxt.startswith("-"):
+            raise ConfigError(f"{option} {value}: each option takes one word: {option} {value}={nxt}")
 
 
 def _nearest_spec(given: str) -> str:

@@ -437,10 +437,15 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
                 where = ".".join(path[:i]) or "the spec"
                 valid = ", ".join(sorted(model_fields))
                 moved = ELSEWHERE.get(part.lower().replace("-", "_")) if i == 0 else None
+                close = difflib.get_close_matches(part, model_fields, n=1, cutoff=0.75)
+                hint = f"did you mean {close[0]}?" if close else None
+                if not hint and i == 0 and part.isidentifier():
+                    hint = f"an environment variable is env.{part}"
                 raise ConfigError(
                     f"--set {quote(item)}: {quote(part)} is not a field of {where}"
                     + (f" ({moved})" if moved else "")
                     + f"; valid: {valid}"
+                    + (f"; {hint}" if hint and not moved else "")
                 )
             if last:
                 node[part] = value

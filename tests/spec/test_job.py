@@ -601,3 +601,27 @@ def test_submit_name_names_the_job_and_a_bad_one_is_refused(home: Path) -> None:
         "raystack: error: --name 'my eval' is not a job name"
     )
     assert len(ledger.all_jobs("c4")) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--sweep", "lr=1,2"], "--sweep 'lr=1,2': 'lr' is not a field of the spec; valid: after, "),
+        (["--set", "nme=x"], "--set 'nme=x': 'nme' is not a field of the spec; valid: after, "),
+        (["--set", "needs.gpu=1"], "--set 'needs.gpu=1': 'gpu' is not a field of needs; valid: cpus, "),
+        (["--set", "env.LR", "1"], "--set env.LR: each option takes one word: --set env.LR=1"),
+        (["--sweep", "env.LR", "1,2"], "--sweep env.LR: each option takes one word: --sweep env.LR=1,2"),
+    ],
+)
+def test_set_and_sweep_typos_are_answered_with_the_fix(home: Path, args: list[str], said: str) -> None:
+    """Before: --sweep's mistakes were named as --set's; `--set env.LR 1` was told "'1' before --"."""
+    done = submit(home, *args, "--", "python", "-c", "print(1)")
+    assert done.returncode == 1 and done.stderr.startswith(f"raystack: error: {said}"), done.stderr
+    hint = {
+        "lr": "; an environment variable is env.lr",
+        "nme": "; did you mean name?",
+        "needs.gpu": "; did you mean gpus?",
+    }
+    key = args[1].split("=")[0]
+    assert done.stderr.rstrip().endswith(hint.get(key, "")) and "\n" not in done.stderr.rstrip(), done.stderr
+    assert ledger.all_jobs("c4") == []
