@@ -80,6 +80,7 @@ class JobInfo:
     end_time: int = 0  # epoch seconds: expected end while running, actual end once finished
     time_limit_s: int = 0  # 0 when unlimited or unknown
     exit_code: str = ""
+    command: str = ""  # the script SLURM runs (squeue's %o), where it was asked for
 
 
 class Allocator(ABC):

@@ -282,11 +282,24 @@ def job_info(job_id: str) -> JobInfo | None:
 
 
 def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
-    """This user's jobs called `name` that slurmctld knows (active or recently finished)."""
+    """This user's jobs called `name` that slurmctld knows (active or recently finished), each with
+    the script it runs (`command`: which cluster folder it belongs to)."""
     # (never every user's: another user's cluster of the same name is no twin of this one)
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
-    argv = ["squeue", "--noheader", f"--name={name}", f"--format={SQUEUE_FORMAT}", f"--user={user}"]
-    return parse_squeue(_run(argv))
+    argv = ["squeue", "--noheader", f"--name={name}", "--format=%i|%T|%o", f"--user={user}"]
+    return parse_squeue_commands(_run(argv), name)
+
+
+def parse_squeue_commands(text: str, name: str) -> dict[str, JobInfo]:
+    """`squeue --noheader --format=%i|%T|%o` lines of jobs called `name` (the command last: a
+    path may hold '|')."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) == 3 and parts[0].strip().isdigit():
+            job_id = parts[0].strip()
+            jobs[job_id] = JobInfo(job_id, parse_state(parts[1]), name=name, command=parts[2].strip())
+    return jobs
 
 
 def node_shape(partition: str | None) -> NodeShape:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -469,8 +470,15 @@ def submit(p: AllocationPlan) -> ClusterRecord:
         )
     check_name_free(p.name)
     # A live allocation of this name that the record does not know (submitted by hand, or
-    # its record lost) would run a second queue runner on the same queue.
-    twins = [i for i in slurm.jobs_named(f"raystack-{p.name}").values() if i.state.is_active()]
+    # its record lost) would run a second queue runner on the same queue; one that runs another
+    # RAYSTACK_HOME's cluster folder (another project's cluster of the same name) is no twin.
+    mine = os.path.realpath(p.script_path)
+    twins = [
+        i
+        for i in slurm.jobs_named(f"raystack-{p.name}").values()
+        if i.state.is_active()
+        and not (i.command.endswith(f"/{p.name}/{paths.SCRIPT}") and os.path.realpath(i.command) != mine)
+    ]
     if twins:
         raise ClusterError(
             f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "

@@ -99,6 +99,15 @@ def test_sinfo_node_memory_and_sbatch_mem() -> None:
     assert slurm.parse_mem_mb("lots") is None and slurm.parse_mem_mb(None) is None
 
 
+def test_squeue_commands_name_the_cluster_folder() -> None:
+    """Recorded on the testbed: `squeue --format=%i|%T|%o` of a cluster's allocation."""
+    (info,) = slurm.parse_squeue_commands(fixture("squeue-commands.txt"), "raystack-rec").values()
+    assert info.state.is_active() and info.name == "raystack-rec"
+    assert info.command.endswith("/clusters/rec/raystack.sbatch")
+    odd = slurm.parse_squeue_commands("7|PENDING|/x/a|b/raystack.sbatch\njunk\n", "n")
+    assert odd["7"].command == "/x/a|b/raystack.sbatch" and len(odd) == 1
+
+
 def test_sinfo_time_limits() -> None:
     """`sinfo --format=%P|%l` as SLURM prints it: the default partition marked '*'."""
     text = "gh*|1-00:00:00\ndebug|30:00\nlong|infinite\nodd|2h\n"

@@ -63,6 +63,36 @@ def test_two_clusters_share_nodes_and_down_of_one_spares_the_other(rs_home: Path
     assert processes_of_job(rb.allocation_id) == []
 
 
+def test_a_cluster_of_the_same_name_in_another_raystack_home_is_no_twin(rs_home: Path) -> None:
+    """Two projects (two RAYSTACK_HOMEs) of one user may each have a cluster `grpo`. Before, the
+    second `up` was refused and told to scancel the other project's allocation."""
+    other = {"RAYSTACK_HOME": str(rs_home / "other-project")}
+    one = [
+        "up",
+        "--nodes",
+        "1",
+        "--profile",
+        "testbed",
+        "--gpus-per-node",
+        "1",
+        "--name",
+        "same",
+        "--no-wait",
+    ]
+    try:
+        for env in (None, other):
+            done = raystack(*one, env=env)
+            assert done.returncode == 0, done.stderr
+        done = raystack("status", "same", "--json", env=other)
+        theirs = json.loads(done.stdout)["allocation_id"]
+        assert theirs != clusters.read("same").allocation_id
+    finally:
+        raystack("down", "same", env=other)
+    # The same name in this home is still refused while its allocation lives.
+    done = raystack(*one)
+    assert done.returncode == 1 and "name 'same' is in use by a live cluster" in done.stderr, done.stderr
+
+
 def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
     cluster = Cluster.up(2, profile="testbed", name="victim", timeout=180)
     job = clusters.read("victim").allocation_id
