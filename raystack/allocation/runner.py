@@ -35,6 +35,7 @@ from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
 from raystack.launch import PIN_DIR
+from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
 from raystack.spec.submission import driver_entrypoint, run_dir, submit_options
 from raystack.store import cluster as records
@@ -489,7 +490,7 @@ class Runner:
         if info.driver_exit_code is None:
             return str(info.message or "")
         last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
-        return f"exit code {info.driver_exit_code}: {last or 'it printed nothing'}"
+        return f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}"
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
         """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,

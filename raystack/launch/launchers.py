@@ -160,6 +160,15 @@ def exit_words(code: int) -> str:
     return f"{code} ({how})" if how else str(code)
 
 
+def shell_exit_words(code: int) -> str:
+    """A shell's exit status, for people: 128+N is signal N (137: SIGKILL, which with no Python
+    traceback is most often the kernel's out-of-memory killer)."""
+    how = killed_by(128 - code) if 128 < code < 128 + 65 else None
+    if how == "killed by SIGKILL":
+        how += ", most often the out-of-memory killer"
+    return f"{code} ({how})" if how else str(code)
+
+
 def failure(lines: list[str], code: int) -> tuple[int | None, int]:
     """(global rank, exit code) of the process that failed a launcher, as far as its output
     says: torchrun's (and accelerate's) root cause, DeepSpeed's return code; else the launcher's."""

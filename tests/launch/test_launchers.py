@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from raystack.launch.launchers import Rendezvous, argv, exit_words, failure, hostfile, wants_multi_gpu
+from raystack.launch.launchers import (
+    Rendezvous,
+    argv,
+    exit_words,
+    failure,
+    hostfile,
+    shell_exit_words,
+    wants_multi_gpu,
+)
 
 
 def rdv(node_rank: int = 1, nnodes: int = 2, procs: int = 4, gpus: bool = True) -> Rendezvous:
@@ -147,3 +155,9 @@ def test_exit_words_name_the_signal_that_killed_a_rank() -> None:
     assert exit_words(-6) == "-6 (killed by SIGABRT)"
     assert exit_words(-9) == "-9 (killed by SIGKILL)"
     assert exit_words(-200) == "-200"  # no such signal: the number as given
+
+
+def test_a_shells_exit_status_names_the_signal() -> None:
+    assert shell_exit_words(137) == "137 (killed by SIGKILL, most often the out-of-memory killer)"
+    assert shell_exit_words(139) == "139 (killed by SIGSEGV)"
+    assert [shell_exit_words(c) for c in (0, 3, 128, 255)] == ["0", "3", "128", "255"]

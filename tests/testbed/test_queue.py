@@ -128,7 +128,13 @@ def test_failing_job_is_recorded_and_the_next_still_runs(qc: dict) -> None:
     assert "FAILED" in follow.stderr
     failed = [r for r in Cluster("qc").jobs() if r.state is JobState.FAILED][-1]
     assert failed.exit_code == 3 and "exit code 3" in failed.message.lower()
+    killed = qc["cluster"].submit(py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
     nxt = qc["cluster"].submit(py("print('after the failure')"))
+    # (a driver SIGKILLed, as the OOM killer does: the shell's 137 is said as what it means)
+    message = finished(killed).message
+    assert message.startswith("exit code 137 (killed by SIGKILL, most often the out-of-memory killer)"), (
+        message
+    )
     assert finished(nxt).state is JobState.SUCCEEDED
 
 
