@@ -32,7 +32,12 @@ def cluster_shape(cluster: str | None, nodes: int | None, gpus: int | None, cpus
         record = Cluster.get(cluster).record()
         return Shape(record.nodes_expected, record.gpus_per_node, record.cpus_per_node)
     if not (nodes and gpus and cpus):
-        raise ConfigError("plan grpo: give --cluster NAME, or --nodes, --gpus-per-node and --cpus-per-node")
+        given = {"--nodes": nodes, "--gpus-per-node": gpus, "--cpus-per-node": cpus}
+        missing = " and ".join(k for k, v in given.items() if not v)
+        raise ConfigError(
+            f"plan grpo: give --cluster NAME, or --nodes, --gpus-per-node and --cpus-per-node ({missing} "
+            "missing; e.g. Isambard's GH200 nodes: --gpus-per-node 4 --cpus-per-node 288)"
+        )
     return Shape(nodes, gpus, cpus)
 
 

@@ -554,3 +554,22 @@ def test_top_into_a_pipe_shows_one_snapshot(home: Path) -> None:
         [sys.executable, "-m", "raystack", "top", "c4"], capture_output=True, text=True, timeout=120
     )
     assert "c4" in done.stdout and "STARTING" in done.stdout, done.stdout + done.stderr
+
+
+def test_plan_grpo_without_a_shape_names_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "grpo", "--learners", "8", "--nodes", "2", "--gpus-per-node", "4")
+    assert code == 1 and "(--cpus-per-node missing; e.g. Isambard's GH200 nodes:" in err, err
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "grpo",
+        "--learners",
+        "4",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--cpus-per-node",
+        "72",
+    )
+    assert code == 0 and "--vllm_num_engines" in out
