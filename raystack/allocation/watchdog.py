@@ -123,6 +123,7 @@ class Watchdog:
             driver = {
                 "CPU": req.entrypoint_num_cpus,
                 "GPU": req.entrypoint_num_gpus,
+                "memory": float(req.entrypoint_memory),  # (bytes, as Ray's memory resource)
                 **req.entrypoint_resources,
             }
             why = why_infeasible(Demand("driver", "(entrypoint)", [driver]), nodes)

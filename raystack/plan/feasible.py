@@ -45,8 +45,13 @@ def fits(bundle: Resources, node: Resources) -> bool:
 def fmt(resources: Resources, keys: list[str] | None = None) -> str:
     """{GPU: 4, CPU: 16}: the keys asked for (GPU and CPU first), numbers without '.0'."""
     order = keys or [k for k in SHOWN if k in resources] + sorted(k for k in resources if k not in SHOWN)
-    parts = [f"{k}: {resources.get(k, 0):g}" for k in order]
+    parts = [f"{k}: {_amount(k, resources.get(k, 0))}" for k in order]
     return "{" + ", ".join(parts) + "}"
+
+
+def _amount(key: str, value: float) -> str:
+    """A resource's amount: memory in GiB (Ray counts it in bytes), the rest as numbers."""
+    return f"{value / 2**30:.3g}GiB" if key in ("memory", "object_store_memory") else f"{value:g}"
 
 
 def _largest(nodes: Sequence[Resources], bundle: Resources) -> Resources:

@@ -94,6 +94,25 @@ def test_a_driver_asking_resources_no_node_has_never_waits_forever(home: Path) -
     assert "TPU: 4" in record.message
 
 
+def test_a_driver_asking_more_memory_than_any_node_has_never_waits_forever(home: Path) -> None:  # noqa: F811
+    """Before: `--entrypoint-memory 100G` on 20 GiB nodes stayed SUBMITTED for ever (the driver's
+    memory was not part of its demand) and held the queue."""
+    api, clock = FakeApi(), Clock()
+    for node in api.nodes:
+        node.resources["memory"] = 20.0 * 2**30
+    r = runner(api, clock)
+    job = submit(entrypoint_memory=100 * 2**30, infeasible_grace=10)
+    small = submit(entrypoint_memory=2**30)
+    for _ in range(5):
+        r.tick()
+        clock.t += 5
+    record = read_job("c", job)
+    assert record.state is JobState.FAILED, record.message
+    wants = "the driver wants {memory: 100GiB}; the largest node has {GPU: 4, CPU: 16, memory: 20GiB}"
+    assert record.message == f"infeasible: {wants}", record.message
+    assert read_job("c", small).state is not JobState.QUEUED  # the queue went on
+
+
 def write_samples(job: str, busy: float, t0: float, n: int) -> None:
     path = paths.cluster("c").usage_file("100", "node1")
     with open(path, "a") as fh:
