@@ -34,10 +34,9 @@ from raystack.allocation.picker import Picker
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
-from raystack.launch import PIN_DIR
 from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
-from raystack.spec.submission import driver_entrypoint, run_dir, submit_options
+from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_options
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs, stacks
 from raystack.store import queue as store
@@ -54,6 +53,7 @@ LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
 STACK_WAIT = 20.0  # seconds a hung job waits for the nodes' stack dumps before it is stopped
+STOP_UNHEARD = 15.0  # seconds a job Ray keeps PENDING may ignore its stop before it is ended here
 SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
@@ -96,7 +96,7 @@ class Runner:
         self.clock = clock
         self.submit_timeout = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT") or SUBMIT_TIMEOUT)
         self.resources_free = resources_free or self._resources_free
-        self.stop_sent: set[str] = set()
+        self.stop_sent: dict[str, float] = {}  # when each stop was sent (the runner's clock)
         self.tails: dict[str, LogTail] = {}
         self.waiting: list[Entry] = []
         self.active: set[str] = set()
@@ -327,6 +327,8 @@ class Runner:
             if fault:
                 record = self.fault(record, attempt.id, fault)
         self.enforce_stop_and_timeout(record, attempt.id)
+        if state is JobState.SUBMITTED and self.clock() - self.stop_sent.get(attempt.id, 1e18) > STOP_UNHEARD:
+            return self.never_started(record, attempt.id)
         if not state.is_terminal():
             return False
         self.watchdog.forget(attempt.id)
@@ -404,7 +406,22 @@ class Runner:
             )
             log.info("stopping %s (%s)", sid, why)
             self.api.stop(sid)
-            self.stop_sent.add(sid)
+            self.stop_sent[sid] = self.clock()
+
+    def never_started(self, record: JobRecord, sid: str) -> bool:
+        """A stop sent to a job Ray still keeps PENDING (its driver never got its resources) is
+        not heard: Ray queues it for a job supervisor that may never start (and fails the job
+        only after its own start timeout, 15 min). Nothing of it runs: end it here, so it holds
+        the queue no longer (Ray stops it if it ever starts)."""
+        self.watchdog.forget(sid)
+        del self.stop_sent[sid]
+        if self.interrupting and not record.stop_requested:
+            store.requeue(self.name, record.id, self.interrupted_message())
+        elif record.stop_requested:
+            self.finish(record, JobState.STOPPED, "stopped before it started")
+        else:
+            self.finish(record, JobState.FAILED, record.fault or "stopped before it started")
+        return True
 
     def ended(self, record: JobRecord, state: JobState, info: Any) -> bool:
         """The attempt ended in Ray: retry it, or record the job's final state."""
@@ -547,20 +564,6 @@ class Runner:
         except RayApiError as exc:
             log.warning("cannot check resources: %s", exc)
             return False
-
-
-def pinned(options: dict[str, Any], nodes: list[str], node_ids: list[str]) -> dict[str, Any]:
-    """A packed job's submission: its driver on its first node (Ray's `node:<ip>` resource), and
-    every process of it with the hook that keeps its tasks, actors and placement groups on its
-    nodes (launch/pinned/sitecustomize.py); RAYSTACK_NODES tells the job where it runs."""
-    renv = dict(options["runtime_env"])
-    env = dict(renv["env_vars"])
-    env["RAYSTACK_PIN_NODES"] = ",".join(i for i in node_ids if i)
-    env["RAYSTACK_NODES"] = ",".join(nodes)
-    env["PYTHONPATH"] = f"{PIN_DIR}:{env.get('PYTHONPATH', '${PYTHONPATH}')}"
-    renv["env_vars"] = env
-    resources = {**(options.get("entrypoint_resources") or {}), f"node:{nodes[0]}": 0.001}
-    return {**options, "runtime_env": renv, "entrypoint_resources": resources}
 
 
 def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:

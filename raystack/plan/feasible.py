@@ -50,8 +50,11 @@ def fmt(resources: Resources, keys: list[str] | None = None) -> str:
 
 
 def _amount(key: str, value: float) -> str:
-    """A resource's amount: memory in GiB (Ray counts it in bytes), the rest as numbers."""
-    return f"{value / 2**30:.3g}GiB" if key in ("memory", "object_store_memory") else f"{value:g}"
+    """A resource's amount: memory in GiB or TiB (Ray counts it in bytes), the rest as numbers."""
+    if key not in ("memory", "object_store_memory"):
+        return f"{value:g}"
+    gib = value / 2**30
+    return f"{gib:.3g}GiB" if gib < 1000 else f"{gib / 1024:.3g}TiB"
 
 
 def _largest(nodes: Sequence[Resources], bundle: Resources) -> Resources:

@@ -8,7 +8,7 @@ import math
 import shlex
 from typing import Any
 
-from raystack.launch import SUBMIT_DIR_ENV
+from raystack.launch import PIN_DIR, SUBMIT_DIR_ENV
 from raystack.spec.planning import PlanSpec, occupied, substitute
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
@@ -108,3 +108,17 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
             "raystack_nonce": request.nonce,
         },
     }
+
+
+def pinned(options: dict[str, Any], nodes: list[str], node_ids: list[str]) -> dict[str, Any]:
+    """A packed job's submission: its driver on its first node (Ray's `node:<ip>` resource), and
+    every process of it with the hook that keeps its tasks, actors and placement groups on its
+    nodes (launch/pinned/sitecustomize.py); RAYSTACK_NODES tells the job where it runs."""
+    renv = dict(options["runtime_env"])
+    env = dict(renv["env_vars"])
+    env["RAYSTACK_PIN_NODES"] = ",".join(i for i in node_ids if i)
+    env["RAYSTACK_NODES"] = ",".join(nodes)
+    env["PYTHONPATH"] = f"{PIN_DIR}:{env.get('PYTHONPATH', '${PYTHONPATH}')}"
+    renv["env_vars"] = env
+    resources = {**(options.get("entrypoint_resources") or {}), f"node:{nodes[0]}": 0.001}
+    return {**options, "runtime_env": renv, "entrypoint_resources": resources}

@@ -103,9 +103,12 @@ def test_a_driver_asking_more_memory_than_any_node_has_never_waits_forever(home:
     r = runner(api, clock)
     job = submit(entrypoint_memory=100 * 2**30, infeasible_grace=10)
     small = submit(entrypoint_memory=2**30)
-    for _ in range(5):
+    api.stop = lambda sid: api.stopped.append(sid) or True  # type: ignore[method-assign]
+    # (Ray's stop of a job it keeps PENDING waits for a driver that never starts: nothing changes)
+    for _ in range(10):
         r.tick()
         clock.t += 5
+    assert api.stopped == [job] and api.ray[job].status == "PENDING"
     record = read_job("c", job)
     assert record.state is JobState.FAILED, record.message
     wants = "the driver wants {memory: 100GiB}; the largest node has {GPU: 4, CPU: 16, memory: 20GiB}"

@@ -138,6 +138,22 @@ def test_failing_job_is_recorded_and_the_next_still_runs(qc: dict) -> None:
     assert finished(nxt).state is JobState.SUCCEEDED
 
 
+def test_a_driver_no_node_can_hold_fails_and_the_queue_goes_on(qc: dict) -> None:
+    """Before: --entrypoint-memory over any node's memory stayed SUBMITTED for ever, its stop
+    unheard (Ray's stop waits for a job supervisor that never starts), and held the queue."""
+    cluster: Cluster = qc["cluster"]
+    big = cluster.submit(
+        py("print('never')"), sets=["name=big", "entrypoint_memory=4000G", "infeasible_grace=5s"]
+    )
+    nxt = cluster.submit(py("print('after the big one')"))
+    record = finished(big, timeout=120)
+    assert record.state is JobState.FAILED and record.message.startswith("infeasible: the driver wants {"), (
+        record
+    )
+    assert "memory: 3.91TiB" in record.message
+    assert finished(nxt).state is JobState.SUCCEEDED
+
+
 def test_stop_running_job_within_grace_and_resume_from_checkpoint(qc: dict) -> None:
     cluster: Cluster = qc["cluster"]
     ckpt = qc["home"] / "resume-ckpt"
