@@ -221,17 +221,6 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
     )
 
 
-SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
-
-
-def parse_mem_mb(text: str | None) -> int | None:
-    """sbatch's --mem in MB (a number is MB; K, M, G, T suffixes); None where it is not one."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT])?B?", (text or "").strip().upper())
-    if not match:
-        return None
-    return int(float(match[1]) * SIZE_MB[match[2] or "M"])
-
-
 def parse_sinfo_time_limits(text: str, partition: str | None) -> tuple[str, int | None] | None:
     """`sinfo --noheader --format=%P|%l` -> (the partition, its time limit in seconds, None when
     infinite) for `partition` (the default one, marked '*', when None); None where sinfo lists

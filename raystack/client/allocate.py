@@ -27,6 +27,7 @@ from raystack.errors import ClusterError, ConfigError, NoSuchPartition, SlurmErr
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
+from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -218,11 +219,11 @@ def _why_refused(p: AllocationPlan) -> str:
     try:
         shape = slurm.node_shape(p.partition)
         _fits(shape, p.nodes or 0, p.gpus_per_node, p.cpus_per_task)
+        asked = size_to_mb(p.mem or "0")  # (sbatch's --mem units)
     except (ConfigError, NoSuchPartition) as exc:
         return f"; {exc}"
-    except SlurmError:
+    except (SlurmError, ValueError):
         return ""
-    asked = slurm.parse_mem_mb(p.mem)
     if asked and shape.mem_mb is not None and asked > shape.mem_mb:
         return (
             f"; --mem {p.mem}: partition {shape.partition}'s nodes have {shape.mem_mb} MB "

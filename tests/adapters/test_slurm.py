@@ -8,6 +8,7 @@ from raystack import errors
 from raystack.adapters import slurm
 from raystack.adapters.allocator import SlurmState as JobState
 from raystack.errors import NoSuchPartition, SlurmError
+from raystack.spec.values import size_to_mb
 
 from ..conftest import FIXTURES
 
@@ -95,8 +96,9 @@ def test_sinfo_node_memory_and_sbatch_mem() -> None:
     both = "a|gpu*|64|gpu:4|515000\nb|gpu*|64|gpu:4|480000\n"
     assert slurm.parse_sinfo_nodes(both, None).mem_mb == 480000
     sizes = {"500G": 512000, "200g": 204800, "16000": 16000, "1T": 1048576, "512M": 512, "0": 0}
-    assert {text: slurm.parse_mem_mb(text) for text in sizes} == sizes
-    assert slurm.parse_mem_mb("lots") is None and slurm.parse_mem_mb(None) is None
+    assert {text: size_to_mb(text) for text in sizes} == sizes  # (sbatch's --mem units: spec.values)
+    with pytest.raises(ValueError):
+        size_to_mb("lots")
 
 
 def test_squeue_commands_name_the_cluster_folder() -> None:
