@@ -75,6 +75,8 @@ class Upload:
     bytes: int = 0
     files: list[str] = field(default_factory=list)  # relative paths
     by_top: dict[str, int] = field(default_factory=dict)  # bytes per top-level entry
+    files_by_top: dict[str, int] = field(default_factory=dict)  # files per top-level entry
+    too_many_files: bool = False  # the walk stopped at the file limit (not the byte limit)
     stopped: str | None = None  # why the walk stopped early
 
     def biggest(self, n: int = 3) -> list[tuple[str, int]]:
@@ -83,14 +85,9 @@ class Upload:
     def bulk(self) -> list[str]:
         """The top-level entries that make the upload too big (a tenth of it or more; by file
         count when the walk stopped at MAX_FILES): what to exclude, not every entry there is."""
-        if self.stopped and "files" in self.stopped:
-            counts: dict[str, int] = {}
-            for rel in self.files:
-                first = rel.split("/", 1)[0] + ("/" if "/" in rel else "")
-                counts[first] = counts.get(first, 0) + 1
-            weights, total = counts, len(self.files)
-        else:
-            weights, total = self.by_top, self.bytes
+        weights, total = (
+            (self.files_by_top, len(self.files)) if self.too_many_files else (self.by_top, self.bytes)
+        )
         ranked = sorted(weights.items(), key=lambda kv: -kv[1])
         return [name for name, w in ranked if w * 10 >= total][:3] or [ranked[0][0]]
 
@@ -142,11 +139,12 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
                 up.files.append(str(rel))
                 first = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
                 up.by_top[first] = up.by_top.get(first, 0) + size
+                up.files_by_top[first] = up.files_by_top.get(first, 0) + 1
                 if up.bytes > limit:
                     up.stopped = f"over {limit / 2**20:.0f} MiB"
                     return up
                 if len(up.files) > max_files:
-                    up.stopped = f"over {max_files:,} files"
+                    up.stopped, up.too_many_files = f"over {max_files:,} files", True
                     return up
     return up
 
