@@ -315,9 +315,9 @@ class JobSpec(SpecModel):
             raise ValueError("must map spec keys to lists of values, e.g. {env.LR: [1e-6, 3e-6]}")
         for key in value:
             try:
-                apply_sets({}, [f"{key}=0"])  # (a key that is no field of the spec: named now)
+                apply_sets({}, [f"{key}=0"], said=repr(key))  # (a key that is no field: named now)
             except ConfigError as exc:
-                raise ValueError(f"{key!r}: {str(exc).split(': ', 1)[1]}") from None
+                raise ValueError(str(exc)) from None
         if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
             raise ValueError(f"more than {MAX_SWEEP} combinations; split the sweep")
         return value
@@ -413,22 +413,27 @@ class JobSpec(SpecModel):
 
 
 # ---------------------------------------------------------------------------- overrides
-def parse_set(item: str) -> tuple[list[str], Any]:
+def parse_set(item: str, said: str | None = None) -> tuple[list[str], Any]:
     """'needs.gpus=8' -> (['needs', 'gpus'], 8): the value is read as YAML (so 8 is an int),
-    except under env and resume.env, where it is kept as written (env.LR=1e-6 is "1e-6")."""
+    except under env and resume.env, where it is kept as written (env.LR=1e-6 is "1e-6").
+    `said`: how an error names what was given (default: --set 'ITEM')."""
+    said = said or f"--set {quote(item)}"
     key, sep, raw = item.partition("=")
     path = key.split(".")
     if not sep or not key or any(not part for part in path):
-        raise ConfigError(f"--set {quote(item)}: use --set key.sub=value, e.g. --set env.LR=1e-6")
+        raise ConfigError(f"{said}: use --set key.sub=value, e.g. --set env.LR=1e-6")
     if tuple(path[:-1]) in RAW_TEXT_PATHS or raw == "":
         return path, raw
-    return path, parse_yaml(raw, f"--set {quote(item)}", invalid_as_text=True)
+    return path, parse_yaml(raw, said, invalid_as_text=True)
 
 
-def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
-    """Apply --set overrides to raw spec data. Unknown paths list the valid keys at that level."""
+def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) -> dict[str, Any]:
+    """Apply --set overrides to raw spec data. Unknown paths list the valid keys at that level.
+    `said`: how an error names what was given (default: --set 'ITEM'; --sweep's and the spec's
+    sweep block name theirs)."""
     for item in items:
-        path, value = parse_set(item)
+        said_here = said or f"--set {quote(item)}"
+        path, value = parse_set(item, said_here)
         node: dict[str, Any] = data
         model_fields: dict[str, Any] | None = dict(JobSpec.model_fields)
         for i, part in enumerate(path):
@@ -442,7 +447,7 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
                 if not hint and i == 0 and part.isidentifier():
                     hint = f"an environment variable is env.{part}"
                 raise ConfigError(
-                    f"--set {quote(item)}: {quote(part)} is not a field of {where}"
+                    f"{said_here}: {quote(part)} is not a field of {where}"
                     + (f" ({moved})" if moved else "")
                     + f"; valid: {valid}"
                     + (f"; {hint}" if hint and not moved else "")
@@ -452,7 +457,7 @@ def apply_sets(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
                 break
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {quote(item)}: {quote('.'.join(path[: i + 1]))} is not a mapping")
+                raise ConfigError(f"{said_here}: {quote('.'.join(path[: i + 1]))} is not a mapping")
             node = child
             model_fields = NESTED.get(part) if model_fields is not None else None
     return data

@@ -268,8 +268,7 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     found = [v.strip() for v in text.split(",") if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
-    try:
-        apply_sets({}, [f"{key.strip()}={found[0]}"])  # (a key that is no field: named now)
-    except ConfigError as exc:
-        raise ConfigError(f"--sweep {item!r}: {str(exc).split(': ', 1)[1]}") from None
+    apply_sets(
+        {}, [f"{key.strip()}={found[0]}"], said=f"--sweep {item!r}"
+    )  # (a key that is no field: named now)
     return key.strip(), found
