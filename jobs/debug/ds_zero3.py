@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import deepspeed
 import torch
 import torch.distributed as dist
-from ranks import report
+from ranks import leave, report
 
 IN, HIDDEN, LR = 32, 64, 1e-3
 
@@ -90,14 +89,12 @@ def main() -> int:
                 "matches_reference": ok,
             },
         )
-    # Every rank leaves the process group together before exiting (as accel_ds.py): a rank that
-    # exits while rank 0 still computes its reference, with gloo's and DeepSpeed's shared-memory
-    # threads alive, can die of "terminate called without an active exception" (SIGABRT, seen
-    # once in CI on rank 2 of 4) after its work is done.
+    # Every rank leaves the process group together (a rank that left while rank 0 still computed
+    # its reference died of SIGABRT), then exits without the interpreter's teardown (ranks.leave).
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
