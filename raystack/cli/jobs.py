@@ -61,7 +61,9 @@ def queue_(
         )
         table.add_row(r.id, name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
     out.print(table)
-    for sweep, counts in _sweeps(records).items():
+    for sweep in dict.fromkeys(r.request.sweep for r in records if r.request.sweep):
+        found = Sweep.get(sweep, handle.name)
+        counts = found.counts() if found else {}
         err.print(
             f"  sweep {sweep}: {', '.join(f'{n} {s.lower()}' for s, n in counts.items())}", markup=False
         )
@@ -72,11 +74,8 @@ def queue_(
             f"  set aside: {ids}: the ledger could not be read (now in {folder}; not run or followed)",
             markup=False,
         )
-    if not wanted and (view.more_queued or view.more_finished):
-        err.print(
-            f"  ... and {view.more_queued} more queued, {view.more_finished} more finished: "
-            f"raystack queue {handle.name} --all"
-        )
+    if not wanted and view.hidden():
+        err.print(f"  ... and {view.hidden()}: raystack queue {handle.name} --all")
 
 
 def _states(given: list[str] | None) -> set[JobState]:
@@ -141,16 +140,6 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "sweep_values": r.request.sweep_values,
         "after": r.request.after,
     }
-
-
-def _sweeps(records: list[JobRecord]) -> dict[str, dict[str, int]]:
-    """Per sweep shown, how many of its jobs are in each state."""
-    found: dict[str, dict[str, int]] = {}
-    for r in records:
-        if r.request.sweep:
-            counts = found.setdefault(r.request.sweep, {})
-            counts[r.state.value] = counts.get(r.state.value, 0) + 1
-    return found
 
 
 @app.command(short_help="A job's log (-f: follow; --all: its workers' errors).")

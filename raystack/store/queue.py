@@ -456,6 +456,11 @@ class QueueView:
     more_finished: int = 0
     set_aside: dict[str, Path] = field(default_factory=dict)  # unreadable ledgers moved to corrupt/
 
+    def hidden(self) -> str:
+        """What the bounded view leaves out, in words ('' when nothing): '3 more queued, ...'."""
+        parts = [(self.more_queued, "queued"), (self.more_finished, "finished")]
+        return ", ".join(f"{n} more {what}" for n, what in parts if n)
+
 
 def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> QueueView:
     """The queue as a user sees it. Bounded by default (cost independent of the queue's length

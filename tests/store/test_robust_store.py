@@ -329,3 +329,27 @@ def test_a_sweep_is_queued_in_one_transaction_with_its_places(home: Path) -> Non
     with pytest.raises(ClusterError, match="cluster c is STOPPING"):
         queue.enqueue_all(more)
     assert len(queue.waiting("c")) == 4
+
+
+def test_the_bounded_queue_names_only_what_it_leaves_out(home: Path) -> None:
+    """493426b: `raystack queue` under a sweep printed '... and 0 more queued, 8 more finished'."""
+    for i in range(22):
+        submit(f"j{i}")
+    result = CliRunner().invoke(app, ["queue", "-c", "c"])
+    assert result.exit_code == 0, result.output
+    assert "... and 2 more queued: raystack queue c --all" in result.output
+    assert "more finished" not in result.output
+    assert queue.QueueView([], {}, 0, 3).hidden() == "3 more finished"
+    assert queue.QueueView([], {}).hidden() == ""
+
+
+def test_a_sweeps_line_counts_all_its_jobs_not_those_shown(home: Path) -> None:
+    """493426b: with its finished jobs beyond the bounded view, a sweep of 16 read
+    'sweep acc-e65b0f: 5 succeeded, 4 cancelled' (12 had succeeded)."""
+    for k in (1, 2, 3):
+        request = JobRequest(id=f"s-{k}", name="s", cluster="c", entrypoint="true", sweep="s")
+        queue.enqueue(request)
+    update_job("c", "s-1", state=JobState.SUCCEEDED)
+    result = CliRunner().invoke(app, ["queue", "-c", "c", "--state", "QUEUED"])
+    assert result.exit_code == 0, result.output
+    assert "sweep s: 1 succeeded, 2 queued" in result.output
