@@ -34,6 +34,7 @@ from raystack.spec.values import (
     ENV_NAME,
     RAW_TEXT_PATHS,
     SpecModel,
+    alias,
     load_yaml,
     one_line_error,
     parse_yaml,
@@ -441,8 +442,8 @@ def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) 
             if model_fields is not None and part not in model_fields:
                 where = ".".join(path[:i]) or "the spec"
                 valid = ", ".join(sorted(model_fields))
-                moved = ELSEWHERE.get(part.lower().replace("-", "_")) if i == 0 else None
                 close = difflib.get_close_matches(part, model_fields, n=1, cutoff=0.75)
+                moved = alias(part, ELSEWHERE, close) if i == 0 else None
                 hint = f"did you mean {close[0]}?" if close else None
                 if not hint and i == 0 and part.isidentifier():
                     hint = f"an environment variable is env.{part}"

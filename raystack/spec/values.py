@@ -161,8 +161,8 @@ def one_line_error(
     if err["type"] == "extra_forbidden":
         valid = keys_at(model, err["loc"])
         key = str(err["loc"][-1])
-        moved = (elsewhere or {}).get(key.lower().replace("-", "_")) if len(err["loc"]) == 1 else None
         close = difflib.get_close_matches(key, valid, n=1)
+        moved = alias(key, elsewhere or {}, close) if len(err["loc"]) == 1 else None
         hint = f" ({moved})" if moved else f" (did you mean '{close[0]}'?)" if close else ""
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
@@ -171,6 +171,16 @@ def one_line_error(
     if not err["loc"]:  # a rule across fields (the model's own validator)
         return f"{source}: {message}"[:MAX_MESSAGE]
     return f"{source}: field '{where}': {message}"[:MAX_MESSAGE]
+
+
+def alias(key: str, elsewhere: Mapping[str, str], close: list[str]) -> str | None:
+    """Where raystack takes what a key from another tool means (`env_vars`: env), also for a typo
+    of one (`enviroment`), unless the key is already close to a valid one (`close`)."""
+    key = key.lower().replace("-", "_")
+    if key in elsewhere:
+        return elsewhere[key]
+    near = [] if close else difflib.get_close_matches(key, list(elsewhere), n=1, cutoff=0.8)
+    return elsewhere[near[0]] if near else None
 
 
 MAX_MESSAGE = 600  # characters of one error line

@@ -323,6 +323,10 @@ BAD = [
     # keys from other tools: where raystack takes what they mean, not a guessed spelling
     (GOOD + "resources: {gpus: 2}\n", [], r"unknown key 'resources' \(a job's GPUs.* go under needs: "),
     (GOOD + "env_vars: {A: '1'}\n", [], r"unknown key 'env_vars' \(raystack calls it env\)"),
+    # ... and a typo of one (493426b: 'enviroment' listed the valid keys without a hint)
+    (GOOD + "enviroment: {A: '1'}\n", [], r"unknown key 'enviroment' \(raystack calls it env\)"),
+    (GOOD, ["--set", "enviroment.A=1"], r"'enviroment' is not a field of the spec \(raystack calls it env\)"),
+    (GOOD + "dependson: [a]\n", [], r"'dependson' \(raystack calls it after: \[JOB_ID"),
     (GOOD + "pip: [numpy]\n", [], r"'pip' \(Ray's runtime_env keys go under runtime_env: \(runtime_env.pip"),
     (GOOD + "depends_on: [a]\n", [], r"'depends_on' \(raystack calls it after: \[JOB_ID"),
     (
