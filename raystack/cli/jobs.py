@@ -62,8 +62,7 @@ def queue_(
         table.add_row(r.id, name, r.state.value, str(row["position"] or "-"), start, dur, r.message[:160])
     out.print(table)
     for sweep in dict.fromkeys(r.request.sweep for r in records if r.request.sweep):
-        found = Sweep.get(sweep, handle.name)
-        counts = found.counts() if found else {}
+        counts = view.sweeps.get(sweep, {})
         err.print(
             f"  sweep {sweep}: {', '.join(f'{n} {s.lower()}' for s, n in counts.items())}", markup=False
         )

@@ -323,18 +323,6 @@ class Sweep:
                 return cls(name, sweep_id, found)
         return None
 
-    def counts(self) -> dict[str, int]:
-        """How many of the sweep's jobs are in each state (every job, not only those a bounded
-        `raystack queue` shows), in the order the states first appear."""
-        found: dict[str, int] = {}
-        for job_id in self.job_ids:
-            try:
-                state = read_job(self.cluster, job_id).state.value
-            except ClusterError:
-                state = "UNREADABLE"
-            found[state] = found.get(state, 0) + 1
-        return found
-
     def cancel(self) -> tuple[list[JobRecord], list[str]]:
         """Cancel every job of the sweep that has not started; (cancelled, the ids left)."""
         done, left = [], []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -455,6 +456,7 @@ class QueueView:
     more_queued: int = 0
     more_finished: int = 0
     set_aside: dict[str, Path] = field(default_factory=dict)  # unreadable ledgers moved to corrupt/
+    sweeps: dict[str, dict[str, int]] = field(default_factory=dict)  # per sweep shown: all its jobs
 
     def hidden(self) -> str:
         """What the bounded view leaves out, in words ('' when nothing): '3 more queued, ...'."""
@@ -468,7 +470,8 @@ def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> Qu
     order = waiting(name)
     places = {e.job_id: i for i, e in enumerate(order, start=1)}
     if every:
-        return QueueView(all_jobs(name), places, set_aside=set_aside(name))
+        every_job = all_jobs(name)
+        return QueueView(every_job, places, set_aside=set_aside(name), sweeps=sweep_counts(name, every_job))
     finished = recently_finished(name, recent)
     wanted = [*finished, *active(name), *(e.job_id for e in order[:head])]
     records = []
@@ -485,7 +488,40 @@ def view(name: str, every: bool = False, head: int = 20, recent: int = 10) -> Qu
         max(0, len(order) - head),
         max(0, total_finished - len(finished)),
         set_aside(name),
+        sweep_counts(name, records, order),
     )
+
+
+def sweep_counts(
+    name: str, shown: list[JobRecord], order: Sequence[Entry] | None = None
+) -> dict[str, dict[str, int]]:
+    """Per sweep of a job in `shown`, how many of all its jobs (<sweep>-<k>) are in each state,
+    in the order of k: from the records shown, then the queue's listing `order` (QUEUED) and the
+    finished index (its last state per job) for the others, so a bounded view reads no more
+    ledgers for it. Without `order`, `shown` holds every job."""
+    sweeps = {r.request.sweep for r in shown if r.request.sweep}
+    if not sweeps:
+        return {}
+    state: dict[str, str] = {}
+    if order is not None:
+        try:
+            lines = paths.cluster(name).finished.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 3:
+                state[parts[1]] = parts[2]
+        state.update((e.job_id, JobState.QUEUED.value) for e in order)
+    state.update((r.id, r.state.value) for r in shown)
+    found: dict[str, dict[str, int]] = {}
+    for sweep in sorted(sweeps):
+        member = re.compile(re.escape(sweep) + r"-(\d+)")
+        ks = sorted((int(m.group(1)), job_id) for job_id in state if (m := member.fullmatch(job_id)))
+        counts = found.setdefault(sweep, {})
+        for _, job_id in ks:
+            counts[state[job_id]] = counts.get(state[job_id], 0) + 1
+    return found
 
 
 def count_lines(path: Path) -> int:

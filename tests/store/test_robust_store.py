@@ -353,3 +353,20 @@ def test_a_sweeps_line_counts_all_its_jobs_not_those_shown(home: Path) -> None:
     result = CliRunner().invoke(app, ["queue", "-c", "c", "--state", "QUEUED"])
     assert result.exit_code == 0, result.output
     assert "sweep s: 1 succeeded, 2 queued" in result.output
+
+
+def test_the_bounded_view_counts_a_sweep_from_the_listings_not_every_ledger(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k in (1, 2, 3):
+        queue.enqueue(JobRequest(id=f"s-{k}", name="s", cluster="c", entrypoint="true", sweep="s"))
+    other = submit("j")
+    queue.cancel("c", "s-1")
+    queue.cancel("c", other)
+    read: list[str] = []
+    real = queue.read_job
+    monkeypatch.setattr(queue, "read_job", lambda name, job_id: read.append(job_id) or real(name, job_id))
+    view = queue.view("c", head=1, recent=1)
+    assert [r.id for r in view.records] == ["s-2", other]  # s-1 and s-3 not shown ...
+    assert view.sweeps == {"s": {"CANCELLED": 1, "QUEUED": 2}}  # ... but counted
+    assert sorted(read) == sorted(["s-2", other])  # without reading their ledgers
