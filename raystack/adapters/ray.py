@@ -50,16 +50,32 @@ def translate(exc: BaseException) -> RayApiError:
     if isinstance(exc, RayApiError):
         return exc
     text = str(exc)
+    # The status code where Ray's SDK writes it, never a number found elsewhere in the text: a job
+    # id holds hex digits (flaky-401281ad's 404 was once taken for a refused token, and the
+    # runner retried its pass for ever).
+    status = STATUS.match(text)
+    code = int(status.group(1)) if status else None
     kind: type[RayApiError] = RayApiError
     if isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError):
         kind = RayUnreachable
-    elif type(exc).__name__ == "AuthenticationError" or "401" in text or "Unauthorized" in text:
+    elif refused_token(exc, text, code):
         kind = AuthRejected
-    elif "already exists" in text:
+    elif "already exists" in text and code in (None, 400, 409):
         kind = AlreadyExists
-    elif "does not exist" in text or "404" in text:
+    elif code == 404 or (code is None and "does not exist" in text):
         kind = NotFound
     return kind(text)
+
+
+STATUS = re.compile(r"Request failed with status code (\d{3})\b")
+
+
+def refused_token(exc: BaseException, text: str, code: int | None) -> bool:
+    """Ray's refusal of the token: its AuthenticationError, a 401 or 403, or (with no status
+    code) its "Unauthorized"."""
+    if type(exc).__name__ == "AuthenticationError" or code in (401, 403):
+        return True
+    return code is None and "Unauthorized" in text
 
 
 @dataclass(frozen=True)

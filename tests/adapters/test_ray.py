@@ -81,6 +81,18 @@ def test_a_task_whose_node_died_is_placed_on_that_node() -> None:
         (requests.ConnectionError("Max retries exceeded with url: /api/version"), errors.RayUnreachable),
         (requests.Timeout("read timed out"), errors.RayUnreachable),
         (RuntimeError("Request failed with status code 500: boom."), errors.RayApiError),
+        # CI at 1cf33c8: a job id's hex held "401": its 404 was taken for a refused token, and the
+        # queue runner's every pass failed on it for good (a retry not yet submitted)
+        (
+            RuntimeError("Request failed with status code 404: Job flaky-401281ad-retry1 does not exist."),
+            errors.NotFound,
+        ),
+        (
+            RuntimeError("Request failed with status code 404: Job Unauthorized-1 does not exist."),
+            errors.NotFound,
+        ),
+        (RuntimeError("Request failed with status code 500: job a-40440404 boom."), errors.RayApiError),
+        (RuntimeError("Request failed with status code 500: file x does not exist."), errors.RayApiError),
     ],
 )
 def test_ray_answers_are_typed_where_they_arrive(exc: BaseException, kind: type) -> None:
