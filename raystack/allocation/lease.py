@@ -21,6 +21,7 @@ from raystack.store.paths import ClusterPaths
 
 BEAT = 5.0  # seconds between heartbeats
 STALE = 60.0  # a heartbeat older than this no longer counts where locks do not work
+FAILING = 60.0  # passes failing without a break this long are written beside the heartbeat
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 
 
@@ -32,6 +33,7 @@ class Lease:
         )
         self.fh: IO[str] | None = None
         self.beaten = 0.0
+        self.failing: tuple[float, str] | None = None  # (since, the last error) of failing passes
 
     def holder(self) -> dict:
         try:
@@ -59,17 +61,24 @@ class Lease:
         self.beat(force=True)
         return None
 
-    def beat(self, force: bool = False) -> None:
-        """Refresh the heartbeat (cheap to call every pass: it writes every BEAT seconds)."""
+    def beat(self, failed: str | None = None, force: bool = False) -> None:
+        """Refresh the heartbeat (cheap to call every pass: it writes every BEAT seconds).
+        `failed`: why the pass just made failed (None: it did not). Passes that have failed
+        without a break for FAILING seconds are written too, for `raystack status`: a queue that
+        does not move says why (an unreadable ledger, a Ray answer misread, ...)."""
+        now = time.time()
+        self.failing = None if failed is None else ((self.failing or (now, ""))[0], failed)
         if self.fh is None or (not force and time.monotonic() - self.beaten < BEAT):
             return
         self.beaten = time.monotonic()
-        info = {
+        info: dict[str, object] = {
             "allocation": self.allocation,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "heartbeat": time.time(),
+            "heartbeat": now,
         }
+        if self.failing and now - self.failing[0] >= FAILING:
+            info["failing"] = {"since": self.failing[0], "error": self.failing[1][:300]}
         self.fh.seek(0)
         self.fh.truncate()
         self.fh.write(json.dumps(info))

@@ -123,13 +123,15 @@ class Runner:
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
         while not self.leaving:
-            if lease is not None:
-                lease.beat()
+            failed = None
             try:
                 self.tick()
             except (RayApiError, OSError, RuntimeError, ClusterError) as exc:
                 log.warning("runner pass failed, retrying: %s", exc)
+                failed = str(exc)
                 self.sleep(1)
+            if lease is not None:
+                lease.beat(failed)
             self.sleep(TICK)
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
 

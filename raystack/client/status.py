@@ -11,7 +11,7 @@ from raystack.client.access import live_dashboard
 from raystack.client.pending import never_starts, unseen_output
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
+from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat, read_runner_lease
 from raystack.store.queue import active, interrupted, waiting
 
 HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
@@ -125,11 +125,30 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
             f"the head's node program has not been heard from for {silent:.0f}s (its log: "
             f"{paths.cluster(name).node_log(record.head_host or '?')}); {record.message}"
         )
+    stuck = runner_failing(name, record)
+    if stuck:
+        return DEGRADED, f"{stuck}; {record.message}"
     if record.state is ClusterState.SUBMITTED:
         hint = never_starts(name, info) or unseen_output(name, info, time.time())
         if hint:
             return record.state.value, f"{hint}; {record.message}"
     return record.state.value, record.message
+
+
+def runner_failing(name: str, record: ClusterRecord) -> str | None:
+    """Why the queue does not move, when the live queue runner of this allocation has failed
+    every pass for a minute or more (allocation/lease.py writes it); else None."""
+    lease = read_runner_lease(name)
+    failing = lease.get("failing")
+    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
+        return None
+    if not isinstance(failing, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+        return None
+    since = time.strftime("%H:%M:%S", time.localtime(float(failing.get("since", 0))))
+    return (
+        f"the queue runner's every pass has failed since {since}, so no job starts or ends "
+        f"({failing.get('error')}; its log: {paths.cluster(name).logs}/queue-runner.log)"
+    )
 
 
 def head_silent(name: str, record: ClusterRecord) -> float | None:

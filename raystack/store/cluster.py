@@ -349,6 +349,16 @@ def read_heartbeat(name: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def read_runner_lease(name: str) -> dict[str, Any]:
+    """The queue runner's lease ({allocation, host, pid, heartbeat, failing?}: allocation/lease.py
+    writes it), or {} when there is none to read."""
+    try:
+        data = json.loads(paths.cluster(name).runner_lease.read_bytes() or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 # ---------------------------------------------------------------------------- node entries
 def write_node_entry(name: str, host: str, entry: dict[str, Any]) -> None:
     atomic_write(paths.cluster(name).node_entry(host), json.dumps(entry), mode=0o600)

@@ -492,6 +492,42 @@ def test_a_job_replanned_at_start_records_what_ran_and_says_so(home: Path) -> No
     assert "its plan changed with the cluster since it was queued: python g.py --nodes 1" in ran.message
 
 
+def test_passes_failing_for_a_minute_are_said_by_status_until_one_succeeds(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI at 1cf33c8: every pass failed for 15 minutes on one job's misread 404, and nothing but
+    the runner's log said why the queue did not move. Now the lease carries it, and `raystack
+    status` shows DEGRADED with the error (here FAILING and BEAT are 0: no minute to wait)."""
+    from raystack.allocation import lease as leases
+    from raystack.client.status import DEGRADED, said
+
+    monkeypatch.setattr(leases, "FAILING", 0.0)
+    monkeypatch.setattr(leases, "BEAT", 0.0)
+    held = leases.Lease(paths.cluster("c"), allocation="100")
+    assert held.acquire() is None
+    r = Runner("c", api=FakeApi(), allocation="100", resources_free=Free(), sleep=lambda _: None)
+    r.drain = None
+    seen: list[tuple[str, str]] = []
+    real_tick = r.tick
+
+    def tick() -> None:
+        seen.append(said("c", clusters.read("c"), None))
+        if len(seen) <= 2:
+            raise RayApiError("Request failed with status code 500: boom")
+        if len(seen) == 4:
+            r.leave()
+        real_tick()
+
+    r.tick = tick  # type: ignore[method-assign]
+    r.run_forever(held)
+    assert seen[0][0] == "READY"  # (before any pass failed)
+    state, message = seen[2]  # after two failed passes
+    assert state == DEGRADED and "the queue runner's every pass has failed since" in message
+    assert "status code 500: boom" in message and "queue-runner.log" in message
+    assert seen[3][0] == "READY"  # a pass succeeded: said no more
+    assert "failing" not in clusters.read_runner_lease("c")
+
+
 def test_the_loop_survives_a_failing_pass_and_leaves_on_sigterm(home: Path) -> None:
     """run_forever on a fake sleep: a pass that fails (a busy dashboard) waits a second and goes
     on; SIGTERM (leave) ends it after the pass in progress."""
