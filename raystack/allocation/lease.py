@@ -17,6 +17,7 @@ import socket
 import time
 from typing import IO
 
+from raystack.store.cluster import read_lease
 from raystack.store.paths import ClusterPaths
 
 BEAT = 5.0  # seconds between heartbeats
@@ -36,10 +37,7 @@ class Lease:
         self.failing: tuple[float, str] | None = None  # (since, the last error) of failing passes
 
     def holder(self) -> dict:
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return {}
+        return read_lease(self.path)
 
     def acquire(self) -> str | None:
         """Take the lease; None on success, else a description of who holds it."""

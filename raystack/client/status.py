@@ -11,7 +11,7 @@ from raystack.client.access import live_dashboard
 from raystack.client.pending import never_starts, unseen_output
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat, read_runner_lease
+from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat, read_lease
 from raystack.store.queue import active, interrupted, waiting
 
 HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
@@ -138,7 +138,7 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
 def runner_failing(name: str, record: ClusterRecord) -> str | None:
     """Why the queue does not move, when the live queue runner of this allocation has failed
     every pass for a minute or more (allocation/lease.py writes it); else None."""
-    lease = read_runner_lease(name)
+    lease = read_lease(paths.cluster(name).runner_lease)
     failing = lease.get("failing")
     if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
         return None

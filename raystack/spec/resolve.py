@@ -268,7 +268,6 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     found = [v.strip() for v in text.split(",") if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
-    apply_sets(
-        {}, [f"{key.strip()}={found[0]}"], said=f"--sweep {item!r}"
-    )  # (a key that is no field: named now)
+    # (a key that is no field of the spec: named now)
+    apply_sets({}, [f"{key.strip()}={found[0]}"], said=f"--sweep {item!r}")
     return key.strip(), found

@@ -349,11 +349,11 @@ def read_heartbeat(name: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_runner_lease(name: str) -> dict[str, Any]:
-    """The queue runner's lease ({allocation, host, pid, heartbeat, failing?}: allocation/lease.py
-    writes it), or {} when there is none to read."""
+def read_lease(path: Path) -> dict[str, Any]:
+    """The queue runner's lease (runner.lease: {allocation, host, pid, heartbeat, failing?}, as
+    allocation/lease.py writes it), or {} when there is none to read."""
     try:
-        data = json.loads(paths.cluster(name).runner_lease.read_bytes() or b"{}")
+        data = json.loads(path.read_bytes() or b"{}")
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -222,7 +222,23 @@ def recently_finished(name: str, count: int) -> list[str]:
         lines = lines[1:]  # the first line read may be cut
     ids: list[str] = []
     for line in lines:
-        parts = line.split()
-        if len(parts) == 3 and parts[1] not in ids:
-            ids.append(parts[1])
+        entry = finished_entry(line)
+        if entry and entry[0] not in ids:
+            ids.append(entry[0])
     return ids[-count:]
+
+
+def finished_states(name: str) -> dict[str, str]:
+    """Every job of the finished index with the last final state it recorded (reads it whole)."""
+    try:
+        lines = paths.cluster(name).finished.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(entry for line in lines if (entry := finished_entry(line)))
+
+
+def finished_entry(line: str) -> tuple[str, str] | None:
+    """A line of the finished index ('<time> <id> <STATE>', as change_job appends it) as
+    (id, state); None for a line cut short."""
+    parts = line.split()
+    return (parts[1], parts[2]) if len(parts) == 3 else None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Any, NamedTuple
 
 from raystack.errors import ClusterError, NoSuchCluster
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import deps, paths
 from raystack.store.cluster import ClusterState
 from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
 from raystack.store.ledger import (
@@ -38,6 +37,7 @@ from raystack.store.ledger import (
     all_jobs,
     change_job,
     create_job,
+    finished_states,
     read_job,
     recently_finished,
     set_aside,
@@ -504,22 +504,14 @@ def sweep_counts(
         return {}
     state: dict[str, str] = {}
     if order is not None:
-        try:
-            lines = paths.cluster(name).finished.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            lines = []
-        for line in lines:
-            parts = line.split()
-            if len(parts) == 3:
-                state[parts[1]] = parts[2]
+        state.update(finished_states(name))
         state.update((e.job_id, JobState.QUEUED.value) for e in order)
     state.update((r.id, r.state.value) for r in shown)
     found: dict[str, dict[str, int]] = {}
     for sweep in sorted(sweeps):
-        member = re.compile(re.escape(sweep) + r"-(\d+)")
-        ks = sorted((int(m.group(1)), job_id) for job_id in state if (m := member.fullmatch(job_id)))
+        jobs = [i for i in deps.members(sweep, state) if i != sweep]
         counts = found.setdefault(sweep, {})
-        for _, job_id in ks:
+        for job_id in sorted(jobs, key=lambda i: int(i.rpartition("-")[2])):
             counts[state[job_id]] = counts.get(state[job_id], 0) + 1
     return found
 

@@ -525,7 +525,7 @@ def test_passes_failing_for_a_minute_are_said_by_status_until_one_succeeds(
     assert state == DEGRADED and "the queue runner's every pass has failed since" in message
     assert "status code 500: boom" in message and "queue-runner.log" in message
     assert seen[3][0] == "READY"  # a pass succeeded: said no more
-    assert "failing" not in clusters.read_runner_lease("c")
+    assert "failing" not in held.holder()
 
 
 def test_the_loop_survives_a_failing_pass_and_leaves_on_sigterm(home: Path) -> None:
