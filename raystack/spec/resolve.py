@@ -30,6 +30,7 @@ from raystack.spec.job import (
 )
 from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
+from raystack.spec.values import quote
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -180,10 +181,8 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
     if not spec.resume.set and not spec.resume.env:
         return None
     data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
-    try:
-        data = apply_sets(data, list(spec.resume.set))
-    except ConfigError as exc:  # (its words say --set: these came from the spec's resume.set)
-        raise ConfigError(f"{source}: field 'resume.set': {str(exc).removeprefix('--set ')}") from None
+    for item in spec.resume.set:  # (named as the spec's resume.set, not as --set)
+        data = apply_sets(data, [item], said=f"{source}: field 'resume.set': {quote(item)}")
     data["env"] = {**data.get("env", {}), **spec.resume.env}
     return validate(data, f"{source} (resume)")
 
