@@ -15,7 +15,9 @@ placement check. Then the figures:
               from the testbed: a GPU machine cannot hide its GPUs from Ray's workers)
   monitor     `raystack top` and `raystack report` under a job keeping every GPU busy (burn
               --gpus): each GPU's utilisation and memory, as nvidia-smi's own reading beside them
-`--only monitor` runs just the last (device time is scarce).
+`--only grpo,monitor` runs just those parts (PARTS; device time is scarce, and one run of the tool
+lasts at most 10 minutes: on 2 or 4 GPUs run `--only jobs,torchrun,grpo`, then
+`--only start,zero3,monitor`).
 Then `down`: no process of the cluster left, none holding a GPU. Writes bench/results/gpu_suite.*
 (and $OUT/ when set). Exit 0 only if every job SUCCEEDED and every check holds.
 """
@@ -50,6 +52,7 @@ GRPO = REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
 AR_MB, AR_ITERS = 1024, 20
 ZERO3_BENCH = {"hidden": 8192, "layers": 8, "steps": 8, "global_batch": 64}
 FIRST = "import time; print('FIRST_LINE', time.time(), flush=True)"
+PARTS = ["jobs", "torchrun", "start", "zero3", "grpo", "monitor"]  # in the order a full run takes them
 checks: dict[str, bool] = {}
 figures: dict[str, Any] = {}
 skipped: dict[str, str] = {}  # what this machine's GPU count cannot show, and why
@@ -348,17 +351,25 @@ def main() -> int:
     ngpu = len(local.gpu_ids())
     if not ngpu:
         raise SystemExit("no GPU here (nvidia-smi -L lists none)")
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    if only and (unknown := set(only) - set(PARTS)):
+        raise SystemExit(f"--only {','.join(sorted(unknown))}: not a part; the parts: {','.join(PARTS)}")
     os.environ.setdefault("RAYSTACK_SAMPLE_EVERY", "2")  # usage samples for the monitor figures
     gpu, figures["ready_s"] = up("gpu")
     try:
-        if only is None:
-            jobs(gpu, ngpu)
-            guarded("plain torchrun", plain_torchrun, ngpu)
-            guarded("start overhead", start_overhead, gpu)
-            guarded("zero3 memory", zero3_memory, gpu, ngpu)
-            guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
-        guarded("monitor", monitor, gpu, ngpu)
+        for part in only or PARTS:
+            if part == "jobs":
+                jobs(gpu, ngpu)
+            elif part == "torchrun":
+                guarded("plain torchrun", plain_torchrun, ngpu)
+            elif part == "start":
+                guarded("start overhead", start_overhead, gpu)
+            elif part == "zero3":
+                guarded("zero3 memory", zero3_memory, gpu, ngpu)
+            elif part == "grpo":
+                guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
+            else:
+                guarded("monitor", monitor, gpu, ngpu)
     finally:
         down(gpu)
     held = gpu_processes()
@@ -377,7 +388,8 @@ def main() -> int:
     )  # fmt: skip
     print(text)
     print(json.dumps(result))
-    stem = "gpu_suite" if only is None else f"gpu_suite_{only}"
+    # (one GPU's full run keeps the name it always had; more GPUs and parts are named)
+    stem = "gpu_suite" + (f"_{ngpu}gpu" if ngpu > 1 else "") + (f"_{'-'.join(only)}" if only else "")
     for folder in (REPO / "bench" / "results", Path(os.environ["OUT"]) if os.environ.get("OUT") else None):
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
