@@ -63,6 +63,7 @@ class NodeContext:
     log_sync: LogSync | None = None  # the copy's thread, once started (its last pass at teardown)
     entry: dict[str, Any] = field(default_factory=dict)  # this node's entry (nodes/<host>.json)
     folder_cap: int | None = DEFAULT_CAP  # bytes the cluster folder may take (pruned beyond)
+    folder_grace: float = 300.0  # seconds the cluster folder may be gone before the head ends
     backend: Backend = "slurm"  # where the allocation came from (adapters/allocator.py)
 
     @property
@@ -145,6 +146,7 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         join_window=int(env.get("RAYSTACK_JOIN_WINDOW") or 0),
         ray_logs=Caps.from_env(env),
         folder_cap=folder_cap(env),
+        folder_grace=float(env.get("RAYSTACK_FOLDER_GRACE") or 300),
     )
 
 
@@ -202,6 +204,7 @@ def local_context(env: dict[str, str]) -> NodeContext:
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
         ray_logs=Caps.from_env(env),
         folder_cap=folder_cap(env),
+        folder_grace=float(env.get("RAYSTACK_FOLDER_GRACE") or 300),
     )
 
 

@@ -1,5 +1,6 @@
-"""Periodic duties of every node program's loop: reaping orphans, the GPU report and the head's
-heartbeat. Each runs on the clock it is given (tests drive a FakeClock)."""
+"""Periodic duties of every node program's loop: reaping orphans, the GPU report, the head's
+heartbeat and its watch on the cluster folder. Each runs on the clock it is given (tests drive a
+FakeClock)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 from raystack.allocation.context import BEAT, BEAT_BYTES, GPU_REFRESH, NodeContext
 from raystack.allocation.rayproc import gpu_processes, has_nvidia_smi
+from raystack.errors import NoSuchCluster, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.waiting import REAL, Clock, Every
@@ -92,3 +94,42 @@ class Heartbeat:
             os.pwrite(fd, text[:BEAT_BYTES], 0)
         finally:
             os.close(fd)
+
+
+class FolderWatch:
+    """Whether the cluster folder is still there. Removed while the cluster runs (by hand, by a
+    scratch filesystem's purge), its record and token are gone: no raystack command finds the
+    cluster, nothing can reach or stop it, and the allocation would hold its nodes until the
+    walltime. Missing at every look for `grace` seconds (one failed look may be a filesystem
+    hiccup), it says why the allocation ends. `follow_on`: the pending next allocation of the
+    chain as the record last named it (it would start only to fail: its folder is gone too)."""
+
+    def __init__(self, ctx: NodeContext, grace: float, every: float = 15.0, clock: Clock = REAL):
+        self.ctx, self.grace, self.clock = ctx, grace, clock
+        self.gate = Every(min(every, max(grace / 2, 1.0)), clock)  # (at least two looks per grace)
+        self.missing_since: float | None = None
+        self.follow_on: str | None = None
+
+    def __call__(self) -> str | None:
+        if not self.gate():
+            return None
+        now = self.clock.now()
+        try:  # (a record that cannot be read raises: that is no removal)
+            self.follow_on = records.read(self.ctx.cluster).next_allocation_id
+            self.missing_since = None
+            return None
+        except NoSuchCluster:
+            self.missing_since = self.missing_since or now
+        if now - self.missing_since < self.grace:
+            return None
+        also = ""
+        if self.follow_on:
+            with contextlib.suppress(RaystackError):
+                self.ctx.allocator.cancel(self.follow_on)
+            also = f"; its follow-on {self.follow_on} is cancelled"
+        return (
+            f"the cluster folder {paths.cluster(self.ctx.cluster).root} has been gone for "
+            f"{now - self.missing_since:.0f}s (removed by hand or by a scratch purge): nothing can "
+            "reach this cluster any more (its token went with it), so the allocation ends instead of "
+            f"holding its nodes until the walltime{also}"
+        )

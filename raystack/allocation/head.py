@@ -32,7 +32,7 @@ from raystack.allocation.context import (
     parse_cpus_per_node,
     wait_for,
 )
-from raystack.allocation.duties import GpuReport, Heartbeat, Reaper
+from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.logsync import session_logs
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open, why_ray_ended
@@ -289,6 +289,7 @@ class Head:
         self.warned = False  # the walltime warning was passed on
         self.warning_flag = paths.cluster(ctx.cluster).warning(ctx.alloc_id)  # left by the batch shell
         self.nodes = NodeWatch(ctx, clock=clock)
+        self.folder = Guarded("folder watch", FolderWatch(ctx, ctx.folder_grace, clock=clock), log, clock)
         self.front: TlsFront | None = None  # HTTPS in front of the dashboard (TLS clusters)
         self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
         self.prometheus: prometheus.Prometheus | None = None
@@ -432,7 +433,8 @@ class Head:
         """While Ray lives: keep the queue runner alive (restarting it with back-off), reap
         orphans, report GPU use, sample usage, beat, answer stack requests, watch for idleness.
         Each duty is guarded: a failure (a full quota, EIO, a busy State API) is logged and that
-        duty backs off; only Ray's end (or idle autostop) ends the cluster; signals arrive as Stop."""
+        duty backs off; only Ray's end, idle autostop or its folder gone ends the cluster; signals
+        arrive as Stop."""
         self.idle = IdleWatch(self.ctx.cluster, self.ctx.idle_timeout, self.dashboard, clock=self.clock.now)
         duties = [
             Guarded(name, duty, log, self.clock)
@@ -455,6 +457,9 @@ class Head:
             why = idle()
             if why:
                 return ending(EndKind.IDLE, f"{why}: autostop")
+            gone = self.folder()
+            if gone:
+                return ending(EndKind.FAILED, gone)
             self.clock.sleep(POLL)
         return ending(
             EndKind.FAILED, head_exited(self.ray.proc.returncode, node_log(self.ctx, self.ctx.host))

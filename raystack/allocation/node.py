@@ -6,7 +6,8 @@ which would kill other clusters sharing the node).
 
 Configuration comes from the environment the allocation script exports:
 RAYSTACK_HOME, RAYSTACK_CLUSTER, RAYSTACK_LOCAL_SCRATCH, RAYSTACK_OBJECT_STORE_MEMORY,
-RAYSTACK_JOIN_TIMEOUT, RAYSTACK_HEAD_GRACE, RAYSTACK_RAY_LOGS, plus SLURM's own variables.
+RAYSTACK_JOIN_TIMEOUT, RAYSTACK_HEAD_GRACE, RAYSTACK_FOLDER_GRACE, RAYSTACK_RAY_LOGS, plus SLURM's own
+variables.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from raystack.adapters import slurm
 from raystack.allocation import head as head_mod
 from raystack.allocation import worker
 from raystack.allocation.context import NodeContext
-from raystack.allocation.duties import GpuReport, Heartbeat
+from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat
 from raystack.allocation.rayproc import parse_compute_apps, why_ray_ended
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue
@@ -324,6 +325,52 @@ def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
     assert "Disk quota exceeded" in caplog.text and "invalid literal" in caplog.text
     beat = read_heartbeat("c")
     assert beat is not None and beat["n"] > 10  # it kept beating all along
+
+
+def test_a_head_whose_cluster_folder_is_removed_ends_after_the_grace(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ce305fe: `rm -rf` of a running cluster's folder (by hand, a scratch purge) left its
+    allocation holding the nodes until the walltime, with nothing that could find or stop it."""
+    cancelled: list[str] = []
+    monkeypatch.setattr(slurm, "scancel", cancelled.append)
+    clusters.update("c", next_allocation_id="8")  # a chain's pending follow-on
+    clock, c = FakeClock(), ctx(home, 0)
+    c.folder_grace = 120
+    gone_at: list[float] = []
+
+    class Removed(FakeRay):
+        def alive(self) -> bool:  # (a look of the loop: the folder goes after 50 of them)
+            if self.left == 1000 - 50:
+                shutil.rmtree(paths.cluster("c").root)
+                gone_at.append(clock.now())
+            return super().alive()
+
+    h = head_mod.Head(c, Removed(alive_for=1000), clock=clock)  # type: ignore[arg-type]
+    monkeypatch.setattr(h, "keep_runner", lambda: None)
+    monkeypatch.setattr(h, "check_idle", lambda: None)
+    end = h.supervise()
+    assert gone_at and 120 <= clock.now() - gone_at[0] <= 120 + 30  # the grace, then one look's cadence
+    assert end.kind == "failed" and "gone" in end.text and "scratch purge" in end.text
+    assert cancelled == ["8"] and "follow-on 8 is cancelled" in end.text
+    assert not paths.cluster("c").root.exists()  # nothing made it again
+
+
+def test_a_folder_gone_for_less_than_the_grace_or_unreadable_ends_nothing(home: Path) -> None:
+    clock = FakeClock()
+    watch = FolderWatch(ctx(home, 0), grace=120, every=15, clock=clock)
+    record = paths.cluster("c").record
+    saved = record.read_bytes()
+    record.unlink()
+    for _ in range(6):  # 90 s missing
+        assert watch() is None
+        clock.advance(15)
+    record.write_bytes(saved)  # back (a filesystem that came back): the count starts again
+    assert watch() is None and watch.missing_since is None
+    record.write_bytes(b"{not json")  # unreadable is not removed: the look raises, Guarded backs off
+    clock.advance(15)
+    with pytest.raises(clusters.UnreadableRecord):
+        watch()
 
 
 def test_a_lost_node_that_rejoins_is_said_back(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

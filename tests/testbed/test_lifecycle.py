@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 
-from ..conftest import NODES, processes_of_job, slurm_shims, wait_until
+from ..conftest import NODES, processes_of_job, slurm_jobs_alive, slurm_shims, wait_until
 from .test_cluster import RESOURCES_JOB, ray_job_submit, raystack, resources_from
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -104,6 +105,27 @@ def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
     assert "cancelled by scancel" in record.message or "CANCELLED" in record.message
     wait_until(lambda: processes_of_job(job) == [], 30, f"every process of job {job} to end")
     assert raystack("status", "victim").returncode == 1
+
+
+def test_a_cluster_whose_folder_is_removed_releases_its_nodes(rs_home: Path) -> None:
+    """`rm -rf` of a running cluster's folder (by hand, a scratch purge): before, its allocation
+    held the nodes until the walltime, and no raystack command could find or stop it."""
+    done = raystack(
+        *("up", "--nodes", "1", "--profile", "testbed", "--gpus-per-node", "1", "--name", "purged"),
+        env={"RAYSTACK_FOLDER_GRACE": "10"},  # (300 s by default)
+    )
+    assert done.returncode == 0, done.stderr
+    job = str(clusters.read("purged").allocation_id)
+    try:
+        assert processes_of_job(job)
+        shutil.rmtree(paths.cluster("purged").root)
+        removed = time.monotonic()
+        wait_until(lambda: job not in slurm_jobs_alive(), 90, f"SLURM job {job} to end")
+        assert time.monotonic() - removed >= 10  # not before the grace
+        wait_until(lambda: processes_of_job(job) == [], 30, f"every process of job {job} to end")
+        assert not paths.cluster("purged").root.exists()  # nothing made it again
+    finally:
+        slurm.scancel(job)
 
 
 def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None:
