@@ -10,7 +10,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
-from raystack.cli.submit import TakesCommand, job_argument
+from raystack.cli.submit import AfterOpt, SweepOpt, TakesCommand, job_argument
 from raystack.client import check as checking
 from raystack.spec.planning import PlanSpec, describe, occupied
 from raystack.spec.profile import available_profiles, load_profile, profile_path
@@ -43,15 +43,18 @@ def check(
         list[str] | None,
         typer.Option("--set", metavar="KEY=VALUE", help="Override a spec field: key.sub=value."),
     ] = None,
+    sweep: SweepOpt = None,
+    after: AfterOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate a job spec (or command) and its plan as `submit` would, without a running cluster:
     against a cluster's record (--cluster, $RAYSTACK_CLUSTER, the only one), or against the
-    cluster a profile would make (--profile [--nodes N]). Nothing is queued. Exit 1 when it
-    could not run there, naming the field and the fix."""
+    cluster a profile would make (--profile [--nodes N]); with --sweep every combination, as
+    submit would queue them. Nothing is queued. Exit 1 when it could not run there, naming the
+    field and the fix."""
     job_input = job_argument(ctx, list(args or []))
     target = checking.shape(cluster, profile, nodes, gpus_per_node, cpus_per_node)
-    done = checking.check(job_input, sets or [], target)
+    done = checking.check(job_input, sets or [], target, sweep, after)
     record, against = done.cluster, done.against
     request = done.prepared.request
     plan_line = ""
@@ -65,10 +68,12 @@ def check(
                 "against": against,
                 "request": request.model_dump(mode="json", exclude={"id", "nonce", "queued_at"}),
                 "plan": plan_line or None,
+                "jobs": done.jobs,
             }
         )
         return
-    out.print(f"ok: {request.name} can run on {against}", markup=False)
+    sweep_words = f" (its sweep: {done.jobs} jobs, each checked; the first shown)" if done.jobs > 1 else ""
+    out.print(f"ok: {request.name} can run on {against}{sweep_words}", markup=False)
     out.print(f"  entrypoint: {request.planned or request.entrypoint}", markup=False)
     if request.working_dir:
         out.print(f"  working_dir: {request.working_dir} (uploaded to every node)", markup=False)

@@ -13,9 +13,9 @@ from pathlib import Path
 import raystack.client.allocate as allocate
 from raystack.client.cluster import Cluster
 from raystack.errors import ClusterError, ConfigError, SlurmError
-from raystack.spec.job import JobSpec
+from raystack.spec.job import JobSpec, after_option
 from raystack.spec.profile import load_profile
-from raystack.spec.resolve import Prepared, prepare
+from raystack.spec.resolve import Prepared, prepare_jobs
 from raystack.store import cluster as records
 from raystack.store import deps
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -32,11 +32,13 @@ class Target:
 
 @dataclass(frozen=True)
 class Checked:
-    """A job that would be queued, and the cluster it was checked against (and how it was had)."""
+    """A job that would be queued (a sweep's first), and the cluster it was checked against (and
+    how it was had)."""
 
     prepared: Prepared
     cluster: ClusterRecord
     against: str  # "cluster grpo", "profile isambard (4 nodes)"
+    jobs: int = 1  # how many jobs it makes (a sweep's combinations), each checked
 
 
 def shape(
@@ -80,10 +82,21 @@ def shape(
     return Target(record, words, live=False)
 
 
-def check(job: str | Path | JobSpec | list[str], sets: list[str], target: Target) -> Checked:
-    """Resolve a job as `submit` would against the target (ConfigError when it could not run);
-    against a cluster's record, its `after` ids must name jobs of that cluster, as at submit."""
-    prepared = prepare(job, list(sets), target.record, Path.cwd())
-    if target.live and (why := deps.unknown(target.record.name, prepared.request.after, set(), "after:")):
-        raise ConfigError(why)
-    return Checked(prepared, target.record, target.against)
+def check(
+    job: str | Path | JobSpec | list[str],
+    sets: list[str],
+    target: Target,
+    sweeps: list[str] | None = None,
+    after: list[str] | None = None,
+) -> Checked:
+    """Resolve a job as `submit` would against the target (ConfigError when it could not run):
+    every combination of its sweep (the spec's `sweep:` block and `sweeps`, as --sweep); against a
+    cluster's record, its `after` ids (the spec's and `after`, as --after) must name jobs of that
+    cluster, as at submit."""
+    given = after_option(after)
+    jobs = prepare_jobs(job, list(sets), target.record, Path.cwd(), list(sweeps or []))
+    own = {one.request.id for one in jobs}
+    for ids, label in ((jobs[0].request.after, "after:"), (given, "--after")):
+        if target.live and (why := deps.unknown(target.record.name, ids, own, label)):
+            raise ConfigError(why)
+    return Checked(jobs[0], target.record, target.against, len(jobs))

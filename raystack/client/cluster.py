@@ -372,16 +372,12 @@ class Cluster:
                 raise ConfigError(
                     f"--submission-id {job_id}: cluster {self.name} has a job {job_id}; choose another"
                 )
-        for item in after or []:
-            if not specs.AFTER.fullmatch(item):
-                raise ConfigError(
-                    f"--after {item!r}: give a job or sweep id, optionally with :ok, :any or :notok"
-                )
+        after = specs.after_option(after)
         jobs = prepare_jobs(spec, list(sets or []), self.settle(), Path.cwd(), list(sweeps or []), job_id)
         for one in jobs:
             for request in (one.request, one.resume):
                 if request is not None:
-                    request.after = [*request.after, *(after or [])]
+                    request.after = [*request.after, *after]
         why = deps.unknown(self.name, jobs[0].request.after, {j.request.id for j in jobs})
         if why:
             raise ConfigError(why)

@@ -467,6 +467,25 @@ def test_check_against_a_cluster_knows_its_jobs_for_after(
     assert code == 0 and "ok: dep can run on cluster c4" in out, err
 
 
+def test_check_takes_submits_sweep_and_after_and_checks_every_combination(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check had no --sweep or --after: a sweep could be checked only by submitting it."""
+    (home / "sw.yaml").write_text("name: sw\nentrypoint: python x.py\nsweep: {env.LR: [1, 2, 3]}\n")
+    code, out, err = run(capsys, "check", "sw.yaml", "-c", "c4", "--sweep", "env.B=x,y")
+    assert code == 0 and "ok: sw can run on cluster c4 (its sweep: 6 jobs, each checked" in out, err
+    code, _, err = run(capsys, "check", "sw.yaml", "-c", "c4", "--sweep", "needs.gpus=1,99")
+    assert code == 1 and "needs.gpus=99" in err, err  # (the second combination's)
+    code, _, err = run(capsys, "check", "sw.yaml", "-c", "c4", "--after", "trian-1")
+    assert code == 1 and "--after trian-1: no job or sweep 'trian-1' in cluster c4" in err, err
+    code, _, err = run(capsys, "check", "sw.yaml", "-c", "c4", "--after", "x:maybe")
+    assert code == 1 and "--after 'x:maybe': give a job or sweep id" in err, err
+    first = json.loads(run(capsys, "submit", "-c", "c4", "--json", "--", "python", "t.py")[1])
+    code, out, err = run(capsys, "check", "sw.yaml", "-c", "c4", "--after", f"{first['id']}:ok", "--json")
+    assert code == 0 and json.loads(out)["jobs"] == 3, err
+    assert queued() == 1  # (only the job submitted above)
+
+
 def test_submit_refuses_what_could_never_start(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = clusters.read("c4").model_copy(update={"walltime": 3600.0})
     clusters.write(record)
