@@ -330,8 +330,9 @@ def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
 def test_a_head_whose_cluster_folder_is_removed_ends_after_the_grace(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ce305fe: `rm -rf` of a running cluster's folder (by hand, a scratch purge) left its
-    allocation holding the nodes until the walltime, with nothing that could find or stop it."""
+    """ce305fe: after `rm -rf` of a running cluster's folder (by hand, a scratch purge) nothing
+    could find or stop it; a one-node or local cluster held its node until the walltime (a larger
+    one's workers ended it after 5 minutes, taking the missing heartbeat for a dead head)."""
     cancelled: list[str] = []
     monkeypatch.setattr(slurm, "scancel", cancelled.append)
     clusters.update("c", next_allocation_id="8")  # a chain's pending follow-on

@@ -108,8 +108,8 @@ def test_scancel_ends_the_cluster_and_leaves_no_process(rs_home: Path) -> None:
 
 
 def test_a_cluster_whose_folder_is_removed_releases_its_nodes(rs_home: Path) -> None:
-    """`rm -rf` of a running cluster's folder (by hand, a scratch purge): before, its allocation
-    held the nodes until the walltime, and no raystack command could find or stop it."""
+    """`rm -rf` of a running cluster's folder (by hand, a scratch purge): before, this one-node
+    cluster held its node until the walltime, and no raystack command could find or stop it."""
     done = raystack(
         *("up", "--nodes", "1", "--profile", "testbed", "--gpus-per-node", "1", "--name", "purged"),
         env={"RAYSTACK_FOLDER_GRACE": "10"},  # (300 s by default)
