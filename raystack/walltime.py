@@ -21,6 +21,9 @@ How an allocation's end is told apart (`classify`), and what follows:
 | scancel     | SIGTERM before the time limit, SLURM's reason None         | ends    | FAILED           |
 | crashed     | the head's node program met an error it cannot go on with  | goes on | resume (requeued)|
 | head lost   | a worker found the head's node program gone (SIGKILL, OOM) | goes on | resume (requeued)|
+| requeued    | SLURM's restart count of the job grew past this run's      | the same| resume (requeued)|
+|             | (`scontrol requeue`, a preemption or node failure that     | job runs|                  |
+|             | requeues): SLURM starts the same job id again              | again   |                  |
 | failed      | Ray or a node failed to start, or Ray's head exited        | goes on | FAILED           |
 
 When the chain ends with a follow-on pending, the follow-on is cancelled: nothing stays in SLURM.
@@ -64,6 +67,7 @@ ENDINGS = {
     EndKind.SCANCEL: (False, False),
     EndKind.CRASHED: (True, True),
     EndKind.HEAD_LOST: (True, True),
+    EndKind.REQUEUED: (True, True),
     EndKind.FAILED: (True, False),
 }
 # The text of an end the record announced before it came.
@@ -148,6 +152,17 @@ def end_changes(
     """What allocation `alloc_id`'s end changes in the record (pure), and the pending follow-on
     to cancel (None when there is none or the chain goes on with it)."""
     nxt = record.next_allocation_id
+    if end.kind is EndKind.REQUEUED:  # (the same allocation waits in SLURM to run again)
+        return {
+            "state": ClusterState.SUBMITTED,
+            "message": f"allocation {alloc_id} was requeued by SLURM ({end.text}); it starts again when "
+            "SLURM runs it, and the jobs in flight resume there",
+            "ending": None,
+            "gcs_address": None,
+            "dashboard_url": None,
+            "nodes_joined": 0,
+            "walltime_end": None,
+        }, None
     if nxt and end.chain_goes_on:
         return {
             "state": ClusterState.SUBMITTED,

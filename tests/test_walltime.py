@@ -104,6 +104,22 @@ def test_down_leaves_the_jobs_it_ended_stopped_not_failed(
     )
 
 
+def test_a_requeued_allocation_waits_for_its_next_run_with_its_jobs_to_resume(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM runs a requeued job again under its id: the record waits for it (SUBMITTED, the same
+    allocation, the chain and its follow-on untouched) and the jobs in flight resume there."""
+    cancelled: list[str] = []
+    monkeypatch.setattr(slurm, "scancel", cancelled.append)
+    job = running_job()
+    end = walltime.ending("requeued", "restart 1")
+    record = walltime.end_allocation("c", "7", end, ClusterState.STOPPED)
+    assert (record.state, record.allocation_id, record.chain_index) == (ClusterState.SUBMITTED, "7", 1)
+    assert record.next_allocation_id == "8" and cancelled == [] and record.chain_ended is None
+    assert record.dashboard_url is None and "was requeued by SLURM" in record.message
+    assert read_job("c", job).state is JobState.INTERRUPTED and queue.position("c", job) == 1
+
+
 def test_a_later_allocation_is_never_overwritten(home: Path) -> None:
     clusters.update("c", allocation_id="9")
     record = walltime.end_allocation("c", "7", walltime.ending("scancel", "x"), ClusterState.STOPPED)

@@ -124,6 +124,11 @@ class Allocator(ABC):
         """Once it has ended: kill what it left on this machine (pids); SLURM's cgroups do that."""
         return []
 
+    def restarts(self, alloc_id: str) -> int | None:
+        """How often the backend has requeued the allocation (SLURM restarts a requeued job under
+        its id; 0 where nothing requeues); None when it cannot say."""
+        return 0
+
     def time_left(self, info: JobInfo | None) -> int | None:
         """Seconds to its walltime end while it runs; None without one (or not running)."""
         return None

@@ -291,6 +291,22 @@ def parse_squeue_commands(text: str, name: str) -> dict[str, JobInfo]:
     return jobs
 
 
+def restart_count(job_id: str) -> int | None:
+    """How often SLURM has requeued the job (`scontrol requeue`, a preemption or node failure that
+    requeues): squeue's RestartCnt, which grows as the requeue begins, while the job's tasks are
+    still being ended. None when SLURM cannot say."""
+    try:
+        return parse_restart_count(_run(["squeue", "--noheader", f"--jobs={job_id}", "--Format=RestartCnt"]))
+    except SlurmError:
+        return None
+
+
+def parse_restart_count(text: str) -> int | None:
+    """`squeue --noheader --Format=RestartCnt` -> the count (None when squeue listed no job)."""
+    word = text.strip()
+    return int(word) if word.isdigit() else None
+
+
 def node_shape(partition: str | None) -> NodeShape:
     """CPUs, GPUs and memory per node of `partition` (or the default one), from sinfo."""
     return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G|%m"]), partition)
@@ -359,6 +375,9 @@ class SlurmAllocator(Allocator):
 
     def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
         return hostnames(nodelist)
+
+    def restarts(self, alloc_id: str) -> int | None:
+        return restart_count(alloc_id)
 
     def why_ended(self, info: JobInfo) -> tuple[str, str]:
         reason = (info.reason or "").lower()

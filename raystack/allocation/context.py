@@ -26,6 +26,7 @@ from raystack.errors import RaystackError
 from raystack.spec.profile import Caps
 from raystack.spec.values import size_to_mb
 from raystack.store import paths, tls
+from raystack.store.cluster import ClusterRecord
 from raystack.store.growth import DEFAULT_CAP
 from raystack.waiting import REAL, Clock, poll_until
 
@@ -65,6 +66,7 @@ class NodeContext:
     folder_cap: int | None = DEFAULT_CAP  # bytes the cluster folder may take (pruned beyond)
     folder_grace: float = 300.0  # seconds the cluster folder may be gone before the head ends
     backend: Backend = "slurm"  # where the allocation came from (adapters/allocator.py)
+    restart: int = 0  # which run of the allocation this is (SLURM_RESTART_COUNT: a requeued job's)
 
     @property
     def is_head(self) -> bool:
@@ -73,6 +75,11 @@ class NodeContext:
     @property
     def allocator(self) -> Allocator:
         return allocator(self.backend)
+
+    def holds(self, record: ClusterRecord) -> bool:
+        """Whether the record is this run's: this allocation, and not an earlier run of it (SLURM
+        starts a requeued job again under its id, while the record still shows the last run)."""
+        return record.allocation_id == self.alloc_id and record.allocation_restart == self.restart
 
 
 def parse_cpus_per_node(value: str) -> list[int]:
@@ -147,6 +154,7 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         ray_logs=Caps.from_env(env),
         folder_cap=folder_cap(env),
         folder_grace=float(env.get("RAYSTACK_FOLDER_GRACE") or 300),
+        restart=int(env.get("SLURM_RESTART_COUNT") or 0),
     )
 
 

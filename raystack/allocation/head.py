@@ -75,7 +75,8 @@ def claim(ctx: NodeContext) -> bool:
 
     Two allocations of one name (a hand-submitted twin, a restarted `up`) would run two runners
     on one queue; the one that finds a live other holder leaves instead. Returns whether this
-    allocation continues a chain (its jobs in flight of the last allocation then resume).
+    allocation continues a chain, or runs again after SLURM requeued it (the jobs in flight of
+    the last allocation, or of its earlier run, then resume).
     """
     p = paths.cluster(ctx.cluster)
     with locked(p):
@@ -92,11 +93,12 @@ def claim(ctx: NodeContext) -> bool:
                 )
         record = record or records.ClusterRecord(name=ctx.cluster)
         follow_on = record.next_allocation_id == ctx.alloc_id or (
-            other == ctx.alloc_id and record.chain_index > 1
+            other == ctx.alloc_id and (record.chain_index > 1 or ctx.restart > record.allocation_restart)
         )
         if record.next_allocation_id == ctx.alloc_id:  # the last head could not hand over (SIGKILL)
             records.apply_changes(record, {"chain_index": record.chain_index + 1, "next_allocation_id": None})
-        records.apply_changes(record, {"allocation_id": ctx.alloc_id, "backend": ctx.backend, "ending": None})
+        held = {"allocation_id": ctx.alloc_id, "allocation_restart": ctx.restart, "backend": ctx.backend}
+        records.apply_changes(record, {**held, "ending": None})
         records.note_allocation(record, ctx.alloc_id, started=time.time(), nodes=ctx.num_nodes)
         records.write(record)
         return follow_on
@@ -221,9 +223,16 @@ def run_head(ctx: NodeContext) -> int:
     ready = False
     try:
         reason = (
-            "found when the next allocation of the chain started" if follow_on else "found at the next start"
+            "found when SLURM ran the requeued allocation again"
+            if ctx.restart
+            else "found when the next allocation of the chain started"
+            if follow_on
+            else "found at the next start"
         )
-        for job_id in settle_orphans(ctx.cluster, ctx.alloc_id, reason, requeue=follow_on):
+        # (a requeued allocation's run starts with nothing of its own in flight: every job whose
+        # last attempt names this allocation ran in an earlier run of it)
+        current = None if ctx.restart else ctx.alloc_id
+        for job_id in settle_orphans(ctx.cluster, current, reason, requeue=follow_on):
             log.warning(
                 "job %s was in flight in an allocation that ended: %s",
                 job_id,
@@ -517,7 +526,7 @@ class Head:
                 self.stop_runner()
             try:
                 record = records.read(self.ctx.cluster)
-                end = known or classify(record, self.ctx.alloc_id)
+                end = known or self.requeued() or classify(record, self.ctx.alloc_id)
                 state = (
                     ClusterState.FAILED
                     if end.kind in (EndKind.FAILED, EndKind.CRASHED)
@@ -535,6 +544,14 @@ class Head:
                 self.prometheus.stop()
         finally:
             stop_ray(self.ctx, self.ray)
+
+    def requeued(self) -> Ending | None:
+        """SLURM is requeuing this allocation (its restart count has grown past this run's): it
+        runs again under its id, and the jobs in flight resume there."""
+        count = self.ctx.allocator.restarts(self.ctx.alloc_id)
+        if count is None or count <= self.ctx.restart:
+            return None
+        return ending(EndKind.REQUEUED, f"restart {count}: scontrol requeue, or a preemption that requeues")
 
 
 class NodeWatch:

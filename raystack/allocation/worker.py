@@ -46,21 +46,21 @@ def head_record(ctx: NodeContext) -> ClusterRecord | None:
     if not records.exists(ctx.cluster):
         return None
     record = records.read(ctx.cluster)
-    if record.allocation_id == ctx.alloc_id and (record.gcs_address or record.state.is_terminal()):
+    if ctx.holds(record) and (record.gcs_address or record.state.is_terminal()):
         return record
-    return None
+    return None  # (another allocation's, or an earlier run's of this requeued one: wait for the head)
 
 
 def head_ended(ctx: NodeContext) -> bool:
     """The head recorded the end of this allocation's cluster (or another allocation took over)."""
     record = records.read(ctx.cluster)
-    return record.allocation_id != ctx.alloc_id or record.state.is_terminal()
+    return not ctx.holds(record) or record.state.is_terminal()
 
 
 def joining(ctx: NodeContext) -> bool:
     """The head of this allocation is still waiting for its nodes (not READY, not ended)."""
     record = records.read(ctx.cluster)
-    return record.allocation_id == ctx.alloc_id and record.state is ClusterState.STARTING
+    return ctx.holds(record) and record.state is ClusterState.STARTING
 
 
 def backoff(attempt: int) -> float:

@@ -57,6 +57,7 @@ class EndKind(str, Enum):
     SCANCEL = "scancel"  # cancelled by hand or an administrator
     CRASHED = "crashed"  # the head's node program could not go on
     HEAD_LOST = "head lost"  # a worker found the head's node program gone
+    REQUEUED = "requeued"  # SLURM requeued it (scontrol requeue, a requeueing preemption): it runs again
     FAILED = "failed"  # Ray or a node failed to start, or Ray's head exited
 
     @classmethod
@@ -108,6 +109,7 @@ class ClusterRecord(BaseModel):
     profile: str = "generic"
     backend: Literal["slurm", "local"] = "slurm"  # where allocations come from (adapters/allocator.py)
     allocation_id: str | None = None  # SLURM's job id, or a local allocation's own id
+    allocation_restart: int = 0  # which run of it holds the cluster (SLURM restarts a requeued job)
     nodes_expected: int = 0
     gpus_per_node: int = 0
     cpus_per_node: int = 0

@@ -236,3 +236,11 @@ def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: p
     assert backend.info("9") is None
     now[0] += 2
     assert backend.info("9") is None and asked == ["7", "7", "9", "9"]  # a blip: asked again
+
+
+def test_restart_count_as_squeue_prints_it() -> None:
+    """`squeue --noheader --jobs=ID --Format=RestartCnt`, recorded on the testbed: a padded
+    column; nothing when squeue no longer lists the job."""
+    assert slurm.parse_restart_count("0                   \n") == 0
+    assert slurm.parse_restart_count("1                   \n") == 1
+    assert slurm.parse_restart_count("") is None

@@ -374,6 +374,57 @@ def test_a_folder_gone_for_less_than_the_grace_or_unreadable_ends_nothing(home: 
         watch()
 
 
+def test_a_run_of_a_requeued_allocation_waits_for_its_own_head(home: Path) -> None:
+    """SLURM ran the requeued allocation 7 again: the record still shows its earlier run's end
+    (STOPPED). Before, the workers read that as the cluster's end and left."""
+    clusters.update("c", state=ClusterState.STOPPED, gcs_address=None)
+    again = ctx(home)
+    again.restart = 1
+    assert worker.head_record(again) is None  # the earlier run's: wait for this run's head
+    clusters.update("c", allocation_restart=1, state=ClusterState.STARTING, gcs_address="10.0.0.1:6380")
+    record = worker.head_record(again)
+    assert record is not None and record.gcs_address == "10.0.0.1:6380" and worker.joining(again)
+    assert worker.head_record(ctx(home)) is None  # (the earlier run's worker, were it still there)
+
+
+def test_the_head_tells_a_requeue_from_a_scancel(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = {"7": 0}
+    monkeypatch.setattr(slurm, "restart_count", lambda alloc_id: counts[alloc_id])
+    h = head_mod.Head(ctx(home, 0), FakeRay())  # type: ignore[arg-type]
+    assert h.requeued() is None  # a SIGTERM with the count unchanged: scancel, walltime, ...
+    counts["7"] = 1
+    end = h.requeued()
+    assert end is not None and end.kind == "requeued" and end.requeue and end.chain_goes_on
+    h.ctx.restart = 1  # (this run is the restarted one: the count is its own)
+    assert h.requeued() is None
+
+
+def test_the_restarted_runs_head_claims_the_cluster_and_resumes_the_earlier_runs_jobs(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The earlier run was SIGKILLed (no end recorded): its job is still in flight under
+    allocation 7, which is this run's id too; before it starts anything, the head puts it back."""
+    request = JobRequest(id="j-3", name="j", cluster="c", entrypoint="true")
+    queue.enqueue(request)
+    queue.start("c", queue.waiting("c")[0], "7")
+    clusters.update("c", state=ClusterState.SUBMITTED)
+    monkeypatch.setattr(slurm, "scancel", lambda alloc_id: None)
+    seen: list[JobState] = []
+
+    class Started(head_mod.Head):
+        @classmethod
+        def start(cls, c: NodeContext) -> head_mod.Head:
+            seen.append(read_job("c", "j-3").state)  # (what the claim and the settling left)
+            raise head_mod.Stop("enough")
+
+    monkeypatch.setattr(head_mod, "Head", Started)
+    again = ctx(home, 0)
+    again.restart = 1
+    head_mod.run_head(again)
+    assert seen == [JobState.INTERRUPTED] and queue.position("c", "j-3") == 1
+    assert clusters.read("c").allocation_restart == 1
+
+
 def test_a_lost_node_that_rejoins_is_said_back(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`node lost: node4; running on without it` stayed in the record after the node's Ray rejoined."""
     clock, missing = FakeClock(), [["node4"]]

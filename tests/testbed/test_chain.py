@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,11 @@ def py(code: str) -> list[str]:
 def alive(job: str | None) -> bool:
     info = slurm.job_info(job) if job else None
     return info is not None and not info.state.is_terminal()
+
+
+def holds_nodes(job: str) -> bool:
+    info = slurm.job_info(job)
+    return info is not None and info.state is not SlurmState.PENDING
 
 
 def kill_node(job: str, host: str) -> int:
@@ -131,6 +137,37 @@ def test_down_during_a_chain_leaves_nothing_in_slurm(rs_home: Path) -> None:
     assert record.state is ClusterState.STOPPED and record.chain_ended == "raystack down"
     assert not alive(record.allocation_id) and not alive(nxt)
     assert slurm.jobs_named("raystack-dn") == {}  # no allocation runs or waits
+
+
+def test_a_requeued_allocation_runs_again_and_its_job_resumes(rs_home: Path) -> None:
+    """`scontrol requeue` (by an administrator, or a preemption or node failure that requeues):
+    before, the head took it for a scancel (the running job FAILED), and when SLURM ran the
+    allocation again under its id its workers found the cluster STOPPED and left, so the head
+    waited for them until join_timeout and the cluster FAILED."""
+    up = raystack("up", "--nodes", "2", "--profile", "testbed", "--name", "rq")
+    assert up.returncode == 0, up.stderr
+    cluster = Cluster("rq")
+    alloc = str(clusters.read("rq").allocation_id)
+    try:
+        job = cluster.submit(
+            py("import time; time.sleep(15); print('done', flush=True)"), sets=["name=rqjob"]
+        )
+        wait_until(lambda: job.record().state is JobState.RUNNING, 60, "the job to run")
+        subprocess.run(["scontrol", "requeue", alloc], check=True)
+        wait_until(lambda: clusters.read("rq").state is ClusterState.SUBMITTED, 60, "the requeue recorded")
+        assert "was requeued by SLURM" in clusters.read("rq").message
+        assert job.record().state is JobState.INTERRUPTED
+        # SLURM holds a requeued job back for a while (BeginTime): let it start now.
+        wait_until(lambda: alive(alloc) and not holds_nodes(alloc), 60, "the job to wait in SLURM")
+        subprocess.run(["scontrol", "update", f"jobid={alloc}", "starttime=now"], check=True)
+        cluster.wait_ready(timeout=180)
+        record = clusters.read("rq")
+        assert (record.allocation_id, record.allocation_restart, record.nodes_joined) == (alloc, 1, 2)
+        ended = job.wait(timeout=120)
+        assert ended.state is JobState.SUCCEEDED and len(ended.attempts) == 2, ended.message
+        assert "done" in job.logs()
+    finally:
+        raystack("down", "rq")
 
 
 def test_a_killed_worker_node_does_not_end_the_chain(chain: dict) -> None:
