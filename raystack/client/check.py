@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import raystack.client.allocate as allocate
-from raystack.client.cluster import Cluster
+from raystack.client.cluster import Cluster, after_option
 from raystack.errors import ClusterError, ConfigError, SlurmError
-from raystack.spec.job import JobSpec, after_option
+from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare_jobs
 from raystack.store import cluster as records

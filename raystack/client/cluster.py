@@ -68,6 +68,16 @@ def filesystem_error(exc: OSError) -> str | None:
     return line
 
 
+def after_option(items: list[str] | None) -> list[str]:
+    """--after's ids as given (ConfigError naming the one that is no id), for submit and check."""
+    for item in items or []:
+        if not specs.AFTER.fullmatch(item):
+            raise ConfigError(
+                f"--after {item!r}: give a job or sweep id, optionally with :ok, :any or :notok"
+            )
+    return list(items or [])
+
+
 class Cluster:
     """A handle on one named cluster in $RAYSTACK_HOME."""
 
@@ -372,7 +382,7 @@ class Cluster:
                 raise ConfigError(
                     f"--submission-id {job_id}: cluster {self.name} has a job {job_id}; choose another"
                 )
-        after = specs.after_option(after)
+        after = after_option(after)
         jobs = prepare_jobs(spec, list(sets or []), self.settle(), Path.cwd(), list(sweeps or []), job_id)
         for one in jobs:
             for request in (one.request, one.resume):

@@ -67,16 +67,6 @@ MAX_SWEEP = 1000  # jobs in one sweep
 AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
 
 
-def after_option(items: list[str] | None) -> list[str]:
-    """--after's ids as given (ConfigError naming the one that is no id)."""
-    for item in items or []:
-        if not AFTER.fullmatch(item):
-            raise ConfigError(
-                f"--after {item!r}: give a job or sweep id, optionally with :ok, :any or :notok"
-            )
-    return list(items or [])
-
-
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
 
 # Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
