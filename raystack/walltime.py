@@ -169,6 +169,7 @@ def end_changes(
             "message": f"allocation {alloc_id} ended ({end.text}); allocation "
             f"{record.chain_index + 1} of {record.chain_count} is SLURM job {nxt}",
             "allocation_id": nxt,
+            "allocation_restart": 0,
             "next_allocation_id": None,
             "chain_index": record.chain_index + 1,
             "ending": None,

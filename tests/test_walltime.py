@@ -67,8 +67,10 @@ def running_job() -> str:
 
 def test_walltime_hands_the_cluster_to_the_follow_on_and_requeues(home: Path) -> None:
     job = running_job()
+    clusters.update("c", allocation_restart=1)  # (allocation 7 had been requeued once)
     record = walltime.end_allocation("c", "7", walltime.ending("walltime", "walltime"), ClusterState.STOPPED)
     assert record.state is ClusterState.SUBMITTED and record.allocation_id == "8" and record.chain_index == 2
+    assert record.allocation_restart == 0  # (the follow-on's first run)
     assert record.next_allocation_id is None and record.dashboard_url is None
     assert "allocation 2 of 3 is SLURM job 8" in record.message
     assert read_job("c", job).state is JobState.INTERRUPTED and queue.position("c", job) == 1
