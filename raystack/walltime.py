@@ -146,6 +146,18 @@ def submit_follow_on(name: str, alloc_id: str) -> str | None:
     return nxt
 
 
+# What a record waiting for its allocation's next run (a follow-on, or a requeued job run again)
+# no longer holds: the ended run's address, its nodes and its end.
+WAITING: dict[str, object] = {
+    "state": ClusterState.SUBMITTED,
+    "ending": None,
+    "gcs_address": None,
+    "dashboard_url": None,
+    "nodes_joined": 0,
+    "walltime_end": None,
+}
+
+
 def end_changes(
     record: ClusterRecord, alloc_id: str, end: Ending, last_state: ClusterState, logs: str
 ) -> tuple[dict[str, object], str | None]:
@@ -154,29 +166,19 @@ def end_changes(
     nxt = record.next_allocation_id
     if end.kind is EndKind.REQUEUED:  # (the same allocation waits in SLURM to run again)
         return {
-            "state": ClusterState.SUBMITTED,
+            **WAITING,
             "message": f"allocation {alloc_id} was requeued by SLURM ({end.text}); it starts again when "
             "SLURM runs it, and the jobs in flight resume there",
-            "ending": None,
-            "gcs_address": None,
-            "dashboard_url": None,
-            "nodes_joined": 0,
-            "walltime_end": None,
         }, None
     if nxt and end.chain_goes_on:
         return {
-            "state": ClusterState.SUBMITTED,
+            **WAITING,
             "message": f"allocation {alloc_id} ended ({end.text}); allocation "
             f"{record.chain_index + 1} of {record.chain_count} is SLURM job {nxt}",
             "allocation_id": nxt,
             "allocation_restart": 0,
             "next_allocation_id": None,
             "chain_index": record.chain_index + 1,
-            "ending": None,
-            "gcs_address": None,
-            "dashboard_url": None,
-            "nodes_joined": 0,
-            "walltime_end": None,
         }, None
     why = end.text
     if nxt:
