@@ -14,6 +14,7 @@ from raystack.allocation.watchdog import sample_active
 from raystack.store import paths, queue, stacks
 from raystack.store.ledger import JobRequest, JobState, read_job, update_job
 from tests.allocation.test_runner import FakeApi, Free, home  # noqa: F401 (the fixture)
+from tests.conftest import wait_until
 
 BIG = {"kind": "actor", "name": "Big", "bundles": [{"CPU": 1.0, "GPU": 5.0}], "ray_infeasible": False}
 
@@ -131,6 +132,10 @@ def test_a_silent_idle_job_is_hung_its_stacks_asked_for_then_stopped(home: Path)
     r.tick()
     api.set(job, "RUNNING")
     r.tick()
+    # The runner's log tail writes the job's first line from its own thread: new output is a sign of
+    # life, so wait for it before the (fake) clock moves (a late write reset the silence: seen in CI).
+    log = paths.cluster("c").job_log(job)
+    wait_until(lambda: log.exists() and log.stat().st_size > 0, 30, "the log tail's first write")
     t = time.time()
     for i in range(8):  # 80 s with quiet samples every 10 s (and one busy one at 20 s)
         write_samples(job, 0.5 if i == 2 else 0.0, t + 10 * i, 1)
