@@ -288,6 +288,20 @@ def _raw_text_values(node: yaml.Node, path: tuple[str, ...] = ()) -> None:
             _raw_text_values(value, here)
 
 
+def _yaml_fix(text: str, line: int | None) -> str:
+    """The fix for the YAML mistakes people make most, told from the line it stopped at."""
+    lines = text.splitlines()
+    here = lines[line] if line is not None and 0 <= line < len(lines) else ""
+    if "\t" in here[: len(here) - len(here.lstrip())]:
+        return "indent with spaces, not tabs"
+    if re.match(r"\s*[-\w.]+:\s+[^\s\"'|>].*:\s", here):
+        return (
+            "a value holding ': ' (a command, a lambda) must be quoted, e.g. "
+            "entrypoint: \"python -c 'a: b'\", or written as a block (entrypoint: |)"
+        )
+    return "fix it"
+
+
 def parse_yaml(text: str, source: str, raw_text: bool = True, invalid_as_text: bool = False) -> Any:
     """YAML text -> data, refusing duplicate keys and alias bombs. Raises ConfigError; with
     `invalid_as_text`, text that is not YAML at all is returned as it is (for --set values)."""
@@ -311,7 +325,8 @@ def parse_yaml(text: str, source: str, raw_text: bool = True, invalid_as_text: b
         problem = getattr(exc, "problem", None) or exc.__class__.__name__
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}: not valid YAML ({str(problem)[:120]}{where}): fix it") from None
+        fix = _yaml_fix(text, mark.line if mark is not None else None)
+        raise ConfigError(f"{source}: not valid YAML ({str(problem)[:120]}{where}): {fix}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply; flatten it") from None
     finally:

@@ -316,7 +316,14 @@ BAD = [
     ("name: 'bad name'\nentrypoint: x\n", [], r"field 'name': 'bad name' is not a job name"),
     ("name: t\nentrypoint: '  '\n", [], r"field 'entrypoint': is empty"),
     ("- a\n- b\n", [], r"must be a mapping"),
-    ("name: [unclosed\n", [], r"not valid YAML"),
+    ("name: [unclosed\n", [], r"not valid YAML .*: fix it$"),
+    # the two YAML mistakes people make most get their fix (they used to get "fix it")
+    (
+        "name: t\nentrypoint: python -c 'f = lambda: 1'\n",
+        [],
+        r"mapping values are not allowed here at line 2\): a value holding ': ' .* must be quoted",
+    ),
+    ("name: t\nentrypoint: x\nenv:\n  A: '1'\n\tB: '2'\n", [], r"at line 5\): indent with spaces, not tabs$"),
     (GOOD, ["--set", "nedds.gpus=1"], r"--set 'nedds.gpus=1': 'nedds' is not a field of the spec; valid: "),
     (GOOD, ["--set", "needs.gpu=1"], r"'gpu' is not a field of needs; valid: cpus, cpus_per_gpu, gpus"),
     (GOOD, ["--set", "needs"], r"--set 'needs': use --set key.sub=value"),
