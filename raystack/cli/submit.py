@@ -58,9 +58,14 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
                 "(--set KEY=VALUE, --sweep KEY=V1,V2: no spaces, or quote them)"
             )
         return before[0]
+    if Path(before[0]).is_dir():
+        specs = sorted(str(p) for p in Path(before[0]).iterdir() if p.suffix.lower() in (".yaml", ".yml"))
+        some = f" (e.g. {', '.join(specs[:3])})" if specs else ""
+        raise ConfigError(f"{before[0]!r} is a folder, not a job spec: give a .yaml file in it{some}")
     raw = ctx.meta.get("raw_args", before)
     i = raw.index(before[0]) if before[0] in raw else len(raw)
-    fix = shlex.join([*verb.split(), *raw[:i], "--", *raw[i:]])  # (raystack submit, raystack check)
+    run = ["python"] if before[0].endswith(".py") else []  # (a script: its interpreter goes first)
+    fix = shlex.join([*verb.split(), *raw[:i], "--", *run, *raw[i:]])  # (raystack submit, raystack check)
     near = _nearest_spec(before[0]) if len(before) == 1 else ""
     raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
 

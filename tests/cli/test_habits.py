@@ -36,6 +36,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             )
         )
     (work / "ok.yaml").write_text(HELLO.read_text())
+    (work / "specs").mkdir()
+    (work / "specs" / "a.yaml").write_text(HELLO.read_text())
     (work / "ok2.YAML").write_text(HELLO.read_text())
     return work
 
@@ -58,6 +60,8 @@ def queued(name: str = "c4") -> int:
         (["ok.yaml", "--folow"], 2, "No such option: --folow"),
         (["hello.yam"], 1, "'hello.yam' is not a job spec (.yaml); a command goes after --"),
         (["nope.yaml"], 1, "no job spec 'nope.yaml' (no such file)"),
+        (["specs"], 1, "'specs' is a folder, not a job spec: give a .yaml file in it (e.g. specs/a.yaml)"),
+        (["train.py"], 1, "a command goes after --: raystack submit -c c4 -- python train.py"),
         (["okk.yaml"], 1, "did you mean ok.yaml?"),
         (["python", "train.py", "-c", "config.yaml"], 1, "a command goes after --: raystack submit"),
         (["ok.yaml", "--", "python", "x.py"], 1, "give a job spec or a command after --, not both"),
