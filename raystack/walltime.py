@@ -19,12 +19,14 @@ How an allocation's end is told apart (`classify`), and what follows:
 | down        | `raystack down` wrote it into the record first             | ends    | FAILED           |
 | idle        | the head's idle autostop wrote it into the record first    | ends    | (none: idle)     |
 | scancel     | SIGTERM before the time limit, SLURM's reason None         | ends    | FAILED           |
-| crashed     | the head's node program met an error it cannot go on with  | goes on | resume (requeued)|
+| crashed     | the head's node program met an error it cannot go on with, | goes on | resume (requeued)|
+|             | or Ray's head exited under the running cluster (its GCS or |         |                  |
+|             | raylet killed: the OOM killer, a node fault)               |         |                  |
 | head lost   | a worker found the head's node program gone (SIGKILL, OOM) | goes on | resume (requeued)|
 | requeued    | SLURM's restart count of the job grew past this run's      | the same| resume (requeued)|
 |             | (`scontrol requeue`, a preemption or node failure that     | job runs|                  |
 |             | requeues): SLURM starts the same job id again              | again   |                  |
-| failed      | Ray or a node failed to start, or Ray's head exited        | goes on | FAILED           |
+| failed      | Ray or a node failed to start                              | goes on | FAILED           |
 
 When the chain ends with a follow-on pending, the follow-on is cancelled: nothing stays in SLURM.
 """

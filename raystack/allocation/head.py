@@ -442,8 +442,8 @@ class Head:
         """While Ray lives: keep the queue runner alive (restarting it with back-off), reap
         orphans, report GPU use, sample usage, beat, answer stack requests, watch for idleness.
         Each duty is guarded: a failure (a full quota, EIO, a busy State API) is logged and that
-        duty backs off; only Ray's end, idle autostop or its folder gone ends the cluster; signals
-        arrive as Stop."""
+        duty backs off; only Ray's end (a crash), idle autostop or its folder gone ends the cluster;
+        signals arrive as Stop."""
         self.idle = IdleWatch(self.ctx.cluster, self.ctx.idle_timeout, self.dashboard, clock=self.clock.now)
         duties = [
             Guarded(name, duty, log, self.clock)
@@ -470,8 +470,10 @@ class Head:
             if gone:
                 return ending(EndKind.FAILED, gone)
             self.clock.sleep(POLL)
+        # Ray's head died under a running cluster (its GCS or raylet killed: the OOM killer, a node
+        # fault): a crash, as the node program's own; the jobs in flight resume in the next one.
         return ending(
-            EndKind.FAILED, head_exited(self.ray.proc.returncode, node_log(self.ctx, self.ctx.host))
+            EndKind.CRASHED, head_exited(self.ray.proc.returncode, node_log(self.ctx, self.ctx.host))
         )
 
     def prune_folder(self) -> None:

@@ -55,10 +55,10 @@ class EndKind(str, Enum):
     DOWN = "down"  # raystack down
     IDLE = "idle"  # idle autostop
     SCANCEL = "scancel"  # cancelled by hand or an administrator
-    CRASHED = "crashed"  # the head's node program could not go on
+    CRASHED = "crashed"  # the head's node program could not go on, or Ray's head died under it
     HEAD_LOST = "head lost"  # a worker found the head's node program gone
     REQUEUED = "requeued"  # SLURM requeued it (scontrol requeue, a requeueing preemption): it runs again
-    FAILED = "failed"  # Ray or a node failed to start, or Ray's head exited
+    FAILED = "failed"  # Ray or a node failed to start
 
     @classmethod
     def _missing_(cls, value: object) -> EndKind | None:

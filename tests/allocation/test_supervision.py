@@ -321,7 +321,9 @@ def test_the_heads_duties_survive_a_full_filesystem_and_a_bug(
     monkeypatch.setattr(head_mod, "prune", full)
     with caplog.at_level(logging.INFO, "raystack.node"):
         end = h.supervise()
-    assert end.kind == "failed" and "the Ray head exited" in end.text  # only Ray's end ended it
+    # only Ray's end ended it; a crash, so the jobs in flight resume (before: "failed", FAILED)
+    assert end.kind == "crashed" and "the Ray head exited" in end.text
+    assert end.requeue and end.chain_goes_on
     assert "Disk quota exceeded" in caplog.text and "invalid literal" in caplog.text
     beat = read_heartbeat("c")
     assert beat is not None and beat["n"] > 10  # it kept beating all along

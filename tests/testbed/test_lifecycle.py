@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from raystack.adapters import slurm
 from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
+from raystack.store.ledger import JobState
 
 from ..conftest import NODES, processes_of_job, slurm_jobs_alive, slurm_shims, wait_until
 from .test_cluster import RESOURCES_JOB, ray_job_submit, raystack, resources_from
@@ -126,6 +128,35 @@ def test_a_cluster_whose_folder_is_removed_releases_its_nodes(rs_home: Path) -> 
         assert not paths.cluster("purged").root.exists()  # nothing made it again
     finally:
         slurm.scancel(job)
+
+
+def test_a_head_whose_gcs_dies_frees_its_nodes_and_its_job_resumes_at_the_next_up(rs_home: Path) -> None:
+    """The GCS of a running cluster's head SIGKILLed (the OOM killer's usual victim on a busy head):
+    before, the job in flight was FAILED, as if it had failed itself, and never ran again."""
+    up = ("up", "--nodes", "1", "--profile", "testbed", "--gpus-per-node", "1", "--name", "gcs")
+    done = raystack(*up)
+    assert done.returncode == 0, done.stderr
+    cluster = Cluster("gcs")
+    alloc = str(clusters.read("gcs").allocation_id)
+    try:
+        code = "import os, time; time.sleep(0 if os.environ.get('RAYSTACK_RESUME') else 600); print('done')"
+        job = cluster.submit([sys.executable, "-c", code], sets=["name=gcsjob"])
+        wait_until(lambda: job.record().state is JobState.RUNNING, 60, "the job to run")
+        gcs = [pid for pid, cmd in processes_of_job(alloc) if "gcs_server" in cmd]
+        assert gcs, processes_of_job(alloc)
+        os.kill(gcs[0], signal.SIGKILL)
+        wait_until(lambda: alloc not in slurm_jobs_alive(), 60, f"SLURM job {alloc} to end")
+        record = clusters.read("gcs")
+        assert record.state is ClusterState.FAILED and "gcs_server killed by SIGKILL" in record.message
+        assert job.record().state is JobState.INTERRUPTED, job.record().message
+        assert "it resumes in the next allocation" in job.record().message
+        done = raystack(*up)
+        assert done.returncode == 0, done.stderr
+        ended = job.wait(timeout=120)
+        assert ended.state is JobState.SUCCEEDED and len(ended.attempts) == 2, ended.message
+        assert "done" in job.logs()
+    finally:
+        raystack("down", "gcs")
 
 
 def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None:
