@@ -176,7 +176,7 @@ class Dashboard:
         """Actors still alive and placement groups not yet removed that a Ray job created."""
         actors = self._state_list("actors", [("job_id", "=", ray_job_id), ("state", "=", "ALIVE")])
         groups = self._state_list("placement_groups", [("creator_job_id", "=", ray_job_id)])
-        return [f"actor {a.actor_id} ({a.class_name})" for a in actors] + [
+        return [f"actor {a.actor_id} ({a.class_name}{_named(a)})" for a in actors] + [
             f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
         ]
 
@@ -368,6 +368,11 @@ class Dashboard:
 
     def list_jobs(self) -> list[Any]:
         return list(self.jobs.list_jobs())
+
+
+def _named(actor: Any) -> str:
+    """How a named actor (detached ones most often are) is found again: its name and namespace."""
+    return f" named {actor.name!r} in namespace {actor.ray_namespace!r}" if actor.name else ""
 
 
 def _demand(kind: str, name: str, bundles: list[dict[str, float]]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from raystack.adapters import ray as rayapi
 from raystack.allocation.context import GPU_REFRESH
 from raystack.errors import RayApiError
 from raystack.store import cluster as records
@@ -69,3 +70,19 @@ def nodes_free(api: Leftovers, drain: Drain, now: float) -> bool:
     except RayApiError as exc:
         log.warning("cannot check the resources of %s: %s", drain.job_id, exc)
         return False
+
+
+def still_held(api: Leftovers, drain: Drain, gcs_address: str, name: str) -> str | None:
+    """What an ended job has not released yet (its actors and placement groups, GPUs Ray counts
+    in use, GPU memory its processes hold), or None once everything is free. Raises RayApiError."""
+    if drain.ray_job_id:
+        left = api.job_leftovers(drain.ray_job_id)
+        if left:
+            return ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    available, total = rayapi.available_gpus(gcs_address)
+    if available < total:
+        return f"{total - available:g} of {total:g} GPUs in use in Ray"
+    held = gpu_memory_held(name, since=drain.ended)
+    if held is None:
+        return "the nodes' GPU reports since it ended"
+    return "GPU memory held by " + ", ".join(held[:3]) if held else None

@@ -23,6 +23,7 @@ from raystack.store.paths import ClusterPaths
 BEAT = 5.0  # seconds between heartbeats
 STALE = 60.0  # a heartbeat older than this no longer counts where locks do not work
 FAILING = 60.0  # passes failing without a break this long are written beside the heartbeat
+WAITING = 30.0  # a wait for an ended job's leftovers this long is written too
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 
 
@@ -35,6 +36,7 @@ class Lease:
         self.fh: IO[str] | None = None
         self.beaten = 0.0
         self.failing: tuple[float, str] | None = None  # (since, the last error) of failing passes
+        self.waiting_since: float | None = None  # since when the queue waits for a job's leftovers
 
     def holder(self) -> dict:
         return read_lease(self.path)
@@ -59,13 +61,16 @@ class Lease:
         self.beat(force=True)
         return None
 
-    def beat(self, failed: str | None = None, force: bool = False) -> None:
+    def beat(self, failed: str | None = None, held: dict | None = None, force: bool = False) -> None:
         """Refresh the heartbeat (cheap to call every pass: it writes every BEAT seconds).
         `failed`: why the pass just made failed (None: it did not). Passes that have failed
         without a break for FAILING seconds are written too, for `raystack status`: a queue that
-        does not move says why (an unreadable ledger, a Ray answer misread, ...)."""
+        does not move says why (an unreadable ledger, a Ray answer misread, ...). So is `held`
+        (what an ended job still holds while the queue waits for it: {job, held, until}) once
+        the queue has waited WAITING seconds."""
         now = time.time()
         self.failing = None if failed is None else ((self.failing or (now, ""))[0], failed)
+        self.waiting_since = None if held is None else (self.waiting_since or now)
         if self.fh is None or (not force and time.monotonic() - self.beaten < BEAT):
             return
         self.beaten = time.monotonic()
@@ -77,6 +82,8 @@ class Lease:
         }
         if self.failing and now - self.failing[0] >= FAILING:
             info["failing"] = {"since": self.failing[0], "error": self.failing[1][:300]}
+        if held is not None and self.waiting_since and now - self.waiting_since >= WAITING:
+            info["waiting"] = {**held, "held": str(held.get("held"))[:300], "since": self.waiting_since}
         self.fh.seek(0)
         self.fh.truncate()
         self.fh.write(json.dumps(info))

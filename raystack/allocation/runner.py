@@ -27,7 +27,7 @@ from typing import Any
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
 from raystack.allocation import pipcheck
-from raystack.allocation.drain import FREE_TIMEOUT, Drain, gpu_memory_held, nodes_free
+from raystack.allocation.drain import FREE_TIMEOUT, Drain, nodes_free, still_held
 from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import LogTail
 from raystack.allocation.picker import Picker
@@ -108,6 +108,7 @@ class Runner:
         self.interrupting = self.cluster.ending is not None and self.cluster.allocation_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
         self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
+        self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
         self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
         self.sleep = sleep
         self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
@@ -131,7 +132,7 @@ class Runner:
                 failed = str(exc)
                 self.sleep(1)
             if lease is not None:
-                lease.beat(failed)
+                lease.beat(failed, self.held if self.drain else None)
             self.sleep(TICK)
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
 
@@ -547,7 +548,9 @@ class Runner:
 
     # ------------------------------------------------------------------ resources
     def _resources_free(self, drain: Drain) -> bool:
-        """No actor or placement group of the job left, every GPU available, no GPU memory held."""
+        """No actor or placement group of the job left, every GPU available, no GPU memory held.
+        What is still held is kept in `held` (the lease shows it to `raystack status`)."""
+        self.held = None
         if self.clock() > drain.deadline:
             log.warning(
                 "resources of %s not free after %.0fs; starting the next job anyway",
@@ -556,16 +559,14 @@ class Runner:
             )
             return True
         try:
-            if not nodes_free(self.api, drain, self.clock()):  # (its actors, placement groups)
-                return False
-            available, total = rayapi.available_gpus(str(self.cluster.gcs_address))
-            if available < total:
-                return False
-            held = gpu_memory_held(self.name, since=drain.ended)
-            return held is not None and not held
+            why = still_held(self.api, drain, str(self.cluster.gcs_address), self.name)
         except RayApiError as exc:
             log.warning("cannot check resources: %s", exc)
             return False
+        if why is not None:
+            until = time.time() + drain.deadline - self.clock()
+            self.held = {"job": drain.job_id, "held": why, "until": until}
+        return why is None
 
 
 def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:

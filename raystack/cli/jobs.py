@@ -26,7 +26,7 @@ from raystack.cli.common import (
 from raystack.cli.submit import exit_for, still
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import Sweep
-from raystack.client.status import runner_failing
+from raystack.client.status import runner_failing, runner_waiting
 from raystack.errors import ClusterError, ConfigError
 from raystack.spec.values import parse_duration
 
@@ -74,7 +74,8 @@ def queue_(
             f"  set aside: {ids}: the ledger could not be read (now in {folder}; not run or followed)",
             markup=False,
         )
-    if stuck := runner_failing(handle.name, handle.snapshot()):
+    record = handle.snapshot()
+    if stuck := runner_failing(handle.name, record) or runner_waiting(handle.name, record):
         err.print(f"  {stuck}", markup=False)
     if not wanted and view.hidden():
         err.print(f"  ... and {view.hidden()}: raystack queue {handle.name} --all")

@@ -128,6 +128,9 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
     stuck = runner_failing(name, record)
     if stuck:
         return DEGRADED, f"{stuck}; {record.message}"
+    waits = runner_waiting(name, record)
+    if waits:
+        return record.state.value, f"{record.message}; {waits}"
     if record.state is ClusterState.SUBMITTED:
         hint = never_starts(name, info) or unseen_output(name, info, time.time())
         if hint:
@@ -149,6 +152,29 @@ def runner_failing(name: str, record: ClusterRecord) -> str | None:
         f"the queue runner's every pass has failed since {since}, so no job starts or ends "
         f"({failing.get('error')}; its log: {paths.cluster(name).logs}/queue-runner.log)"
     )
+
+
+def runner_waiting(name: str, record: ClusterRecord) -> str | None:
+    """Why the next job does not start, when the live queue runner has waited for 30 s or more
+    for an ended job's actors, placement groups or GPUs to be released (allocation/lease.py
+    writes it); else None."""
+    lease = read_lease(paths.cluster(name).runner_lease)
+    waiting = lease.get("waiting")
+    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
+        return None
+    if not isinstance(waiting, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+        return None
+    job = waiting.get("job")
+    whose = "the jobs before the queue runner's restart" if job == "(restart)" else f"job {job}"
+    at = time.strftime("%H:%M:%S", time.localtime(float(waiting.get("until", 0))))
+    held = str(waiting.get("held"))
+    kill = ""
+    if " named " in held:
+        kill = (
+            f'. A detached actor outlives its job: end it with `eval "$(raystack env {name})"; '
+            "ray kill-actor --name NAME --namespace NS --force --no-restart`"
+        )
+    return f"the next job waits for {whose} to release what it holds ({held}); at {at} it starts anyway{kill}"
 
 
 def head_silent(name: str, record: ClusterRecord) -> float | None:

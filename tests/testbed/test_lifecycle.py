@@ -16,6 +16,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.adapters import slurm
+from raystack.client.status import runner_waiting
 from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
@@ -157,6 +158,50 @@ def test_a_head_whose_gcs_dies_frees_its_nodes_and_its_job_resumes_at_the_next_u
         assert "done" in job.logs()
     finally:
         raystack("down", "gcs")
+
+
+DETACHED = """
+import ray
+ray.init()
+@ray.remote(num_gpus=1)
+class Holder:
+    def ping(self):
+        return 1
+holder = Holder.options(name="holder", lifetime="detached").remote()
+print(ray.get(holder.ping.remote()))
+"""
+
+
+def test_a_detached_actor_left_by_a_job_is_named_while_the_next_job_waits(rs_home: Path) -> None:
+    """A job leaves a detached actor holding the only GPU: before, the next job sat QUEUED with no
+    word in `status` or `queue` for 10 minutes (RAYSTACK_FREE_TIMEOUT), then waited in Ray."""
+    done = raystack("up", "--nodes", "1", "--profile", "testbed", "--gpus-per-node", "1", "--name", "left")
+    assert done.returncode == 0, done.stderr
+    cluster = Cluster("left")
+    try:
+        leaves = cluster.submit([sys.executable, "-c", DETACHED], sets=["name=leaves"])
+        gpu = "import ray; ray.init(); print(ray.get(ray.remote(num_gpus=1)(lambda: 'got it').remote()))"
+        after = cluster.submit([sys.executable, "-c", gpu], sets=["name=after"])
+        assert leaves.wait(timeout=120).state is JobState.SUCCEEDED
+        wait_until(lambda: runner_waiting("left", clusters.read("left")), 90, "the wait to be told")
+        said = str(runner_waiting("left", clusters.read("left")))
+        assert said.startswith(f"the next job waits for job {leaves.id} to release what it holds (actor ")
+        assert "(Holder named 'holder' in namespace '" in said and "ray kill-actor --name NAME" in said
+        assert after.record().state is JobState.QUEUED
+        assert "the next job waits for job" in raystack("status", "left").stdout
+        assert "the next job waits for job" in raystack("queue", "left").stderr
+        namespace = said.split("in namespace '")[1].split("'")[0]
+        exports = json.loads(raystack("env", "left", "--json").stdout)
+        ray_cli = str(Path(sys.executable).with_name("ray"))
+        kill = [ray_cli, "kill-actor", "--name", "holder", "--namespace", namespace, "--force"]
+        env = {**os.environ, **exports}
+        killed = subprocess.run([*kill, "--no-restart"], capture_output=True, text=True, timeout=120, env=env)
+        assert killed.returncode == 0, killed.stderr
+        ended = after.wait(timeout=120)
+        assert ended.state is JobState.SUCCEEDED and "got it" in after.logs(), ended.message
+        assert runner_waiting("left", clusters.read("left")) is None
+    finally:
+        raystack("down", "left")
 
 
 def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None:
