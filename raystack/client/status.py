@@ -138,14 +138,23 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
     return record.state.value, record.message
 
 
+def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
+    """What the live queue runner of a READY cluster's allocation wrote under `key` beside its
+    heartbeat (allocation/lease.py: "failing", "waiting"); None if nothing, or not live."""
+    lease = read_lease(paths.cluster(name).runner_lease)
+    said = lease.get(key)
+    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
+        return None
+    if not isinstance(said, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+        return None
+    return said
+
+
 def runner_failing(name: str, record: ClusterRecord) -> str | None:
     """Why the queue does not move, when the live queue runner of this allocation has failed
     every pass for a minute or more (allocation/lease.py writes it); else None."""
-    lease = read_lease(paths.cluster(name).runner_lease)
-    failing = lease.get("failing")
-    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
-        return None
-    if not isinstance(failing, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+    failing = runner_says(name, record, "failing")
+    if failing is None:
         return None
     since = time.strftime("%H:%M:%S", time.localtime(float(failing.get("since", 0))))
     return (
@@ -158,11 +167,8 @@ def runner_waiting(name: str, record: ClusterRecord) -> str | None:
     """Why the next job does not start, when the live queue runner has waited for 30 s or more
     for an ended job's actors, placement groups or GPUs to be released (allocation/lease.py
     writes it); else None."""
-    lease = read_lease(paths.cluster(name).runner_lease)
-    waiting = lease.get("waiting")
-    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
-        return None
-    if not isinstance(waiting, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+    waiting = runner_says(name, record, "waiting")
+    if waiting is None:
         return None
     job = waiting.get("job")
     whose = "the jobs before the queue runner's restart" if job == "(restart)" else f"job {job}"
