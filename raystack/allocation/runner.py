@@ -510,7 +510,8 @@ class Runner:
         if info.driver_exit_code is None:
             return str(info.message or "")
         last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
-        return f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}"
+        hint = workdir.missing_hint(last, record.request.left_out)  # (a file the defaults left out)
+        return f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}{hint}"
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
         """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,

@@ -12,9 +12,10 @@ from typer.core import TyperGroup
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
 from raystack.cli.submit import AfterOpt, SweepOpt, TakesCommand, job_argument
 from raystack.client import check as checking
-from raystack.spec.planning import PlanSpec, describe, occupied
+from raystack.spec.planning import plan_line
 from raystack.spec.profile import available_profiles, load_profile, profile_path
 from raystack.spec.values import duration_text
+from raystack.spec.workdir import left_out_note
 
 ProfileOpt = Annotated[
     str | None,
@@ -55,30 +56,28 @@ def check(
     job_input = job_argument(ctx, list(args or []))
     target = checking.shape(cluster, profile, nodes, gpus_per_node, cpus_per_node)
     done = checking.check(job_input, sets or [], target, sweep, after)
-    record, against = done.cluster, done.against
     request = done.prepared.request
-    plan_line = ""
-    if request.plan:
-        mine = occupied(record, request.needs)
-        plan_line = describe(PlanSpec.model_validate(request.plan), mine, request.name, request.processes)
+    line = plan_line(done.cluster, request)
     if as_json:
         print_json(
             {
                 "ok": True,
-                "against": against,
+                "against": done.against,
                 "request": request.model_dump(mode="json", exclude={"id", "nonce", "queued_at"}),
-                "plan": plan_line or None,
+                "plan": line or None,
                 "jobs": done.jobs,
             }
         )
         return
     sweep_words = f" (its sweep: {done.jobs} jobs, each checked; the first shown)" if done.jobs > 1 else ""
-    out.print(f"ok: {request.name} can run on {against}{sweep_words}", markup=False)
+    out.print(f"ok: {request.name} can run on {done.against}{sweep_words}", markup=False)
     out.print(f"  entrypoint: {request.planned or request.entrypoint}", markup=False)
     if request.working_dir:
         out.print(f"  working_dir: {request.working_dir} (uploaded to every node)", markup=False)
-    if plan_line:
-        out.print(f"  plan: {plan_line}", markup=False)
+    if request.left_out:
+        out.print(f"  note: {left_out_note(request.left_out)}", markup=False)
+    if line:
+        out.print(f"  plan: {line}", markup=False)
     limits = [
         f"{label} {duration_text(value)}"
         for label, value in (("timeout", request.timeout), ("min_time", request.min_time))

@@ -18,7 +18,8 @@ from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import ending_note
 from raystack.errors import ConfigError
 from raystack.spec.job import name_problem
-from raystack.spec.planning import PlanSpec, describe, occupied
+from raystack.spec.planning import plan_line
+from raystack.spec.workdir import left_out_note
 
 
 class TakesCommand(TyperCommand):
@@ -253,12 +254,11 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
     cluster = target.snapshot()
     if note := ending_note(cluster):
         err.print(f"  note: {note}", markup=False)
+    if first.request.left_out:
+        err.print(f"  note: {left_out_note(first.request.left_out)}", markup=False)
     if first.request.after:
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
-    if first.request.plan:
-        plan = PlanSpec.model_validate(first.request.plan)
-        mine = occupied(cluster, first.request.needs)
-        line = describe(plan, mine, f"job {jobs[0].id}", first.request.processes)
+    if line := plan_line(cluster, first.request):
         err.print(f"  plan: {line}", markup=False)
     if not follow:
         what = first.request.sweep or jobs[0].id

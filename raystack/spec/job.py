@@ -69,38 +69,6 @@ AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
 
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
 
-# Never uploaded with a working_dir: VCS data, virtualenvs, caches, checkpoints and outputs.
-DEFAULT_EXCLUDES = [
-    ".git/",
-    ".hg/",
-    ".venv/",
-    "venv/",
-    ".env/",
-    "env/",
-    "__pycache__/",
-    "*.pyc",
-    ".mypy_cache/",
-    ".pytest_cache/",
-    ".ruff_cache/",
-    "wandb/",
-    "checkpoints/",
-    "checkpoint/",
-    "ckpt/",
-    "outputs/",
-    "output/",
-    "runs/",
-    "logs/",
-    "*.safetensors",
-    "*.pt",
-    "*.bin",
-    # Secrets are never uploaded: a cluster's token, ssh keys, certificates and keys.
-    "token",
-    "auth_token",
-    ".ssh/",
-    "*.pem",
-    "*.key",
-]
-
 
 class Needs(SpecModel):
     """What the job needs from the cluster; checked against the live cluster before queueing."""
@@ -204,7 +172,8 @@ class JobSpec(SpecModel):
     """A folder uploaded to every node (relative to the spec's folder; .gitignore and excludes
     honoured; at most 500 MB)."""
     excludes: list[str] = Field(default_factory=list)
-    """Patterns left out of the working_dir upload, besides .git, venvs, caches and checkpoints."""
+    """Patterns left out of the working_dir upload, besides the defaults (.git, venvs, env/,
+    caches, checkpoints, outputs, *.pt, *.bin); `!env/` takes a default back."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of the driver and every worker (values as written; Ray expands $VAR)."""
     entrypoint_num_cpus: float = Field(default=0, ge=0)

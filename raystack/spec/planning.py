@@ -32,6 +32,7 @@ from raystack.plan.topology import (
 )
 from raystack.spec.values import SpecModel
 from raystack.store.cluster import ClusterRecord
+from raystack.store.ledger import JobRequest
 
 PLACEHOLDER = re.compile(r"\{plan\.([a-z_]+)\}")
 
@@ -168,3 +169,12 @@ def describe(plan: PlanSpec, cluster: ClusterRecord, source: str, processes: int
             f"(was {plan.old}: {v['difference']})"
         )
     return f"{layout_for(plan, cluster, source).summary()} ({plan.framework})"
+
+
+def plan_line(cluster: ClusterRecord, request: JobRequest) -> str:
+    """What a resolved job's plan comes to on the part of the cluster it occupies ("" without
+    a plan): the line `submit` and `check` print."""
+    if not request.plan:
+        return ""
+    plan = PlanSpec.model_validate(request.plan)
+    return describe(plan, occupied(cluster, request.needs), f"job {request.id}", request.processes)

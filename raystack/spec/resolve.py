@@ -20,7 +20,6 @@ from raystack.errors import ConfigError
 from raystack.slurmtime import duration_text
 from raystack.spec import runtime_env
 from raystack.spec.job import (
-    DEFAULT_EXCLUDES,
     MAX_SWEEP,
     JobSpec,
     apply_sets,
@@ -31,6 +30,7 @@ from raystack.spec.job import (
 from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
 from raystack.spec.values import quote
+from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -149,6 +149,7 @@ def resolve(
         entrypoint=spec.entrypoint,
         working_dir=joined.working_dir,
         excludes=joined.excludes,
+        left_out=joined.left_out,
         env=joined.env,
         runtime_env=joined.runtime_env,
         entrypoint_memory=spec.entrypoint_memory,

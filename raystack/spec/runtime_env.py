@@ -33,6 +33,7 @@ class Resolved:
     excludes: list[str]
     env: dict[str, str]
     runtime_env: dict[str, Any] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  # of the working_dir, by the defaults
 
 
 def expand(path: str) -> str:
@@ -44,7 +45,7 @@ def remote(value: str) -> bool:
     return "://" in value
 
 
-def local_folder(value: str, base: Path, excludes: list[str], source: str, what: str) -> str:
+def local_folder(value: str, base: Path, excludes: list[str], source: str, what: str) -> workdir.Upload:
     """A folder uploaded to every node: absolute, existing, within Ray's limits, not holding
     RAYSTACK_HOME (the clusters' tokens)."""
     folder = (base / expand(value)).resolve()
@@ -59,8 +60,7 @@ def local_folder(value: str, base: Path, excludes: list[str], source: str, what:
             f"{source}: {what} {folder} holds RAYSTACK_HOME ({home}), the clusters' tokens among "
             "it: choose a folder that does not, or move RAYSTACK_HOME out of it"
         )
-    workdir.check(folder, excludes, source)
-    return str(folder)
+    return workdir.check(folder, excludes, source)
 
 
 def module(value: Any, base: Path, excludes: list[str], source: str) -> str:
@@ -71,7 +71,7 @@ def module(value: Any, base: Path, excludes: list[str], source: str) -> str:
         return value
     path = (base / expand(value)).resolve()
     if path.is_dir():
-        return local_folder(value, base, excludes, source, "runtime_env.py_modules")
+        return str(local_folder(value, base, excludes, source, "runtime_env.py_modules").root)
     if not path.is_file():
         raise ConfigError(f"{source}: runtime_env.py_modules: no file or folder {value!r} ({path})")
     if path.suffix not in (".whl", ".zip"):
@@ -119,8 +119,10 @@ def resolve(
     whole validated by Ray's RuntimeEnv. Raises ConfigError naming the key and the fix."""
     excludes = [*excludes, *renv.get("excludes", [])]
     folder = working_dir if working_dir is not None else renv.get("working_dir")
+    left_out: dict[str, str] = {}
     if folder is not None and not remote(str(folder)):
-        folder = local_folder(str(folder), base, excludes, source, "working_dir")
+        upload = local_folder(str(folder), base, excludes, source, "working_dir")
+        folder, left_out = str(upload.root), upload.left_out
     rest = {k: v for k, v in renv.items() if k not in OWN_KEYS}
     if "py_modules" in rest:
         if not isinstance(rest["py_modules"], list):
@@ -131,7 +133,7 @@ def resolve(
             rest[key] = requirements(rest[key], base, source, key)
     if "conda" in rest:
         rest["conda"] = conda(rest["conda"], base, source)
-    joined = Resolved(folder, excludes, {**renv.get("env_vars", {}), **env}, rest)
+    joined = Resolved(folder, excludes, {**renv.get("env_vars", {}), **env}, rest, left_out)
     validate(joined, source)
     return joined
 

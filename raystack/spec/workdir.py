@@ -11,7 +11,9 @@ and reports where the bytes are.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import stat
 import warnings
 from collections.abc import Callable
@@ -28,6 +30,19 @@ from raystack.errors import ConfigError
 UPLOAD_LIMIT = 100 * 1024 * 1024
 MAX_FILES = 200_000  # a working_dir with more files is a mistake (a dataset, a node_modules)
 IGNORE_FILES = (".gitignore", ".rayignore")
+
+# Never uploaded with a working_dir (a spec's `excludes` add to these; `!PATTERN` there takes one
+# back). Tooling nobody runs from: VCS data, virtualenvs, caches.
+TOOLING = [".git/", ".hg/", ".venv/", "venv/", ".env/", "__pycache__/", "*.pyc"]
+TOOLING += [".mypy_cache/", ".pytest_cache/", ".ruff_cache/"]
+# Bulk that is usually a run's output (checkpoints, logs, weights); it may also be a job's own
+# input or code (an RL repo's env/ package, a small *.bin): what these leave out is told at submit.
+BULK = ["env/", "wandb/", "checkpoints/", "checkpoint/", "ckpt/", "outputs/", "output/", "runs/"]
+BULK += ["logs/", "*.safetensors", "*.pt", "*.bin"]
+# Secrets: a cluster's token, ssh keys, certificates and keys.
+SECRETS = ["token", "auth_token", ".ssh/", "*.pem", "*.key"]
+DEFAULT_EXCLUDES = [*TOOLING, *BULK, *SECRETS]
+MAX_LEFT_OUT = 20  # entries of what BULK left out, kept for the note and a failure's hint
 
 Matcher = Callable[[Path], bool]
 
@@ -77,6 +92,7 @@ class Upload:
     by_top: dict[str, int] = field(default_factory=dict)  # bytes per top-level entry
     files_by_top: dict[str, int] = field(default_factory=dict)  # files per top-level entry
     too_many_files: bool = False  # the walk stopped at the file limit (not the byte limit)
+    left_out: dict[str, str] = field(default_factory=dict)  # path (a folder's with /) -> BULK pattern
     stopped: str | None = None  # why the walk stopped early
 
     def biggest(self, n: int = 3) -> list[tuple[str, int]]:
@@ -100,10 +116,11 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
     root = root.absolute()
     gitignore = include_gitignore()
     top = _matcher(root, [*ray_default_excludes(), *excludes])
+    bulk = _bulk(root, excludes)
     up = Upload(root)
-    # (folder, matchers in force there, real paths of the folders above it)
+    # (folder, ignore-file matchers in force there, real paths of the folders above it)
     stack: list[tuple[Path, list[Matcher], frozenset[str]]] = [
-        (root, [top, *_ignore_files(root, gitignore)], frozenset({os.path.realpath(root)}))
+        (root, _ignore_files(root, gitignore), frozenset({os.path.realpath(root)}))
     ]
     while stack:
         folder, matchers, above = stack.pop()
@@ -114,6 +131,10 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
         for entry in entries:
             path = Path(entry.path)
             if any(m(path) for m in matchers):
+                continue
+            if top(path):
+                if (why := bulk(path)) and len(up.left_out) < MAX_LEFT_OUT:
+                    up.left_out[_named(path.relative_to(root), why)] = why
                 continue
             try:
                 st = entry.stat(follow_symlinks=True)
@@ -147,6 +168,70 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
                     up.stopped, up.too_many_files = f"over {max_files:,} files", True
                     return up
     return up
+
+
+def _bulk(root: Path, excludes: list[str]) -> Callable[[Path], str | None]:
+    """The BULK pattern that alone leaves a path out (None: something else does too, or nothing):
+    only when `excludes` starts with DEFAULT_EXCLUDES, as a resolved job's do."""
+    if excludes[: len(DEFAULT_EXCLUDES)] != DEFAULT_EXCLUDES:
+        return lambda path: None
+    rest = excludes[len(DEFAULT_EXCLUDES) :]
+    others = _matcher(root, [*ray_default_excludes(), *TOOLING, *SECRETS, *rest])
+    each = [(pattern, _matcher(root, [pattern, *rest])) for pattern in BULK]
+
+    def which(path: Path) -> str | None:
+        if others(path):
+            return None
+        return next((pattern for pattern, match in each if match(path)), None)
+
+    return which
+
+
+def _named(rel: Path, why: str) -> str:
+    """What a BULK pattern leaves out, as a person would name it: the folder a folder pattern
+    (env/) names, not each file in it (a folder's own path does not match such a pattern: its
+    files do)."""
+    if why.endswith("/"):
+        for i, part in enumerate(rel.parts[:-1]):
+            if fnmatch.fnmatchcase(part, why.rstrip("/")):
+                return "/".join(rel.parts[: i + 1]) + "/"
+    return str(rel)
+
+
+def left_out_note(left_out: dict[str, str]) -> str:
+    """One line: what the default excludes left out of a job's working_dir, and how to keep it."""
+    shown = [path if path == why else f"{path} ({why})" for path, why in sorted(left_out.items())]
+    tail = (
+        ""
+        if len(shown) <= 4
+        else " and more"
+        if len(shown) >= MAX_LEFT_OUT
+        else f" and {len(shown) - 4} more"
+    )
+    first = next(iter(left_out.values()))
+    return (
+        f"not uploaded (raystack's default excludes): {', '.join(shown[:4])}{tail}"
+        + f"; a job that needs one: add '!{first}' to the spec's excludes "
+        + f"(--set 'excludes=[\"!{first}\"]')"
+    )
+
+
+MISSING = re.compile(r"No module named|No such file or directory|FileNotFoundError|can't open file")
+
+
+def missing_hint(line: str, left_out: dict[str, str]) -> str:
+    """For a job that failed on a missing module or file: which of what the default excludes left
+    out it names, and the fix ("" when none: the error is the job's own)."""
+    if not left_out or not MISSING.search(line):
+        return ""
+    for path, why in left_out.items():
+        name = re.escape(path.rstrip("/"))
+        if re.search(rf"(?<![\w.-]){name}(?![\w-])|/{name}(?![\w-])", line):
+            return (
+                f" ({path} was not uploaded: raystack's default excludes leave out {why}; "
+                f"add '!{why}' to the spec's excludes)"
+            )
+    return ""
 
 
 def _kind(mode: int, link: bool, path: Path) -> str:

@@ -60,6 +60,7 @@ class JobRequest(BaseModel):
     entrypoint: str
     working_dir: str | None = None
     excludes: list[str] = Field(default_factory=list)
+    left_out: dict[str, str] = Field(default_factory=dict)  # what the default excludes kept off the nodes
     env: dict[str, str] = Field(default_factory=dict)
     entrypoint_num_cpus: float = 0
     entrypoint_num_gpus: float = 0

@@ -20,9 +20,10 @@ from raystack.allocation.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, JobSpec, apply_sets, command_spec, load_spec
+from raystack.spec.job import JobSpec, apply_sets, command_spec, load_spec
 from raystack.spec.resolve import resolve, resumed_spec
 from raystack.spec.values import parse_duration
+from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store import cluster as clusters
 from raystack.store import ledger, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -636,3 +637,4 @@ def test_set_and_sweep_typos_are_answered_with_the_fix(home: Path, args: list[st
     key = args[1].split("=")[0]
     assert done.stderr.rstrip().endswith(hint.get(key, "")) and "\n" not in done.stderr.rstrip(), done.stderr
     assert ledger.all_jobs("c4") == []
+

@@ -9,8 +9,9 @@ import pytest
 
 from raystack.errors import ConfigError
 from raystack.spec import workdir
-from raystack.spec.job import DEFAULT_EXCLUDES, command_spec
+from raystack.spec.job import command_spec
 from raystack.spec.resolve import resolve
+from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store.cluster import ClusterRecord
 
 CLUSTER = ClusterRecord(name="c", nodes_expected=1, gpus_per_node=0, cpus_per_node=4)

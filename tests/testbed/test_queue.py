@@ -287,6 +287,33 @@ def test_bad_spec_against_the_live_cluster_loses_nothing(qc: dict) -> None:
     assert finished(running).state is JobState.SUCCEEDED and "survived" in running.logs()
 
 
+def test_a_package_the_default_excludes_left_out_is_named_at_submit_and_in_the_failure(
+    qc: dict, tmp_path: Path
+) -> None:
+    """An RL repo whose environments live in env/ (a name raystack's default excludes keep off
+    the nodes, with virtualenvs): submit says so, the job's failure names it and the fix, and
+    the fix runs it."""
+    repo = tmp_path / "rl"
+    (repo / "env").mkdir(parents=True)
+    (repo / "env" / "__init__.py").write_text("class Grid:\n    size = 4\n")
+    (repo / "train.py").write_text("from env import Grid\nprint('grid', Grid.size)\n")
+    (repo / "job.yaml").write_text("name: rl\nworking_dir: .\nentrypoint: python train.py\n")
+    done = raystack("submit", str(repo / "job.yaml"), "--cluster", "qc", "--follow")
+    assert done.returncode == 1
+    assert "note: not uploaded (raystack's default excludes): env/; a job that needs one: add '!env/'" in (
+        done.stderr
+    ), done.stderr
+    failed = [r for r in Cluster("qc").jobs() if r.name == "rl"][-1]
+    assert failed.state is JobState.FAILED
+    assert failed.message.endswith(
+        "No module named 'env' (env/ was not uploaded: raystack's default excludes leave out env/; "
+        "add '!env/' to the spec's excludes)"
+    ), failed.message
+    fixed = raystack("submit", str(repo / "job.yaml"), "-c", "qc", "--set", 'excludes=["!env/"]', "-f")
+    assert fixed.returncode == 0 and "grid 4" in fixed.stdout, fixed.stderr
+    assert "not uploaded" not in fixed.stderr
+
+
 def test_queue_survives_faults(qc: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """20 jobs; meanwhile the runner is SIGKILLed twice, junk lands in the queue folder, a job is
     cancelled just as its turn comes, and squeue fails once for the client. Afterwards every job
