@@ -7,6 +7,7 @@ absolute paths on the shared filesystem, and `needs` must fit the cluster.
 from __future__ import annotations
 
 import contextlib
+import csv
 import itertools
 import logging
 import math
@@ -258,14 +259,16 @@ def prepare_jobs(
 
 
 def parse_sweep(item: str) -> tuple[str, list[str]]:
-    """--sweep KEY=V1,V2,... (or KEY=[V1, V2]): the key and its values as text."""
+    """--sweep KEY=V1,V2,... (or KEY=[V1, V2]; "V,1" for a value with a comma): the key and its
+    values as text."""
     key, eq, values = item.partition("=")
     if not eq or not key.strip() or not values.strip():
         raise ConfigError(f"--sweep {item!r}: give KEY=V1,V2,..., e.g. --sweep env.LR=1e-6,3e-6")
     text = values.strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
-    found = [v.strip() for v in text.split(",") if v.strip()]
+    # (a value holding a comma is double-quoted: "--a 1,--b 2",x; as a CSV field)
+    found = [v.strip() for v in next(csv.reader([text], skipinitialspace=True), []) if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
     # (a key that is no field of the spec: named now)

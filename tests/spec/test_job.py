@@ -638,3 +638,11 @@ def test_set_and_sweep_typos_are_answered_with_the_fix(home: Path, args: list[st
     assert done.stderr.rstrip().endswith(hint.get(key, "")) and "\n" not in done.stderr.rstrip(), done.stderr
     assert ledger.all_jobs("c4") == []
 
+
+def test_a_sweep_value_with_a_comma_is_double_quoted() -> None:
+    """Before: --sweep 'env.ARGS="--a 1,--b 2",x' queued three jobs, `"--a 1`, `--b 2"` and `x`."""
+    from raystack.spec.resolve import parse_sweep
+
+    assert parse_sweep('env.ARGS="--a 1,--b 2", x') == ("env.ARGS", ["--a 1,--b 2", "x"])
+    assert parse_sweep("env.LR=[1e-6, 3e-6]") == ("env.LR", ["1e-6", "3e-6"])
+    assert parse_sweep("env.LR=1e-6,,3e-6") == ("env.LR", ["1e-6", "3e-6"])
