@@ -258,8 +258,8 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         err.print(f"  note: {left_out_note(first.request.left_out)}", markup=False)
     if first.request.after:
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
-    if line := plan_line(cluster, first.request):
-        err.print(f"  plan: {line}", markup=False)
+    if first.request.plan:
+        err.print(f"  plan: {plan_line(cluster, first.request)}", markup=False)
     if not follow:
         what = first.request.sweep or jobs[0].id
         err.print(
