@@ -71,10 +71,20 @@ def unknown(name: str, after: list[str], own: set[str], label: str = "--after") 
         if not members(dep.target, ids):
             found = named(dep.target, ids)
             hint = f"; {dep.target} is a name, its ids: {', '.join(found[:3])}" if found else ""
-            return (
-                f"{label} {item}: no job or sweep {dep.target!r} in cluster {name}{hint} "
-                "(see raystack queue --all)"
-            )
+            hint += " (see raystack queue --all)"
+            if elsewhere := holder(dep.target, name):
+                hint = f": it is in cluster {elsewhere}, and a job waits only for jobs of its own cluster"
+            return f"{label} {item}: no job or sweep {dep.target!r} in cluster {name}{hint}"
+    return None
+
+
+def holder(target: str, besides: str) -> str | None:
+    """Another cluster whose ledger has the job or sweep `target` (None: none has)."""
+    base = paths.clusters_dir()
+    for folder in sorted(base.iterdir()) if base.is_dir() else []:
+        other = folder.name
+        if other != besides and paths.NAME.fullmatch(other) and members(target, job_ids(other)):
+            return other
     return None
 
 

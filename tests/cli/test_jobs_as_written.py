@@ -215,3 +215,16 @@ def test_stop_of_a_queued_sweep_cancels_it_and_says_so_once_ended(capsys: pytest
     assert out.count("CANCELLED (cancelled before it started)") == 2 and queue.waiting("c4") == []
     code, out, _ = run(capsys, "stop", str(sweep))
     assert code == 0 and f"sweep {sweep}: every job of it had ended" in out, out
+
+
+def test_after_a_job_of_another_cluster_says_where_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `no job ... in cluster c4 (see raystack queue --all)`, though the user had just
+    seen the id in the other cluster's queue."""
+    code, out, err = run(capsys, "submit", "-c", "other", "--json", "--", "python", "train.py")
+    train = json.loads(out)["id"]
+    code, _, err = run(capsys, "submit", "-c", "c4", "--after", train, "--", "python", "eval.py")
+    assert code == 1 and err.strip() == (
+        f"raystack: error: --after {train}: no job or sweep '{train}' in cluster c4: it is in cluster "
+        "other, and a job waits only for jobs of its own cluster"
+    ), err
+    assert queue.view("c4").records == []
