@@ -56,6 +56,9 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
                 f"{job_id} is a sweep of {len(members)} job(s) in cluster {name} ({span}): name one of its "
                 f"jobs; `raystack queue --all` lists them, `raystack cancel {job_id}` takes the queued ones"
             )
+    if cluster and (elsewhere := deps.holder(job_id, names[0])):
+        said = f"no job '{job_id}' in cluster {names[0]}: it is in cluster {elsewhere} (-c {elsewhere})"
+        raise ClusterError(said)
     known = {job: name for name, found in ids.items() for job in found}
     where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
     raise ClusterError(

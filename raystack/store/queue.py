@@ -202,6 +202,8 @@ def cancel(name: str, job_id: str, message: str = "cancelled before it started")
         waiting_now = record.state is JobState.INTERRUPTED or (
             record.state is JobState.QUEUED and not record.attempts
         )
+        if record.state.is_terminal():
+            raise ClusterError(f"job {job_id} has ended ({record.state.value}): nothing to cancel")
         if not waiting_now or (p.active / job_id).exists():
             raise ClusterError(
                 f"job {job_id} is {record.state.value}, not queued: "

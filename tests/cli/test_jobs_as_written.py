@@ -228,3 +228,19 @@ def test_after_a_job_of_another_cluster_says_where_it_is(capsys: pytest.CaptureF
         "other, and a job waits only for jobs of its own cluster"
     ), err
     assert queue.view("c4").records == []
+
+
+def test_a_job_asked_of_the_wrong_cluster_or_cancelled_once_ended_is_told_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `logs ID -c c4` of a job of cluster other said only "no job ... in cluster c4", and
+    `cancel` of an ended job told to `raystack stop` it, as if it ran."""
+    code, out, err = run(capsys, "submit", "-c", "other", "--json", "--", "python", "train.py")
+    job = json.loads(out)["id"]
+    code, _, err = run(capsys, "logs", job, "-c", "c4")
+    assert code == 1 and err.strip() == (
+        f"raystack: error: no job '{job}' in cluster c4: it is in cluster other (-c other)"
+    ), err
+    assert run(capsys, "cancel", job, "-c", "other")[0] == 0
+    code, _, err = run(capsys, "cancel", job, "-c", "other")
+    assert code == 1 and err.strip() == f"raystack: error: job {job} has ended (CANCELLED): nothing to cancel"
