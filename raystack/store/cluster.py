@@ -189,6 +189,14 @@ class UnreadableRecord(ClusterError):
     read it too, and a record moved aside would end the cluster."""
 
 
+def _last_allocation(p: paths.ClusterPaths) -> str:
+    """' (its newest allocation: N)', from the allocation logs in the folder ('' if none)."""
+    head, _, tail = paths.ALLOCATION_LOG.partition("{job}")
+    logs = sorted(p.logs.glob(f"{head}*{tail}"), key=lambda f: f.stat().st_mtime) if p.logs.is_dir() else []
+    alloc = logs[-1].name.removeprefix(head).removesuffix(tail) if logs else ""
+    return f" (its newest allocation: {alloc})" if alloc else ""
+
+
 def read(name: str) -> ClusterRecord:
     """The record of cluster `name`. Raises ClusterError when there is none, UnreadableRecord
     when it cannot be read (the file is left where it is)."""
@@ -200,7 +208,8 @@ def read(name: str) -> ClusterRecord:
     except (ValidationError, ValueError, OSError) as exc:
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         raise UnreadableRecord(
-            f"the record of cluster '{name}' cannot be read ({why}); it is left at {p.record}"
+            f"the record of cluster '{name}' cannot be read ({why}); it is left at {p.record}: "
+            f"repair it (it is JSON), or end the cluster by hand{_last_allocation(p)} and remove {p.root}"
         ) from None
     known = ", ".join(list_names()) or "none"
     raise NoSuchCluster(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -197,6 +198,18 @@ def test_one_unreadable_record_does_not_hide_the_other_clusters(
     assert "the record of cluster 'b' cannot be read" in caplog.text and str(record) in caplog.text
     assert record.read_text() == '{"name": "b", "state": '  # left where it is, as it is
     assert clusters.resolve(None) == "a"  # the only readable live one
+    # The error says how out: repair it, or end the newest allocation (from its logs) and remove it.
+    logs = clusters.paths.cluster("b").logs
+    logs.mkdir(parents=True, exist_ok=True)
+    for n, alloc in enumerate(("88", "123")):
+        (logs / f"allocation-{alloc}.log").write_text("")
+        os.utime(logs / f"allocation-{alloc}.log", (1000 + n, 1000 + n))
+    with pytest.raises(clusters.UnreadableRecord) as told:
+        clusters.read("b")
+    assert str(told.value).endswith(
+        f"it is left at {record}: repair it (it is JSON), or end the cluster by hand (its newest "
+        f"allocation: 123) and remove {record.parent}"
+    ), told.value
 
 
 @pytest.mark.parametrize("printed", [True, False])
