@@ -6,6 +6,7 @@ job.wait(); print(job.logs()); job.record().state
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import difflib
 import re
@@ -247,6 +248,8 @@ class Job:
         say = say or (lambda line: print(f"raystack: job {self.id} {line}", file=sys.stderr, flush=True))
         shown, offset, checked = 0, 0, time.monotonic()  # attempts fully shown, offset in the next
         headed, said, said_at = 0, "", 0.0  # attempts whose header was written; the last waiting line
+        # (a character split between two reads is decoded whole; a line left open is ended at the end)
+        text, open_line = codecs.getincrementaldecoder("utf-8")(errors="replace"), False
         while True:
             record = self.record()
             ended = False
@@ -264,13 +267,14 @@ class Job:
             while shown < len(files):
                 path = files[shown]
                 if len(files) > 1 and headed <= shown:
-                    out.write(_header(shown + 1, record))
-                    headed = shown + 1
+                    out.write(("\n" if open_line else "") + _header(shown + 1, record))
+                    headed, open_line = shown + 1, False
                 chunk, after = raylogs.read_from(path, offset)
                 if chunk:
-                    offset = after
-                    out.write(chunk.decode(errors="replace"))
-                    grew = True
+                    offset, grew = after, True
+                    written = text.decode(chunk)
+                    out.write(written)
+                    open_line = not written.endswith("\n") if written else open_line
                 if shown + 1 < len(files):  # a later attempt exists: this one is complete
                     shown, offset = shown + 1, 0
                     continue
@@ -279,6 +283,8 @@ class Job:
             if record.state.is_terminal() or ended:
                 if grew:
                     continue  # the runner wrote the final lines after the state: print them first
+                out.write(text.decode(b"", final=True) + ("\n" if open_line else ""))
+                out.flush()
                 return record
             time.sleep(poll)
 

@@ -17,6 +17,8 @@ from raystack.store import cluster as clusters
 from raystack.store import queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 
+from ..conftest import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 HELLO = REPO / "jobs" / "debug" / "hello.yaml"
 
@@ -596,3 +598,36 @@ def test_plan_grpo_without_a_shape_names_what_is_missing(capsys: pytest.CaptureF
         "72",
     )
     assert code == 0 and "--vllm_num_engines" in out
+
+
+def test_a_follow_keeps_a_character_split_between_reads_and_ends_an_open_line(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a UTF-8 character (a progress bar's █) split between two reads of the log came out
+    as two replacement characters, and output without a final newline ran into the next line."""
+    import io
+    import threading
+
+    from raystack.client import Job
+    from raystack.store import paths
+    from raystack.store.ledger import JobState, update_job
+
+    first, _ = queue_two(capsys)
+    log = paths.cluster("c4").job_log(first, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    bar = "step 1 █\nstep 2 █".encode()
+    log.write_bytes(bar[:-2])  # (the last character cut after its first byte)
+    out = io.StringIO()
+
+    def rest() -> None:
+        wait_until(lambda: out.getvalue(), timeout=10, what="the first read")
+        with open(log, "ab") as fh:
+            fh.write(bar[-2:])
+        update_job("c4", first, state=JobState.SUCCEEDED)
+
+    writer = threading.Thread(target=rest)
+    writer.start()
+    record = Job("c4", first).follow(out=out, poll=0.01, say=lambda line: None)
+    writer.join()
+    assert record.state is JobState.SUCCEEDED
+    assert out.getvalue() == "step 1 █\nstep 2 █\n"
