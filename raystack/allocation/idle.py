@@ -49,7 +49,10 @@ class IdleWatch:
         records.update(cluster, idle_since=time.time())
 
     def busy(self) -> str:
-        """What keeps the cluster busy now ('' when idle)."""
+        """What keeps the cluster busy now ('' when idle). Other Ray jobs are counted only when
+        the Jobs API is asked (nothing of raystack's queued or running): 0 otherwise, never a
+        count left from an earlier check (the usage report's "other jobs" time)."""
+        self.other_jobs = 0
         queued = waiting(self.cluster)
         if queued:
             return f"{len(queued)} queued"
