@@ -200,19 +200,13 @@ def _named(rel: Path, why: str) -> str:
 
 def left_out_note(left_out: dict[str, str]) -> str:
     """One line: what the default excludes left out of a job's working_dir, and how to keep it."""
-    shown = [path if path == why else f"{path} ({why})" for path, why in sorted(left_out.items())]
-    tail = (
-        ""
-        if len(shown) <= 4
-        else " and more"
-        if len(shown) >= MAX_LEFT_OUT
-        else f" and {len(shown) - 4} more"
-    )
-    first = next(iter(left_out.values()))
+    items = sorted(left_out.items())
+    shown = ", ".join(path if path == why else f"{path} ({why})" for path, why in items[:4])
+    if len(items) > 4:
+        shown += " and more" if len(items) >= MAX_LEFT_OUT else f" and {len(items) - 4} more"
     return (
-        f"not uploaded (raystack's default excludes): {', '.join(shown[:4])}{tail}"
-        + f"; a job that needs one: add '!{first}' to the spec's excludes "
-        + f"(--set 'excludes=[\"!{first}\"]')"
+        f"not uploaded (raystack's default excludes): {shown}; a job that needs one: add "
+        f"'!{items[0][1]}' to its excludes (excludes: [\"!{items[0][1]}\"])"
     )
 
 
@@ -229,7 +223,7 @@ def missing_hint(line: str, left_out: dict[str, str]) -> str:
         if re.search(rf"(?<![\w.-]){name}(?![\w-])|/{name}(?![\w-])", line):
             return (
                 f" ({path} was not uploaded: raystack's default excludes leave out {why}; "
-                f"add '!{why}' to the spec's excludes)"
+                f"add '!{why}' to its excludes)"
             )
     return ""
 

@@ -307,7 +307,7 @@ def test_a_package_the_default_excludes_left_out_is_named_at_submit_and_in_the_f
     assert failed.state is JobState.FAILED
     assert failed.message.endswith(
         "No module named 'env' (env/ was not uploaded: raystack's default excludes leave out env/; "
-        "add '!env/' to the spec's excludes)"
+        "add '!env/' to its excludes)"
     ), failed.message
     fixed = raystack("submit", str(repo / "job.yaml"), "-c", "qc", "--set", 'excludes=["!env/"]', "-f")
     assert fixed.returncode == 0 and "grid 4" in fixed.stdout, fixed.stderr
