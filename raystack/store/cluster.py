@@ -192,7 +192,10 @@ class UnreadableRecord(ClusterError):
 def _last_allocation(p: paths.ClusterPaths) -> str:
     """' (its newest allocation: N)', from the allocation logs in the folder ('' if none)."""
     head, _, tail = paths.ALLOCATION_LOG.partition("{job}")
-    logs = sorted(p.logs.glob(f"{head}*{tail}"), key=lambda f: f.stat().st_mtime) if p.logs.is_dir() else []
+    try:  # (a log pruned meanwhile: nothing to say rather than another error)
+        logs = sorted(p.logs.glob(f"{head}*{tail}"), key=lambda f: f.stat().st_mtime)
+    except OSError:
+        return ""
     alloc = logs[-1].name.removeprefix(head).removesuffix(tail) if logs else ""
     return f" (its newest allocation: {alloc})" if alloc else ""
 
