@@ -141,9 +141,11 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
 def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
     """What the live queue runner of a READY cluster's allocation wrote under `key` beside its
     heartbeat (allocation/lease.py: "failing", "waiting"); None if nothing, or not live."""
+    if record.state is not ClusterState.READY:
+        return None
     lease = read_lease(paths.cluster(name).runner_lease)
     said = lease.get(key)
-    if record.state is not ClusterState.READY or lease.get("allocation") != record.allocation_id:
+    if lease.get("allocation") != record.allocation_id:
         return None
     if not isinstance(said, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
         return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from raystack.errors import ClusterError
 from raystack.store import paths
+from raystack.store.cluster import list_names
 from raystack.store.ledger import JobRecord, JobState, read_job
 
 NOT_OK = {JobState.FAILED, JobState.STOPPED, JobState.CANCELLED}
@@ -80,12 +81,7 @@ def unknown(name: str, after: list[str], own: set[str], label: str = "--after") 
 
 def holder(target: str, besides: str) -> str | None:
     """Another cluster whose ledger has the job or sweep `target` (None: none has)."""
-    base = paths.clusters_dir()
-    for folder in sorted(base.iterdir()) if base.is_dir() else []:
-        other = folder.name
-        if other != besides and paths.NAME.fullmatch(other) and members(target, job_ids(other)):
-            return other
-    return None
+    return next((o for o in list_names() if o != besides and members(target, job_ids(o))), None)
 
 
 def named(name: str, ids: Iterable[str]) -> list[str]:
