@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -214,7 +215,14 @@ def read(name: str) -> ClusterRecord:
             f"the record of cluster '{name}' cannot be read ({why}); it is left at {p.record}: "
             f"repair it (it is JSON), or end the cluster by hand{_last_allocation(p)} and remove {p.root}"
         ) from None
-    known = ", ".join(list_names()) or "none"
+    names = list_names()
+    known = ", ".join(names) or "none"
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)  # (a typo: bsy for busy)
+    if near:
+        raise NoSuchCluster(
+            f"no cluster named '{name}' in {paths.clusters_dir()}: did you mean '{near[0]}'? "
+            f"(known: {known}; a new one: `raystack up --name {name}`)"
+        )
     raise NoSuchCluster(
         f"no cluster named '{name}' in {paths.clusters_dir()} (known: {known}); start one with "
         f"`raystack up --name {name}`"

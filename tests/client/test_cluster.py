@@ -159,8 +159,10 @@ def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clusters.write(ClusterRecord(name="c", state=ClusterState.READY))
     with pytest.raises(ClusterError, match=r"several clusters \(b, c\)"):
         clusters.resolve(None)
-    with pytest.raises(ClusterError, match="no cluster named 'zz'"):
+    with pytest.raises(ClusterError, match=r"no cluster named 'zz'.*start one with"):
         Cluster.get("zz")
+    with pytest.raises(ClusterError, match=r"no cluster named 'bb' .*: did you mean 'b'\? \(known: a, b, c;"):
+        Cluster.get("bb")  # (a typo of a known name)
     # A record that still says READY but whose allocation SLURM says ended is not live: its head
     # could not record the end (SIGKILL), and `raystack down` alone means the other one.
     clusters.update("c", allocation_id="77")
@@ -310,6 +312,9 @@ def test_slurms_start_estimate_is_said_once_it_has_one() -> None:
     later = expected_start(int(now) + 3 * 86400, now, countdown=False)
     day = time.strftime("%d %b", time.localtime(now + 3 * 86400))
     assert day in later and ", in" not in later, later  # days away: with the date; no countdown
+    year_on = now + 365 * 86400  # (behind a job without a time limit SLURM says a year)
+    far = expected_start(int(year_on), now)
+    assert time.strftime("%d %b %Y", time.localtime(year_on)) in far and far.endswith(", in 365d"), far
 
 
 def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_really_moves() -> None:
