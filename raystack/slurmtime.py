@@ -154,8 +154,11 @@ def off_or_duration(value: Any, limit: float = MAX_DURATION) -> float | None:
 
 
 def duration_text(seconds: float) -> str:
-    """90 -> '1m30s', 1800 -> '30m', 5400 -> '1h30m'."""
+    """90 -> '1m30s', 1800 -> '30m', 5400 -> '1h30m'; from two days on, days and hours:
+    '3d4h' (a start estimate a year away is not 8759h59m)."""
     s = round(seconds)
     h, m, sec = s // 3600, s % 3600 // 60, s % 60
+    if h >= 48:
+        return f"{h // 24}d" + (f"{h % 24}h" if h % 24 else "")
     text = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "")
     return text or "0s"

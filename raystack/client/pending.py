@@ -19,7 +19,9 @@ def expected_start(start: int | None, now: float, countdown: bool = True) -> str
     has made one: `, SLURM expects it to start at 14:05, in 2h10m`; '' without one."""
     if not start or start <= now:
         return ""
-    when = time.strftime("%H:%M" if start - now < 20 * 3600 else "%a %d %b %H:%M", time.localtime(start))
+    same_year = time.localtime(start).tm_year == time.localtime(now).tm_year
+    form = "%H:%M" if start - now < 20 * 3600 else "%a %d %b %H:%M" if same_year else "%a %d %b %Y %H:%M"
+    when = time.strftime(form, time.localtime(start))
     return f", SLURM expects it to start at {when}" + (
         f", in {duration_text(start - now)}" if countdown else ""
     )

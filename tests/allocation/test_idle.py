@@ -147,11 +147,13 @@ def test_a_walltime_warning_or_down_first_wins(home: Path) -> None:
 
 
 def test_duration_text() -> None:
-    assert [duration_text(s) for s in (0, 59, 90, 1800, 5400, 86400)] == [
+    assert [duration_text(s) for s in (0, 59, 90, 1800, 5400, 86400, 172800, 31535999)] == [
         "0s",
         "59s",
         "1m30s",
         "30m",
         "1h30m",
         "24h",
+        "2d",
+        "364d23h",  # (SLURM's start estimate behind a job without a time limit: a year away)
     ]
