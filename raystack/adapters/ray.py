@@ -68,6 +68,24 @@ def translate(exc: BaseException) -> RayApiError:
 
 
 STATUS = re.compile(r"Request failed with status code (\d{3})\b")
+# The last line of a Python traceback: `ValueError: Could not find Conda executable at conda.`
+RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")
+ON_NODE = re.compile(r"\[Node ([^\]]+)\] Traceback")
+
+
+def job_message(text: str) -> str:
+    """Ray's message of a job that ended before its driver ran (its runtime_env could not be set
+    up) holds a node's whole traceback: its first line, the node and the error it ended with (the
+    last of a chain) say it in one line. Any other message as it is."""
+    lines = text.strip().splitlines()
+    if "Traceback (most recent call last):" not in text or not lines:
+        return text
+    raised = [ln.strip() for ln in lines if RAISED.match(ln.strip())]
+    if not raised:
+        return text
+    node = ON_NODE.search(text)
+    where = f" on node {node.group(1)}" if node else ""
+    return f"{lines[0].strip().rstrip('.')}{where}: {raised[-1]}"
 
 
 def refused_token(exc: BaseException, text: str, code: int | None) -> bool:

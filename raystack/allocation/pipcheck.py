@@ -5,11 +5,16 @@ fails in seconds with that reason instead of after Ray's setup timeout (10 minut
 * with `--no-index` (wheels on the shared filesystem: `--find-links=/shared/wheels`), pip resolves
   the packages there (`pip install --dry-run`, offline and quick);
 * otherwise the index (`--index-url`, `PIP_INDEX_URL`, or PyPI) must answer a TCP connection.
+
+A `conda` runtime_env needs a conda where the cluster runs (Ray looks for it as the raylet starts
+the job, in the node program's environment): without one the job fails with a traceback, so it
+fails here with the fix instead.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,15 +62,40 @@ def reachable(url: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
         return f"{parts.hostname}:{port} does not answer ({exc.strerror or exc})"
 
 
+def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
+    """Why a `conda` runtime_env cannot be set up here: no conda executable where Ray looks for
+    one ($RAY_CONDA_HOME/bin/conda, else beside $CONDA_EXE, else `conda` on the PATH); or None."""
+    if not renv.get("conda"):
+        return None
+    if env.get("RAY_CONDA_HOME"):
+        exe: str | None = os.path.join(env["RAY_CONDA_HOME"], "bin", "conda")
+        where = f"$RAY_CONDA_HOME/bin/conda, {exe}"
+    elif env.get("CONDA_EXE"):
+        exe = os.path.join(os.path.dirname(env["CONDA_EXE"]), "conda")
+        where = f"beside $CONDA_EXE, {exe}"
+    else:
+        exe, where = shutil.which("conda", path=env.get("PATH")), "`conda` on the PATH"
+    if exe and os.access(exe, os.X_OK):
+        return None
+    return (
+        f"runtime_env conda: no conda on the nodes (Ray runs {where}): make it one of the cluster's "
+        "(the profile's setup: [module load miniforge3], or env: {RAY_CONDA_HOME: /path/to/conda}; "
+        "then raystack up again), or drop runtime_env.conda and run the env's own python "
+        "(entrypoint: /path/to/env/bin/python ...)"
+    )
+
+
 def check(
     renv: dict[str, Any], python: str = sys.executable, env: dict[str, str] | None = None
 ) -> str | None:
     """Why this runtime_env's packages cannot be installed on the nodes, or None."""
+    env = dict(os.environ if env is None else env)
+    if why := conda_missing(renv, env):
+        return why
     found = packages_and_options(renv)
     if found is None or not found[1]:
         return None
     key, packages, options = found
-    env = dict(os.environ if env is None else env)
     if "--no-index" not in options:
         url = index_of(options, env)
         why = reachable(url)

@@ -456,7 +456,7 @@ class Runner:
         elif state is JobState.FAILED and info.driver_exit_code is not None:
             message = self.failure_text(record, info)[:1000]
         else:
-            message = str(info.message or "")[:1000]
+            message = rayapi.job_message(str(info.message or ""))[:1000]
         end = (info.end_time or 0) / 1000 or time.time()
         attempts = with_ray_id(record, info.job_id)  # (recorded by finish, with the rest)
         record = record.model_copy(update={"attempts": attempts})
@@ -508,7 +508,7 @@ class Runner:
         """Why an attempt failed: its exit code and the last line of its own output (Ray's
         message is the start of the log; the end says more, e.g. which rank failed)."""
         if info.driver_exit_code is None:
-            return str(info.message or "")
+            return rayapi.job_message(str(info.message or ""))
         last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
         hint = workdir.missing_hint(last, record.request.left_out)  # (a file the defaults left out)
         return f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}{hint}"

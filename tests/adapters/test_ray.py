@@ -106,3 +106,22 @@ def test_a_dashboard_that_does_not_answer_is_unreachable() -> None:
         port = s.getsockname()[1]
     with pytest.raises(errors.RayUnreachable, match="did not answer"):
         Dashboard(f"http://127.0.0.1:{port}", "t").submit("a-1", "true", {})
+
+
+def test_a_job_whose_runtime_env_failed_is_said_in_one_line_with_its_node_and_error() -> None:
+    from pathlib import Path
+
+    from raystack.adapters.ray import job_message
+
+    # Ray 2.60's message for runtime_env: {conda: myenv} on nodes without conda (testbed), two
+    # chained tracebacks: the last exception is what went wrong.
+    recorded = (Path(__file__).parents[1] / "fixtures" / "ray" / "conda_missing.message.txt").read_text()
+    assert len(recorded) > 2000 and recorded.count("Traceback") == 2
+    assert job_message(recorded) == (
+        "runtime_env setup failed: Failed to set up runtime environment on node 10.200.0.11: "
+        "ValueError: Could not find Conda executable at conda."
+    )
+    for plain in ("Job was intentionally stopped.", "Job entrypoint command failed with exit code 1", ""):
+        assert job_message(plain) == plain
+    odd = "runtime_env setup failed: x\nTraceback (most recent call last):\n  (nothing raised)"
+    assert job_message(odd) == odd  # (no error line to say: the message as it is)

@@ -277,3 +277,29 @@ def test_the_pin_hook_is_plain_python_that_imports_nothing_of_raystack() -> None
     assert "import raystack" not in text and "from raystack" not in text
     done = subprocess.run([sys.executable, "-c", "import sitecustomize"], env={"PYTHONPATH": str(PIN_DIR)})
     assert done.returncode == 0
+
+
+def test_a_conda_runtime_env_without_conda_where_ray_looks_fails_with_the_fix(tmp_path: Path) -> None:
+    no_conda = {"PATH": str(tmp_path / "empty")}
+    why = pipcheck.check({"conda": "myenv"}, env=no_conda)
+    assert why is not None and why.startswith(
+        "runtime_env conda: no conda on the nodes (Ray runs `conda` on the PATH)"
+    )
+    assert "setup: [module load miniforge3]" in why and "/path/to/env/bin/python" in why and "\n" not in why
+    assert pipcheck.check({"env_vars": {"A": "1"}}, env=no_conda) is None  # (no conda asked)
+    conda = tmp_path / "miniforge" / "bin" / "conda"
+    conda.parent.mkdir(parents=True)
+    conda.write_text("#!/bin/sh\n")
+    why = pipcheck.check({"conda": {"dependencies": ["numpy"]}}, env={"CONDA_EXE": str(conda)})
+    assert why is not None and f"beside $CONDA_EXE, {conda}" in why  # (there, but not executable)
+    conda.chmod(0o755)
+    for env in (
+        {"CONDA_EXE": str(conda)},
+        {"RAY_CONDA_HOME": str(conda.parents[1])},
+        {"PATH": str(conda.parent)},
+    ):
+        assert pipcheck.check({"conda": "myenv"}, env=env) is None, env
+    why = pipcheck.check({"conda": "myenv"}, env={"RAY_CONDA_HOME": str(tmp_path), "PATH": str(conda.parent)})
+    assert (
+        why is not None and f"$RAY_CONDA_HOME/bin/conda, {tmp_path}/bin/conda" in why
+    )  # (Ray looks there only)

@@ -5,6 +5,8 @@ nodes that cannot reach a package index). One cluster serves the module."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,10 +184,17 @@ def test_runtime_env_py_modules_and_pip_from_a_local_wheel_folder(jt: dict) -> N
         ["python", "-c", "import requests"], sets=["name=noindex", "runtime_env={pip: [requests]}"]
     )
     good = cluster.submit(["python", "-c", code], sets=["name=renv", renv])
+    no_conda = cluster.submit(
+        ["python", "-c", "print(1)"], sets=["name=noconda", "runtime_env={conda: myenv}"]
+    )
     record = bad.wait(timeout=120)
     assert record.state is JobState.FAILED and "cannot reach the package index" in record.message, (
         record.message
     )
+    record = no_conda.wait(timeout=120)
+    if not (shutil.which("conda") or os.environ.get("CONDA_EXE") or os.environ.get("RAY_CONDA_HOME")):
+        assert record.state is JobState.FAILED, record.message  # (not Ray's traceback: the fix)
+        assert record.message.startswith("runtime_env conda: no conda on the nodes"), record.message
     assert time.time() - t0 < 90  # (not Ray's 10-minute setup timeout)
     record = good.wait(timeout=600)
     assert record.state is JobState.SUCCEEDED, record.message + good.logs()[-2000:]
