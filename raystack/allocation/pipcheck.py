@@ -8,12 +8,14 @@ fails in seconds with that reason instead of after Ray's setup timeout (10 minut
 
 A `conda` runtime_env needs a conda where the cluster runs (Ray looks for it as the raylet starts
 the job, in the node program's environment): without one the job fails with a traceback, so it
-fails here with the fix instead.
+fails here with the fix instead. So does a `py_executable` that is not there (Ray would keep the
+job PENDING for 15 minutes).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -85,12 +87,38 @@ def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     )
 
 
+def executable_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
+    """Why a `py_executable` cannot start Ray's workers here: a program given by its absolute
+    path or by its name (looked up on the PATH) that is not there; None otherwise. (Ray would
+    keep the job PENDING until its job start timeout, 15 minutes, and the queue behind it.) A
+    relative path is the working_dir's (`.venv/bin/python`): not judged here."""
+    value = renv.get("py_executable")
+    try:
+        program = shlex.split(str(value))[0] if value else ""
+    except (ValueError, IndexError):
+        return None
+    if not program or ("/" in program and not os.path.isabs(program)):
+        return None
+    if "/" in program:
+        found = os.path.isfile(program) and os.access(program, os.X_OK)
+    else:
+        found = shutil.which(program, path=env.get("PATH")) is not None
+    if found:
+        return None
+    return (
+        f"runtime_env py_executable: {program} is not a program on the nodes (no such file"
+        f"{'' if '/' in program else ' on the PATH'}); give the path of a python there "
+        "(e.g. /path/to/env/bin/python), or leave py_executable out"
+    )
+
+
 def check(
     renv: dict[str, Any], python: str = sys.executable, env: dict[str, str] | None = None
 ) -> str | None:
-    """Why this runtime_env's packages cannot be installed on the nodes, or None."""
+    """Why this runtime_env cannot be set up on the nodes (its packages, conda, its python), or
+    None."""
     env = dict(os.environ if env is None else env)
-    if why := conda_missing(renv, env):
+    if why := conda_missing(renv, env) or executable_missing(renv, env):
         return why
     found = packages_and_options(renv)
     if found is None or not found[1]:

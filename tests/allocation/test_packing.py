@@ -303,3 +303,17 @@ def test_a_conda_runtime_env_without_conda_where_ray_looks_fails_with_the_fix(tm
     assert (
         why is not None and f"$RAY_CONDA_HOME/bin/conda, {tmp_path}/bin/conda" in why
     )  # (Ray looks there only)
+
+
+def test_a_py_executable_that_is_not_there_fails_at_once(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path)}
+    why = pipcheck.check({"py_executable": "/nonexistent/python -u"}, env=env)
+    assert why is not None and why.startswith(
+        "runtime_env py_executable: /nonexistent/python is not a program"
+    )
+    why = pipcheck.check({"py_executable": "uv run --project ."}, env=env)
+    assert why is not None and "uv is not a program on the nodes (no such file on the PATH)" in why
+    (tmp_path / "uv").write_text("#!/bin/sh\n")
+    (tmp_path / "uv").chmod(0o755)
+    for fine in ("uv run --project .", sys.executable, ".venv/bin/python", f"{tmp_path}/uv run"):
+        assert pipcheck.check({"py_executable": fine}, env=env) is None, fine  # (relative: the working_dir's)

@@ -191,6 +191,11 @@ def test_runtime_env_py_modules_and_pip_from_a_local_wheel_folder(jt: dict) -> N
     assert record.state is JobState.FAILED and "cannot reach the package index" in record.message, (
         record.message
     )
+    no_python = cluster.submit(
+        ["python", "-V"], sets=["name=nopython", "runtime_env={py_executable: /no/python}"]
+    )
+    record = no_python.wait(timeout=120)  # (not PENDING in Ray for its 15-minute start timeout)
+    assert record.state is JobState.FAILED and "/no/python is not a program on the nodes" in record.message
     record = no_conda.wait(timeout=120)
     if not (shutil.which("conda") or os.environ.get("CONDA_EXE") or os.environ.get("RAY_CONDA_HOME")):
         assert record.state is JobState.FAILED, record.message  # (not Ray's traceback: the fix)
