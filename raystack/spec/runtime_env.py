@@ -73,7 +73,8 @@ def module(value: Any, base: Path, excludes: list[str], source: str) -> str:
     if path.is_dir():
         return str(local_folder(value, base, excludes, source, "runtime_env.py_modules").root)
     if not path.is_file():
-        raise ConfigError(f"{source}: runtime_env.py_modules: no file or folder {value!r} ({path})")
+        resolved = "" if str(path) == value else f" ({path})"  # (where a relative one was looked for)
+        raise ConfigError(f"{source}: runtime_env.py_modules: no file or folder {value!r}{resolved}")
     if path.suffix not in (".whl", ".zip"):
         raise ConfigError(f"{source}: runtime_env.py_modules: {value!r}: give a folder, a .whl or a .zip")
     return str(path)

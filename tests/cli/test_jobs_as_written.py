@@ -53,7 +53,8 @@ def test_a_runtime_env_in_the_spec_reaches_the_request(capsys: pytest.CaptureFix
         ("{pip: 5}", "runtime_env: runtime_env['pip'] must be of type str or List[str]"),
         ("{pip: [a], conda: env}", "runtime_env: The 'pip' field, 'uv' field, and 'conda' field"),
         ("{working_dir: ., env_vars: {RAYSTACK_X: '1'}}", "RAYSTACK_X is set by raystack itself"),
-        ("{py_modules: [nope/]}", "runtime_env.py_modules: no file or folder 'nope/'"),
+        ("{py_modules: [nope/]}", "runtime_env.py_modules: no file or folder 'nope/' (/"),
+        ("{py_modules: [/no/mod]}", "runtime_env.py_modules: no file or folder '/no/mod'\n"),  # (once)
         ("{pip: missing.txt}", "runtime_env.pip: cannot read the requirements file"),
         ("{config: {setup_timeout_seconds: soon}}", "setup_timeout_seconds must be of type int"),
     ],
