@@ -44,6 +44,7 @@ class NodeShape:
     nodes: int
     uniform: bool
     mem_mb: int | None = None  # RealMemory per node (the smallest), where sinfo lists it
+    features: frozenset[str] | None = None  # every feature of a node of it (--constraint), where listed
 
 
 # ---------------------------------------------------------------------------- command runner
@@ -181,16 +182,17 @@ def gres_gpus(gres: str) -> int:
 
 
 def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
-    """`sinfo --noheader --Node --format=%N|%P|%c|%G|%m` -> the shape of `partition`'s nodes (the
-    default partition, marked '*', when None; without the memory field, memory is unknown).
-    Raises SlurmError when it has no nodes."""
+    """`sinfo --noheader --Node --format=%N|%P|%c|%G|%m|%f` -> the shape of `partition`'s nodes
+    (the default partition, marked '*', when None; without the memory or features field, those
+    are unknown). Raises SlurmError when it has no nodes."""
     rows: dict[str, tuple[int, int]] = {}
     mems: list[int] = []
+    features: set[str] | None = None
     default = None
     seen: set[str] = set()
     for line in text.splitlines():
         parts = [p.strip() for p in line.split("|")]
-        if len(parts) not in (4, 5):
+        if len(parts) not in (4, 5, 6):
             continue
         node, part, cpus, gres = parts[:4]
         if part.endswith("*"):
@@ -199,8 +201,10 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
         seen.add(part)
         if part == (partition or default) and cpus.isdigit():
             rows[node] = (int(cpus), gres_gpus(gres))
-            if len(parts) == 5 and parts[4].isdigit():
+            if len(parts) >= 5 and parts[4].isdigit():
                 mems.append(int(parts[4]))
+            if len(parts) == 6:  # ("(null)" where a node has none)
+                features = (features or set()) | {f for f in parts[5].split(",") if f and f != "(null)"}
     name = partition or default
     if partition and seen and partition not in seen:
         raise NoSuchPartition(
@@ -218,6 +222,7 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
         nodes=len(rows),
         uniform=len(shapes) == 1,
         mem_mb=min(mems) if mems and len(mems) == len(rows) else None,
+        features=frozenset(features) if features is not None else None,
     )
 
 
@@ -309,7 +314,7 @@ def parse_restart_count(text: str) -> int | None:
 
 def node_shape(partition: str | None) -> NodeShape:
     """CPUs, GPUs and memory per node of `partition` (or the default one), from sinfo."""
-    return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G|%m"]), partition)
+    return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G|%m|%f"]), partition)
 
 
 def time_limit(partition: str | None) -> tuple[str, int | None] | None:

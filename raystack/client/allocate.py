@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -229,7 +231,27 @@ def _why_refused(p: AllocationPlan) -> str:
             f"; --mem {p.mem}: partition {shape.partition}'s nodes have {shape.mem_mb} MB "
             f"({shape.mem_mb / 1024:.0f}G, sinfo); ask at most {shape.mem_mb}M, or --mem 0 for all of it"
         )
-    return ""
+    return _unknown_features(p.profile.constraint, shape)
+
+
+def _unknown_features(constraint: str | None, shape: slurm.NodeShape) -> str:
+    """'; --constraint X: no node of the partition has feature 'X' ...' for a feature name no
+    node lists (SLURM says only `Invalid feature specification`); '' otherwise."""
+    if not constraint or shape.features is None:
+        return ""
+    names = [re.sub(r"\*\d+$", "", n.strip()) for n in re.split(r"[&|,()\[\]]", constraint)]
+    unknown = [n for n in names if n and n not in shape.features]
+    if not unknown:
+        return ""
+    has = ", ".join(sorted(shape.features)) or "none"
+    known = sorted(shape.features)
+    same = [f for f in known if f.lower() == unknown[0].lower()]  # (H100 for h100)
+    close = same or difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+    near = f"; did you mean {close[0]}?" + (" (names are case-sensitive)" if same else "") if close else ""
+    return (
+        f"; --constraint {constraint}: no node of partition {shape.partition} has feature "
+        f"{unknown[0]!r} (their features, sinfo -o '%N %f': {has}){near}"
+    )
 
 
 def _signal_lead(

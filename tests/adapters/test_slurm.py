@@ -88,6 +88,15 @@ def test_sinfo_node_shape() -> None:
         slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
+def test_sinfo_node_features() -> None:
+    """Recorded on the testbed with the features field (%f) after `scontrol update
+    NodeName=node[1-2] AvailableFeatures=h100,ib` and node3 `a100`; node4 has none, `(null)`."""
+    shape = slurm.parse_sinfo_nodes(fixture("sinfo-nodes-features.txt"), None)
+    assert shape.features == {"h100", "ib", "a100"} and shape.mem_mb == 16000
+    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).features is None  # (not asked)
+    assert slurm.parse_sinfo_nodes("a|gpu*|64|gpu:4|1000|(null)\n", None).features == frozenset()
+
+
 def test_sinfo_node_memory_and_sbatch_mem() -> None:
     """Recorded on the testbed with the memory field (%m, RealMemory in MB); an older recording
     without it parses with the memory unknown."""

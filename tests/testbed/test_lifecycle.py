@@ -232,6 +232,22 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
     )
 
 
+def test_a_constraint_no_node_has_is_refused_naming_the_features_there(rs_home: Path) -> None:
+    """SLURM says only `Invalid feature specification`: sinfo's features are added."""
+    feature = ["scontrol", "update", "NodeName=node1"]
+    subprocess.run([*feature, "AvailableFeatures=h100", "ActiveFeatures=h100"], check=True)
+    try:
+        done = raystack("up", "-N", "1", "-P", "testbed", "-C", "H100", "--name", "typo")
+        assert done.returncode == 1 and "Invalid feature specification" in done.stderr, done.stderr
+        assert (
+            "; --constraint H100: no node of partition testbed has feature 'H100' (their features, "
+            "sinfo -o '%N %f': h100); did you mean h100? (names are case-sensitive)" in done.stderr
+        )
+        assert raystack("up", "-N", "1", "-P", "testbed", "-C", "h100", "--dry-run").returncode == 0
+    finally:
+        subprocess.run([*feature, "AvailableFeatures=", "ActiveFeatures="], check=True)
+
+
 def test_a_walltime_over_the_partitions_limit_is_refused_before_sbatch(rs_home: Path) -> None:
     """Where SLURM does not enforce partition limits at submit, such a job waits (PENDING,
     PartitionTimeLimit) for ever: raystack reads the limit from sinfo and says so first."""
