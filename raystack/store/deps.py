@@ -51,11 +51,13 @@ def job_ids(name: str) -> set[str]:
 
 
 def members(target: str, ids: Iterable[str]) -> list[str]:
-    """The jobs a dependency names: the job itself, or every job of the sweep <target>-<k>."""
+    """The jobs a dependency names: the job itself, or every job of the sweep <target>-<k>. (k is
+    below MAX_SWEEP, never zero-padded: a job's own id, <name>-<8 hex>, whose hex digits happen
+    to be all decimal, is not taken for the sweep <name>'s.)"""
     ids = set(ids)
     if target in ids:
         return [target]
-    pattern = re.compile(re.escape(target) + r"-\d+")
+    pattern = re.compile(re.escape(target) + r"-(0|[1-9]\d{0,6})")
     return sorted(i for i in ids if pattern.fullmatch(i))
 
 

@@ -274,6 +274,16 @@ def test_a_mistyped_job_id_is_answered_with_the_closest_one(home: Path) -> None:
         match=r"lr-0a1b2c is a sweep of 3 job\(s\) in cluster a \(lr-0a1b2c-1 ... lr-0a1b2c-10\)",
     ):
         Job.get("lr-0a1b2c")
+    # A single job whose 8 hex digits happen to be all decimal is no sweep of its name (one id in
+    # 43 is so): `raystack job tick` and `cancel tick` took it for a sweep of one.
+    from raystack.client.job import Sweep
+
+    queue.enqueue(JobRequest(id="tick-95270545", name="tick", cluster="a", entrypoint="true"))
+    with pytest.raises(ClusterError, match=r"no job 'tick' .*\(did you mean tick-95270545 in cluster a\?\)"):
+        Job.get("tick")
+    assert Sweep.get("tick") is None
+    queue.enqueue(JobRequest(id="lr-0a1b2c-0", name="lr", cluster="a", entrypoint="true"))
+    assert Sweep.get("lr-0a1b2c") is not None and len(Sweep.get("lr-0a1b2c").job_ids) == 4  # (k from 0)
 
 
 def test_a_job_whose_ledger_was_set_aside_is_named_not_lost(home: Path) -> None:
