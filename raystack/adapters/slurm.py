@@ -10,6 +10,7 @@ Parsers are pure functions tested against outputs recorded on the testbed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ from raystack.errors import (
     SlurmMissing,
     SlurmUnavailable,
 )
+
+log = logging.getLogger("raystack")
 
 CACHE_TTL = 1.0  # seconds a job's state is reused within one process
 
@@ -362,6 +365,11 @@ class SlurmAllocator(Allocator):
         info = job_info(alloc_id)
         if info is None and self.clock() - asked >= self.SLOW_FAILURE:
             self.quiet_until = self.clock() + self.QUIET
+            log.warning(
+                "raystack: warning: SLURM did not answer in %.0fs (slurmctld busy or down?); "
+                "clusters are shown as last recorded",
+                self.clock() - asked,
+            )
         self.cache[alloc_id] = (self.clock(), info)
         return info
 

@@ -220,7 +220,9 @@ def test_a_missing_command_is_slurm_missing(monkeypatch: pytest.MonkeyPatch) -> 
     assert slurm.job_info("4242") is None  # cannot be asked: never an answer
 
 
-def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """squeue that gave up after its own timeout (a hung slurmctld): the next asks within QUIET
     get "unknown" at once, not another 20 s each; a quick failure is asked again."""
     from raystack.adapters.slurm import SlurmAllocator
@@ -235,6 +237,11 @@ def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: p
     monkeypatch.setattr(slurm, "job_info", job_info)
     backend = SlurmAllocator(clock=lambda: now[0])
     assert backend.info("7") is None and asked == ["7"]
+    said = [r.getMessage() for r in caplog.records]  # (once: the user hears why it took 20 s)
+    assert said == [
+        "raystack: warning: SLURM did not answer in 20s (slurmctld busy or down?); "
+        "clusters are shown as last recorded"
+    ]
     now[0] += 2  # (past the cache)
     backend.forget()
     assert backend.info("7") is None and backend.info("8") is None and asked == ["7"]
@@ -245,6 +252,7 @@ def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(monkeypatch: p
     assert backend.info("9") is None
     now[0] += 2
     assert backend.info("9") is None and asked == ["7", "7", "9", "9"]  # a blip: asked again
+    assert len(caplog.records) == 2  # (the second slow ask; a blip says nothing)
 
 
 def test_restart_count_as_squeue_prints_it() -> None:
