@@ -71,6 +71,7 @@ STATUS = re.compile(r"Request failed with status code (\d{3})\b")
 # The last line of a Python traceback: `ValueError: Could not find Conda executable at conda.`
 RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")
 ON_NODE = re.compile(r"\[Node ([^\]]+)\] Traceback")
+TAIL = 500  # characters kept of the end of an error's later lines
 
 
 def job_message(text: str) -> str:
@@ -80,12 +81,15 @@ def job_message(text: str) -> str:
     lines = text.strip().splitlines()
     if "Traceback (most recent call last):" not in text or not lines:
         return text
-    raised = [ln.strip() for ln in lines if RAISED.match(ln.strip())]
+    raised = [i for i, ln in enumerate(lines) if RAISED.match(ln.strip())]
     if not raised:
         return text
     node = ON_NODE.search(text)
     where = f" on node {node.group(1)}" if node else ""
-    return f"{lines[0].strip().rstrip('.')}{where}: {raised[-1]}"
+    error = lines[raised[-1]].strip()
+    rest = " ".join(ln.strip() for ln in lines[raised[-1] + 1 :] if ln.strip())  # (its message's lines:
+    rest = rest if len(rest) <= TAIL else "... " + rest[-TAIL:]  # pip's output, whose end says why)
+    return f"{lines[0].strip().rstrip('.')}{where}: {error}" + (f" {rest}" if rest else "")
 
 
 def refused_token(exc: BaseException, text: str, code: int | None) -> bool:

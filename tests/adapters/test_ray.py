@@ -123,5 +123,18 @@ def test_a_job_whose_runtime_env_failed_is_said_in_one_line_with_its_node_and_er
     )
     for plain in ("Job was intentionally stopped.", "Job entrypoint command failed with exit code 1", ""):
         assert job_message(plain) == plain
+    pip = (
+        "runtime_env setup failed: Failed to set up runtime environment.\n[Node 10.0.0.2] Traceback (most "
+        'recent call last):\n  File "pip.py", line 3, in install\nRuntimeError: Failed to install pip '
+        "packages.\nOutput:\nERROR: No matching distribution found for nosuchpkg\n"
+    )
+    assert job_message(pip) == (
+        "runtime_env setup failed: Failed to set up runtime environment on node 10.0.0.2: RuntimeError: "
+        "Failed to install pip packages. Output: ERROR: No matching distribution found for nosuchpkg"
+    )  # (an error whose message spans lines keeps them)
+    pages = pip.replace("Output:\n", "Output:\n" + "Collecting a-package-of-many-words\n" * 50)
+    said = job_message(pages)
+    assert said.endswith("ERROR: No matching distribution found for nosuchpkg") and len(said) < 800, said
+    assert "RuntimeError: Failed to install pip packages. ... " in said  # (the error, then the end)
     odd = "runtime_env setup failed: x\nTraceback (most recent call last):\n  (nothing raised)"
     assert job_message(odd) == odd  # (no error line to say: the message as it is)
