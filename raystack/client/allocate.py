@@ -25,7 +25,14 @@ from raystack.adapters import local, slurm
 from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.reconcile import settle
-from raystack.errors import ClusterError, ConfigError, NoSuchPartition, SlurmError, SlurmMissing
+from raystack.errors import (
+    ClusterError,
+    ConfigError,
+    NoSuchPartition,
+    SlurmError,
+    SlurmMissing,
+    SlurmUnavailable,
+)
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
@@ -496,9 +503,16 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     # its record lost) would run a second queue runner on the same queue; one that runs another
     # RAYSTACK_HOME's cluster folder (another project's cluster of the same name) is no twin.
     mine = os.path.realpath(p.script_path)
+    try:
+        named = slurm.jobs_named(f"raystack-{p.name}").values()
+    except SlurmUnavailable as exc:
+        raise ClusterError(
+            f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once it "
+            "answers (`squeue` works)"
+        ) from exc
     twins = [
         i
-        for i in slurm.jobs_named(f"raystack-{p.name}").values()
+        for i in named
         if i.state.is_active()
         and not (i.command.endswith(f"/{p.name}/{paths.SCRIPT}") and os.path.realpath(i.command) != mine)
     ]
@@ -519,10 +533,33 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     backend = allocator("slurm")
     try:
         alloc_id = backend.submit(p.script_path, options, paths.cluster(p.name).logs)
+    except SlurmUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
+        alloc_id = _queued_all_the_same(p.name, mine, exc)
     except SlurmError as exc:
         records.update(p.name, state=ClusterState.FAILED, message=str(exc))
         raise ClusterError(f"SLURM refused the allocation: {exc}{_why_refused(p)}") from exc
     return records.update(p.name, allocation_id=alloc_id, message=f"submitted as {backend.where(alloc_id)}")
+
+
+def _queued_all_the_same(name: str, script: str, exc: SlurmError) -> str:
+    """sbatch got no answer from slurmctld (a timeout): the allocation may have been queued
+    anyway. Asked once (never submitted again): its id when SLURM has a job running this very
+    script; otherwise the record is FAILED and the error says what to look for."""
+    try:
+        queued = [
+            i for i in slurm.jobs_named(f"raystack-{name}").values() if os.path.realpath(i.command) == script
+        ]
+    except SlurmError:
+        queued = []
+    if queued:
+        log.warning("raystack: warning: sbatch did not answer (%s), but SLURM queued the allocation", exc)
+        return queued[0].job_id
+    records.update(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
+    raise ClusterError(
+        f"SLURM did not answer sbatch ({exc}); it may have queued the allocation all the same: "
+        f"`squeue --name raystack-{name}` shows it if so, and the cluster then starts (`raystack wait "
+        f"{name}`), or `scancel` it; else `raystack up` again"
+    ) from exc
 
 
 def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> None:

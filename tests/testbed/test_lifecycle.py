@@ -232,6 +232,33 @@ def test_allocation_refused_by_slurm_shows_slurms_message(rs_home: Path) -> None
     )
 
 
+def test_an_sbatch_whose_answer_is_lost_is_found_in_slurm_not_called_refused(
+    rs_home: Path, tmp_path: Path
+) -> None:
+    """sbatch that timed out waiting for slurmctld's reply (`Socket timed out on send/recv`) may
+    have queued the job: `up` asks SLURM once (never submits again) and goes on with it; where
+    SLURM has nothing, the record is FAILED and the error says what to look for."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    lost = "echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2"
+    (shim / "sbatch").write_text(f'#!/bin/bash\n{shutil.which("sbatch")} "$@" >/dev/null\n{lost}\nexit 1\n')
+    (shim / "sbatch").chmod(0o755)
+    path = {"PATH": f"{shim}:{os.environ['PATH']}"}
+    done = raystack("up", "-N", "1", "-P", "testbed", "--name", "lost", "--no-wait", env=path)
+    assert done.returncode == 0, done.stderr
+    assert "sbatch did not answer (" in done.stderr and "but SLURM queued the allocation" in done.stderr
+    record = clusters.read("lost")
+    assert record.allocation_id and record.state is ClusterState.SUBMITTED, record
+    squeue = ["squeue", "-h", "-n", "raystack-lost", "-o", "%i"]
+    assert subprocess.run(squeue, capture_output=True, text=True).stdout.split() == [record.allocation_id]
+    assert raystack("down", "lost").returncode == 0
+    (shim / "sbatch").write_text(f"#!/bin/bash\n{lost}\nexit 1\n")  # (it never reached slurmctld)
+    done = raystack("up", "-N", "1", "-P", "testbed", "--name", "never", "--no-wait", env=path)
+    assert done.returncode == 1 and "SLURM did not answer sbatch (" in done.stderr, done.stderr
+    assert "it may have queued the allocation all the same: `squeue --name raystack-never`" in done.stderr
+    assert "refused" not in done.stderr and clusters.read("never").state is ClusterState.FAILED
+
+
 def test_a_constraint_no_node_has_is_refused_naming_the_features_there(rs_home: Path) -> None:
     """SLURM says only `Invalid feature specification`: sinfo's features are added."""
     feature = ["scontrol", "update", "NodeName=node1"]
