@@ -29,6 +29,11 @@ class Infeasible(ValueError):
         super().__init__(reason + hint)
 
 
+def plural(n: int, word: str) -> str:
+    """1 node, 2 nodes."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class Shape:
     """The cluster: nodes, and the GPUs and CPUs each node gives Ray."""
@@ -38,7 +43,7 @@ class Shape:
     cpus_per_node: int
 
     def describe(self) -> str:
-        return f"{self.nodes} nodes x {self.gpus_per_node} GPUs x {self.cpus_per_node} CPUs"
+        return f"{plural(self.nodes, 'node')} x {self.gpus_per_node} GPUs x {self.cpus_per_node} CPUs"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class GrpoLayout:
     def summary(self) -> str:
         bundles = " ".join(map(str, self.learner_bundles))
         mode = ", single_gpu_mode" if self.single_gpu else ""
-        return f"{self.learners} learners ({bundles}), {self.engines} engines x TP {self.tp}{mode}"
+        learners, engines = plural(self.learners, "learner"), plural(self.engines, "engine")
+        return f"{learners} ({bundles}), {engines} x TP {self.tp}{mode}"
 
     # ------------------------------------------------------------------ the frameworks' flags
     def open_instruct(self) -> list[str]:

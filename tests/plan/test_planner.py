@@ -146,3 +146,9 @@ def check(layout, cpus: int) -> None:  # type: ignore[no-untyped-def]
         assert learner_gpus + engines * layout.tp <= s.gpus_per_node or layout.single_gpu
         assert learner_gpus * cpus + engines * layout.tp <= s.cpus_per_node or layout.single_gpu
     assert sum(e for _, e in layout.placement) == layout.engines
+
+
+def test_one_node_and_one_engine_are_said_in_the_singular() -> None:
+    with pytest.raises(Infeasible, match=r"after 3 learners \(1 node x 4 GPUs x 72 CPUs\)"):
+        plan_grpo(Shape(1, 4, 72), learners=3, tp=2)
+    assert plan_grpo(Shape(1, 4, 72), learners=2, tp=2).summary() == "2 learners (2), 1 engine x TP 2"
