@@ -7,6 +7,7 @@ c.status(); c.env(); c.down()
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import shutil
@@ -60,6 +61,12 @@ def filesystem_error(exc: OSError) -> str | None:
     what = exc.strerror or type(exc).__name__
     line = f"{exc.filename}: {what}"
     home = paths.home()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # (the clusters live there: free room, not move)
+        return (
+            f"{line}: RAYSTACK_HOME's filesystem ({home}) is full or over your quota; free room there "
+            "(`raystack forget` removes ended clusters' folders; `quota` or `lfs quota` says yours), "
+            "then try again"
+        )
     if str(exc.filename).startswith(str(home)) or str(home).startswith(str(exc.filename)):
         line += (
             f" (RAYSTACK_HOME is {home}: set RAYSTACK_HOME to a folder you can write, with room, "

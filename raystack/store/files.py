@@ -31,11 +31,23 @@ LINK_LEASE = 120.0  # seconds after which a link lock whose holder did not relea
 LINK_MODE = "link"  # what a cluster folder's .locks file says when flock cannot be trusted there
 
 
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError of writing `path` names it: write() on a full disk or over quota raises ENOSPC
+    or EDQUOT without a file name, and the user must hear which filesystem is full."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+
+
 def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with naming(path), os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -56,7 +68,7 @@ def create_exclusive(path: Path, text: str, mode: int = 0o600) -> bool:
     it would read as unreadable."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with naming(path), os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -82,7 +94,7 @@ def touch(path: Path) -> None:
 
 def append_line(path: Path, line: str) -> None:
     """Append one line (call under the folder lock: NFS has no atomic O_APPEND across hosts)."""
-    with open(path, "a") as fh:
+    with naming(path), open(path, "a") as fh:
         fh.write(line.rstrip("\n") + "\n")
         fh.flush()
 

@@ -15,6 +15,7 @@ never in none; `recover` puts back on the queue what an older version could stra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -152,9 +153,28 @@ def enqueue_all(
     make_private_dirs(p)
     with locked(p):
         check_open(name)
-        made = [_create(p, request, resume, now, new_id) for request, resume in items]
+        made: list[JobRecord] = []
+        try:
+            for request, resume in items:
+                made.append(_create(p, request, resume, now, new_id))
+        except BaseException:  # (a full filesystem at the third job of a sweep): all or nothing
+            for record in made:
+                _uncreate(p, record)
+            raise
         places = positions(name)
     return [Queued(record, places.get(record.id, 0)) for record in made]
+
+
+def _uncreate(p: paths.ClusterPaths, record: JobRecord) -> None:
+    """Take back a job this transaction queued (under its lock: nothing has started it). Removing
+    frees room, so it works on a full filesystem; the journal's '-' is best effort (the runner
+    drops an entry whose file is gone)."""
+    if record.entry:
+        (p.queue / record.entry).unlink(missing_ok=True)
+    p.ledger(record.id).unlink(missing_ok=True)
+    if record.entry:
+        with contextlib.suppress(OSError):
+            append_line(p.journal, f"- {record.entry}")
 
 
 def enqueue(
@@ -189,8 +209,12 @@ def _create(
         request.id = new_id(request.name)
     else:
         raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
-    touch(p.queue / entry.name)
-    append_line(p.journal, f"+ {entry.name}")
+    try:
+        touch(p.queue / entry.name)
+        append_line(p.journal, f"+ {entry.name}")
+    except BaseException:
+        _uncreate(p, record)
+        raise
     return record
 
 

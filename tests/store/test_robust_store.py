@@ -331,6 +331,56 @@ def test_a_sweep_is_queued_in_one_transaction_with_its_places(home: Path) -> Non
     assert len(queue.waiting("c")) == 4
 
 
+def test_a_sweep_the_filesystem_refuses_midway_is_queued_not_at_all(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full quota at the third job of a sweep: the two before it are taken back (a partial sweep
+    would be run, then submitted again by the user); what was queued before stays."""
+    first = submit("before")
+    real, calls = queue.create_job, []
+
+    def full_at_third(cluster: str, record: object) -> bool:
+        calls.append(cluster)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", "/x/jobs/sw-3.json")
+        return real(cluster, record)
+
+    monkeypatch.setattr(queue, "create_job", full_at_third)
+    requests = [
+        (JobRequest(id=f"sw-abc123-{k}", name="sw", cluster="c", entrypoint="true", sweep="sw-abc123"), None)
+        for k in range(1, 5)
+    ]
+    with pytest.raises(OSError, match="No space left"):
+        queue.enqueue_all(requests)
+    assert [e.job_id for e in queue.waiting("c")] == [first]
+    assert [r.id for r in all_jobs("c")] == [first]
+    lines = paths.cluster("c").journal.read_text().split()
+    assert lines.count("+") == 3 and lines.count("-") == 2  # (the two taken back, said so)
+    # The entry write itself refused (the ledger was made): the job is taken back too.
+    monkeypatch.setattr(queue, "create_job", real)
+    monkeypatch.setattr(
+        queue, "touch", lambda path: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    )
+    with pytest.raises(OSError, match="Disk quota exceeded"):
+        queue.enqueue_all(requests[:1])
+    assert [r.id for r in all_jobs("c")] == [first]
+
+
+def test_a_write_the_disk_refuses_names_its_file(tmp_path: Path) -> None:
+    """write() on a full disk raises ENOSPC without a file name: the one-line error must say
+    which filesystem is full (`raystack submit` said `internal error: OSError` instead)."""
+    from raystack.client.cluster import filesystem_error
+
+    with pytest.raises(OSError) as caught:
+        files.append_line(Path("/dev/full"), "x")  # (every write: ENOSPC)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
+    said = filesystem_error(caught.value)
+    assert said is not None and said.startswith(
+        "/dev/full: No space left on device: RAYSTACK_HOME's filesystem ("
+    )
+    assert "is full or over your quota; free room there (`raystack forget`" in said
+
+
 def test_the_bounded_queue_names_only_what_it_leaves_out(home: Path) -> None:
     """493426b: `raystack queue` under a sweep printed '... and 0 more queued, 8 more finished'."""
     for i in range(22):
