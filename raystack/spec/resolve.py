@@ -76,8 +76,11 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     if spec.kind == "spmd" and spec.procs_per_node and gpn and spec.procs_per_node > gpn:
         raise ConfigError(f"{source}: procs_per_node={spec.procs_per_node} but {have}; {fix}")
     check_time_and_resources(spec, cluster, source)
-    if spec.entrypoint_num_gpus > gpn:
-        raise ConfigError(f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but {have}; {fix}")
+    if spec.entrypoint_num_gpus > gpn:  # (the driver is one process: on one node)
+        raise ConfigError(
+            f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but the driver runs on one node "
+            f"and cluster '{cluster.name}' has {gpn} GPUs per node; lower it (its actors take the others)"
+        )
     if cpn and spec.entrypoint_num_cpus > cpn:
         raise ConfigError(
             f"{source}: entrypoint_num_cpus={spec.entrypoint_num_cpus:g} but nodes have {cpn} CPUs"

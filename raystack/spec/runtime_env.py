@@ -50,10 +50,8 @@ def local_folder(value: str, base: Path, excludes: list[str], source: str, what:
     RAYSTACK_HOME (the clusters' tokens)."""
     folder = (base / expand(value)).resolve()
     if not folder.is_dir():
-        raise ConfigError(
-            f"{source}: {what} '{value}' is not a folder ({folder}); fix the path "
-            "(relative paths start at the spec's folder)"
-        )
+        where = "" if str(folder) == value else f" ({folder}: relative paths start at {base})"
+        raise ConfigError(f"{source}: {what} '{value}' is not a folder{where}; fix the path")
     home = paths.home().resolve()
     if folder == home or folder in home.parents:
         raise ConfigError(

@@ -306,8 +306,17 @@ BAD = [
         r"unknown key 'needs.gpu' \(did you mean 'gpus'\?\); valid keys: cpus, cpus_per_gpu, gpus, "
         r"gpus_per_node, nodes",
     ),
-    (GOOD + "entrypoint_num_gpus: 8\n", [], r"entrypoint_num_gpus=8 but cluster 'c4'"),
-    (GOOD + "working_dir: nowhere\n", [], r"working_dir 'nowhere' is not a folder .* fix the path"),
+    (
+        GOOD + "entrypoint_num_gpus: 8\n",
+        [],
+        r"entrypoint_num_gpus=8 but the driver runs on one node and cluster 'c4' has 4 GPUs per node",
+    ),
+    (
+        GOOD + "working_dir: nowhere\n",
+        [],
+        r"working_dir 'nowhere' is not a folder \(/\S+/nowhere: relative paths start at /\S+\); fix the path",
+    ),
+    (GOOD + "working_dir: /no/where\n", [], r"working_dir '/no/where' is not a folder; fix the path$"),
     (GOOD + "env: {CUDA_VISIBLE_DEVICES: '0'}\n", [], r"never set CUDA_VISIBLE_DEVICES"),
     (GOOD + "env: {'1BAD': x}\n", [], r"'1BAD' is not an environment variable name"),
     (GOOD + "timeout: forever\n", [], r"field 'timeout': 'forever' is not a duration"),
