@@ -139,7 +139,8 @@ class Profile(SpecModel):
     extra_sbatch: list[str] = Field(default_factory=list)
     """Any other sbatch option, as --name=value (raystack's own options are refused here)."""
     setup: list[str] = Field(default_factory=list)
-    """Shell lines run on every node before Ray starts: `module load ...`, `source venv/bin/activate`."""
+    """Shell lines run on every node before Ray starts: `module load ...`, `source venv/bin/activate`
+    (a list, or one string of lines)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of Ray and of every job (NCCL settings, caches); RAYSTACK_* names are refused."""
     local_scratch: str = "/tmp"
@@ -185,6 +186,13 @@ class Profile(SpecModel):
     worker logs are pruned beyond it (0/off: never)."""
     job_log_cap: Size = Size("1G")
     """Each attempt's driver log: beyond it, its start and its end are kept."""
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_lines(cls, value: Any) -> Any:
+        """One line (`setup: module load cuda`) or a block of them (`setup: |`) is a list of one
+        line each, as a person writing a shell script means it."""
+        return [ln for ln in value.splitlines() if ln.strip()] if isinstance(value, str) else value
 
     @field_validator("signal_lead", mode="before")
     @classmethod

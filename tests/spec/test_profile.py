@@ -166,3 +166,18 @@ def test_unquoted_yaml_times_are_times_not_base_60_numbers(
     path.write_text("time: 24:00:00\nsignal_lead: 5:00\nidle_timeout: 1:30:00\ngpus_per_node: 4\n")
     prof = load_profile(str(path))
     assert time_to_seconds(prof.time) == 86400 and prof.signal_lead == 300 and prof.idle_timeout == 5400
+
+
+def test_setup_as_one_line_or_a_block_is_a_list_of_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "cfg/raystack/profiles"
+    write_profile(folder, "one", "setup: module load cuda/12.6\n", monkeypatch)
+    assert load_profile("one").setup == ["module load cuda/12.6"]
+    write_profile(
+        folder, "block", "setup: |\n  module load cuda\n\n  source ~/venv/bin/activate\n", monkeypatch
+    )
+    assert load_profile("block").setup == ["module load cuda", "source ~/venv/bin/activate"]
+    write_profile(folder, "bad", "setup: {module: cuda}\n", monkeypatch)
+    with pytest.raises(ConfigError, match=r"field 'setup'"):
+        load_profile("bad")
