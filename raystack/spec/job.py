@@ -75,6 +75,18 @@ class Needs(SpecModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value: Any) -> Any:
+        """`needs: 4`: say what it takes. (A model validator, not the spec's field validator: the
+        yes/no check walks into needs only where the spec has no validator of its own for it.)"""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(
+                f"{value:g} is not a mapping: needs takes gpus, nodes, gpus_per_node, cpus, e.g. "
+                f"needs: {{gpus: {value:g}}}"
+            )
+        return value
+
     nodes: int | None = Field(default=None, ge=1)
     """Nodes the job needs. A job that declares needs (nodes, or gpus/cpus rounded up to whole
     nodes) occupies only those and runs beside others; one that declares none has the cluster."""
@@ -163,7 +175,8 @@ class JobSpec(SpecModel):
     command: str | None = None
     """kind spmd: after the launcher, the training script and its arguments, verbatim."""
     launcher_args: list[str] = Field(default_factory=list)
-    """kind spmd: the launcher's own arguments, e.g. ["--use_deepspeed"] for accelerate."""
+    """kind spmd: the launcher's own arguments, e.g. ["--use_deepspeed"] for accelerate (or one
+    line, split as the shell splits it)."""
     nodes: int | None = Field(default=None, ge=1)
     """kind spmd: nodes to run on (default: every node of the cluster)."""
     procs_per_node: int | None = Field(default=None, ge=1)
@@ -173,7 +186,8 @@ class JobSpec(SpecModel):
     honoured; at most 500 MB)."""
     excludes: list[str] = Field(default_factory=list)
     """Patterns left out of the working_dir upload, besides the defaults (.git, venvs, env/,
-    caches, checkpoints, outputs, *.pt, *.bin); `!env/` takes a default back."""
+    caches, checkpoints, outputs, *.pt, *.bin); `!env/` takes a default back. One pattern may
+    be given as a string."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of the driver and every worker (values as written; Ray expands $VAR)."""
     entrypoint_num_cpus: float = Field(default=0, ge=0)
@@ -293,6 +307,23 @@ class JobSpec(SpecModel):
         if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
             raise ValueError(f"more than {MAX_SWEEP} combinations; split the sweep")
         return value
+
+    @field_validator("excludes", mode="before")
+    @classmethod
+    def _one_pattern(cls, value: Any) -> Any:
+        """`excludes: '*.ckpt'`: one pattern is a list of one."""
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("launcher_args", mode="before")
+    @classmethod
+    def _args_line(cls, value: Any) -> Any:
+        """`launcher_args: --max-restarts 2`: a line of arguments, split as the shell splits it."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc} (quote it as a shell would)") from None
 
     @field_validator("after", mode="before")
     @classmethod

@@ -655,3 +655,18 @@ def test_a_sweep_value_with_a_comma_is_double_quoted() -> None:
     assert parse_sweep('env.ARGS="--a 1,--b 2", x') == ("env.ARGS", ["--a 1,--b 2", "x"])
     assert parse_sweep("env.LR=[1e-6, 3e-6]") == ("env.LR", ["1e-6", "3e-6"])
     assert parse_sweep("env.LR=1e-6,,3e-6") == ("env.LR", ["1e-6", "3e-6"])
+
+
+def test_one_exclude_pattern_and_a_line_of_launcher_args_are_taken_as_written() -> None:
+    """As a person writes them in YAML: a single pattern, the launcher's arguments as one line."""
+    spec = JobSpec.model_validate({"name": "t", "entrypoint": "x", "excludes": "*.ckpt"})
+    assert spec.excludes == ["*.ckpt"]
+    spmd = {"name": "t", "kind": "spmd", "launcher": "torchrun", "command": "train.py"}
+    spec = JobSpec.model_validate({**spmd, "launcher_args": "--max-restarts 2 --rdzv-conf 'timeout=900'"})
+    assert spec.launcher_args == ["--max-restarts", "2", "--rdzv-conf", "timeout=900"]
+    with pytest.raises(ValueError, match=r"No closing quotation \(quote it as a shell would\)"):
+        JobSpec.model_validate({**spmd, "launcher_args": "--a 'b"})
+    with pytest.raises(
+        ValueError, match=r"4 is not a mapping: needs takes gpus, .* e\.g\. needs: \{gpus: 4\}"
+    ):
+        JobSpec.model_validate({"name": "t", "entrypoint": "x", "needs": 4})
