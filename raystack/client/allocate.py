@@ -7,10 +7,8 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -24,6 +22,7 @@ from raystack import __version__, slurmtime
 from raystack.adapters import local, slurm
 from raystack.adapters.allocator import allocator
 from raystack.adapters.slurm import NodeShape
+from raystack.client.fits import why_refused, within
 from raystack.client.reconcile import settle
 from raystack.errors import (
     ClusterError,
@@ -36,7 +35,6 @@ from raystack.errors import (
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.profile import Profile, load_profile
-from raystack.spec.values import size_to_mb
 from raystack.store import cluster as records
 from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -166,7 +164,7 @@ def plan(
         shape,
     )
     if shape is not None:
-        _fits(shape, nodes, gpus, cpus)
+        within(shape, nodes, gpus, cpus)
     return AllocationPlan(
         profile=prof,
         nodes=nodes,
@@ -199,66 +197,6 @@ def _check_counts(
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     for option in extra_sbatch or []:
         sbatch.check(option)
-
-
-def _fits(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
-    """Refuse what the partition (as sinfo lists it) cannot hold, before SLURM answers with
-    `More processors requested than permitted` or `Requested node configuration is not available`."""
-    where = f"partition {shape.partition}"
-    if nodes > shape.nodes:
-        raise ConfigError(
-            f"--nodes {nodes}: {where} has {shape.nodes} node(s) (sinfo); ask at most {shape.nodes}"
-        )
-    if not shape.uniform:  # (shape holds the smallest node's counts: a larger one may fit them)
-        return
-    for option, asked, has, what in (
-        ("--gpus-per-node", gpus, shape.gpus, "GPUs"),
-        ("--cpus-per-task", cpus, shape.cpus, "CPUs"),
-    ):
-        if asked is not None and asked > has:
-            raise ConfigError(
-                f"{option} {asked}: {where}'s nodes have {has} {what} (sinfo); ask at most {has}"
-            )
-
-
-def _why_refused(p: AllocationPlan) -> str:
-    """What sinfo says a refused request does not fit (SLURM's own words name no number: `Node
-    count specification invalid`, `Memory specification can not be satisfied`), as '; ...'; ''
-    when sinfo sees no misfit or cannot say."""
-    try:
-        shape = slurm.node_shape(p.partition)
-        _fits(shape, p.nodes or 0, p.gpus_per_node, p.cpus_per_task)
-        asked = size_to_mb(p.mem or "0")  # (sbatch's --mem units)
-    except (ConfigError, NoSuchPartition) as exc:
-        return f"; {exc}"
-    except (SlurmError, ValueError):
-        return ""
-    if asked and shape.mem_mb is not None and asked > shape.mem_mb:
-        return (
-            f"; --mem {p.mem}: partition {shape.partition}'s nodes have {shape.mem_mb} MB "
-            f"({shape.mem_mb / 1024:.0f}G, sinfo); ask at most {shape.mem_mb}M, or --mem 0 for all of it"
-        )
-    return _unknown_features(p.profile.constraint, shape)
-
-
-def _unknown_features(constraint: str | None, shape: slurm.NodeShape) -> str:
-    """'; --constraint X: no node of the partition has feature 'X' ...' for a feature name no
-    node lists (SLURM says only `Invalid feature specification`); '' otherwise."""
-    if not constraint or shape.features is None:
-        return ""
-    names = [re.sub(r"\*\d+$", "", n.strip()) for n in re.split(r"[&|,()\[\]]", constraint)]
-    unknown = [n for n in names if n and n not in shape.features]
-    if not unknown:
-        return ""
-    has = ", ".join(sorted(shape.features)) or "none"
-    known = sorted(shape.features)
-    same = [f for f in known if f.lower() == unknown[0].lower()]  # (H100 for h100)
-    close = same or difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
-    near = f"; did you mean {close[0]}?" + (" (names are case-sensitive)" if same else "") if close else ""
-    return (
-        f"; --constraint {constraint}: no node of partition {shape.partition} has feature "
-        f"{unknown[0]!r} (their features, sinfo -o '%N %f': {has}){near}"
-    )
 
 
 def _signal_lead(
@@ -537,7 +475,10 @@ def submit(p: AllocationPlan) -> ClusterRecord:
         alloc_id = _queued_all_the_same(p.name, mine, exc)
     except SlurmError as exc:
         records.update(p.name, state=ClusterState.FAILED, message=str(exc))
-        raise ClusterError(f"SLURM refused the allocation: {exc}{_why_refused(p)}") from exc
+        why = why_refused(
+            p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
+        )
+        raise ClusterError(f"SLURM refused the allocation: {exc}{why}") from exc
     return records.update(p.name, allocation_id=alloc_id, message=f"submitted as {backend.where(alloc_id)}")
 
 

@@ -14,6 +14,7 @@ from raystack import slurmtime
 from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
+from raystack.client.fits import unknown_features
 from raystack.errors import ConfigError
 from raystack.spec.profile import Profile
 
@@ -326,15 +327,15 @@ def test_a_constraint_no_node_has_is_named_with_the_features_there() -> None:
     shape = NodeShape(
         partition="gh", cpus=72, gpus=4, nodes=4, uniform=True, features=frozenset({"h100", "ib"})
     )
-    says = allocate._unknown_features("H100", shape)
+    says = unknown_features("H100", shape)
     assert says == (
         "; --constraint H100: no node of partition gh has feature 'H100' (their features, sinfo -o "
         "'%N %f': h100, ib); did you mean h100? (names are case-sensitive)"
     )
-    assert "feature 'bigmem'" in allocate._unknown_features("h100|bigmem", shape)
-    assert "did you mean" not in allocate._unknown_features("bigmem", shape)
-    assert "feature 'h10'" in allocate._unknown_features("[h10*2&ib]", shape)
+    assert "feature 'bigmem'" in unknown_features("h100|bigmem", shape)
+    assert "did you mean" not in unknown_features("bigmem", shape)
+    assert "feature 'h10'" in unknown_features("[h10*2&ib]", shape)
     for fine in ("h100", "h100&ib", "[h100*2|ib*2]", "", None):
-        assert allocate._unknown_features(fine, shape) == ""
+        assert unknown_features(fine, shape) == ""
     unlisted = NodeShape(partition="gh", cpus=72, gpus=4, nodes=4, uniform=True)  # (sinfo without %f)
-    assert allocate._unknown_features("bigmem", unlisted) == ""
+    assert unknown_features("bigmem", unlisted) == ""
