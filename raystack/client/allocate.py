@@ -488,7 +488,9 @@ def _queued_all_the_same(name: str, script: str, exc: SlurmError) -> str:
     script; otherwise the record is FAILED and the error says what to look for."""
     try:
         queued = [
-            i for i in slurm.jobs_named(f"raystack-{name}").values() if os.path.realpath(i.command) == script
+            i
+            for i in slurm.jobs_named(f"raystack-{name}").values()
+            if i.state.is_active() and os.path.realpath(i.command) == script  # (not the last one's, ended)
         ]
     except SlurmError:
         queued = []
