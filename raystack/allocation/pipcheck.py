@@ -64,6 +64,11 @@ def reachable(url: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
         return f"{parts.hostname}:{port} does not answer ({exc.strerror or exc})"
 
 
+def runnable(path: str) -> bool:
+    """An executable file (what Ray can start; a folder of that name is not)."""
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     """Why a `conda` runtime_env cannot be set up here: no conda executable where Ray looks for
     one ($RAY_CONDA_HOME/bin/conda, else beside $CONDA_EXE, else `conda` on the PATH); or None."""
@@ -77,7 +82,7 @@ def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
         where = f"beside $CONDA_EXE, {exe}"
     else:
         exe, where = shutil.which("conda", path=env.get("PATH")), "`conda` on the PATH"
-    if exe and os.access(exe, os.X_OK):
+    if exe and runnable(exe):
         return None
     return (
         f"runtime_env conda: no conda on the nodes (Ray runs {where}): make it one of the cluster's "
@@ -99,11 +104,7 @@ def executable_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
         return None
     if not program or ("/" in program and not os.path.isabs(program)):
         return None
-    if "/" in program:
-        found = os.path.isfile(program) and os.access(program, os.X_OK)
-    else:
-        found = shutil.which(program, path=env.get("PATH")) is not None
-    if found:
+    if runnable(program if "/" in program else shutil.which(program, path=env.get("PATH")) or ""):
         return None
     return (
         f"runtime_env py_executable: {program} is not a program on the nodes (no such file"

@@ -27,6 +27,7 @@ from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
 from raystack.client.pending import expected_start
 from raystack.errors import ConfigError
+from raystack.plan.topology import plural
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
 from raystack.spec.values import duration_text, off_or_duration
@@ -322,9 +323,9 @@ def _show_ready(record: ClusterRecord, as_json: bool) -> None:
         out.print(f"cluster {name}: {record.state.value} ({record.message})")
         out.print(f"follow it with: raystack status {name}")
         return
-    nodes = f"{record.nodes_expected} node{'s' if record.nodes_expected != 1 else ''}"
     out.print(
-        f"cluster {name} READY: {where(record)}, {nodes} ({', '.join(record.nodes)}), "
+        f"cluster {name} READY: {where(record)}, {plural(record.nodes_expected, 'node')} "
+        f"({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
     out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {name})")

@@ -64,8 +64,8 @@ def unknown_features(constraint: str | None, shape: NodeShape) -> str:
     unknown = [n for n in names if n and n not in shape.features]
     if not unknown:
         return ""
-    has = ", ".join(sorted(shape.features)) or "none"
     known = sorted(shape.features)
+    has = ", ".join(known) or "none"
     same = [f for f in known if f.lower() == unknown[0].lower()]  # (H100 for h100)
     close = same or difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
     near = f"; did you mean {close[0]}?" + (" (names are case-sensitive)" if same else "") if close else ""
