@@ -11,8 +11,9 @@ same way.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -151,3 +152,30 @@ def allocator(backend: str) -> Allocator:
         return ALLOCATORS[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(ALLOCATORS)}") from None
+
+
+CONFIRM_GONE_AFTER = 1.0  # seconds between the two answers that make an allocation GONE
+
+
+def ended(
+    backend: str,
+    alloc_id: str,
+    info: JobInfo | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobInfo | None:
+    """The backend's final word on an allocation: what it says once the allocation has ended, None
+    while it lives or the backend cannot be asked. `info` saves a query when the caller has one.
+    GONE (slurmctld no longer knows the id and accounting has no row) is final only when said
+    twice, a second apart, with nothing cached between."""
+    asked = allocator(backend)
+    info = info or asked.info(alloc_id)
+    if info is None or not info.state.is_terminal():
+        return None
+    if info.state is SlurmState.GONE:
+        sleep(CONFIRM_GONE_AFTER)
+        asked.forget(alloc_id)
+        again = asked.info(alloc_id)
+        if again is None or not again.state.is_terminal():
+            return None
+        info = again
+    return info

@@ -7,18 +7,17 @@ The head records the end itself when SLURM signals it; this covers the cases whe
 without writing. `settle` writes it (under the folder lock, through walltime.end_allocation); the
 commands that change a cluster call it (`up` before reusing a name, `down`, `submit`, `forget`),
 and so does the next allocation's head when it claims the cluster. SLURM's answer is trusted only
-when it is final: a failing squeue is never an answer, and "gone" (slurmctld no longer knows the
-job and accounting has no row) must be said twice, a second apart.
+when it is final (`adapters.allocator.ended`): a failing squeue is never an answer, and "gone"
+(slurmctld no longer knows the job and accounting has no row) must be said twice, a second apart.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, allocator
+from raystack.adapters import allocator as allocated
+from raystack.adapters.allocator import JobInfo
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
@@ -27,7 +26,6 @@ from raystack.store.queue import orphan_outcome
 from raystack.walltime import Ending, classify, end_allocation, end_changes
 
 SPOOLED = re.compile(r"^\S*/slurm_script: ")  # SLURM runs a copy of the script from its spool
-CONFIRM_GONE_AFTER = 1.0  # seconds between the two answers that make a job GONE
 
 
 @dataclass(frozen=True)
@@ -39,33 +37,13 @@ class PendingEnd:
     state: ClusterState  # the state the cluster ends in (unless a follow-on takes over)
 
 
-def allocation_ended(
-    backend: Allocator,
-    alloc_id: str,
-    info: JobInfo | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> JobInfo | None:
-    """SLURM's final word on an allocation, or None while it lives or SLURM cannot be asked."""
-    info = info or backend.info(alloc_id)
-    if info is None or not info.state.is_terminal():
-        return None
-    if info.state is SlurmState.GONE:
-        sleep(CONFIRM_GONE_AFTER)
-        backend.forget(alloc_id)
-        again = backend.info(alloc_id)
-        if again is None or not again.state.is_terminal():
-            return None
-        info = again
-    return info
-
-
 def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEnd | None:
     """How a live-looking record's allocation ended, when SLURM says it did (nothing is written).
     `info` saves a query when the caller has one."""
     if record.state.is_terminal() or not record.allocation_id:
         return None
     alloc_id = str(record.allocation_id)
-    ended = allocation_ended(allocator(record.backend), alloc_id, info)
+    ended = allocated.ended(record.backend, alloc_id, info)
     if ended is None:
         return None
     ran = record.state in (ClusterState.READY, ClusterState.STOPPING)

@@ -290,6 +290,21 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
         return record
 
 
+def check_open(name: str) -> None:
+    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended.
+    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it."""
+    try:
+        record = read(name)
+    except NoSuchCluster:
+        return
+    if record.state is ClusterState.STOPPING or record.state.is_terminal():
+        why = f" ({record.message})" if record.message else ""
+        raise ClusterError(
+            f"cluster {name} is {record.state.value}{why}: start it again with "
+            f"`raystack up --name {name} ...`, then submit"
+        )
+
+
 def find(name: str | None, ended: Callable[[ClusterRecord], bool] | None = None) -> ClusterRecord:
     """The record of the cluster meant (`resolve`): what a command starts from."""
     return read(resolve(name, ended))

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from raystack.errors import ClusterError, NoSuchCluster
+from raystack.errors import ClusterError
 from raystack.store import cluster as records
 from raystack.store import deps, paths
-from raystack.store.cluster import ClusterState
 from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
 from raystack.store.ledger import (
     Attempt,
@@ -116,21 +115,6 @@ def position(name: str, job_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------- transactions
-def check_open(name: str) -> None:
-    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended.
-    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it."""
-    try:
-        record = records.read(name)
-    except NoSuchCluster:
-        return
-    if record.state is ClusterState.STOPPING or record.state.is_terminal():
-        why = f" ({record.message})" if record.message else ""
-        raise ClusterError(
-            f"cluster {name} is {record.state.value}{why}: start it again with "
-            f"`raystack up --name {name} ...`, then submit"
-        )
-
-
 class Queued(NamedTuple):
     record: JobRecord
     place: int  # 1-based place among the jobs not yet started, as the queue stood then
@@ -152,7 +136,7 @@ def enqueue_all(
     p = paths.cluster(name)
     make_private_dirs(p)
     with locked(p):
-        check_open(name)
+        records.check_open(name)
         made: list[JobRecord] = []
         try:
             for request, resume in items:

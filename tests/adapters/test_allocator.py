@@ -1,0 +1,85 @@
+"""The backend's final word on an allocation (`allocator.ended`): what reconciliation trusts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from raystack.adapters import allocator
+from raystack.adapters.allocator import Allocator, JobInfo, SlurmState
+
+
+class Scripted(Allocator):
+    """An allocator that answers `info` from a list, one answer per query (None: not asked)."""
+
+    backend: ClassVar[Any] = "scripted"
+    label: ClassVar[str] = "scripted job"
+    remote: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.answers: list[SlurmState | None] = []
+        self.asked = 0
+        self.forgotten: list[str | None] = []
+
+    def info(self, alloc_id: str) -> JobInfo | None:
+        self.asked += 1
+        state = self.answers.pop(0)
+        return None if state is None else JobInfo(alloc_id, state)
+
+    def forget(self, alloc_id: str | None = None) -> None:
+        self.forgotten.append(alloc_id)
+
+    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
+        raise NotImplementedError
+
+    def cancel(self, alloc_id: str) -> None:
+        raise NotImplementedError
+
+    def hosts(self, alloc_id: str, nodelist: str) -> list[str]:
+        raise NotImplementedError
+
+    def why_ended(self, info: JobInfo) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    one = Scripted()
+    allocator.register(one)
+    yield one
+    allocator.ALLOCATORS.pop("scripted")
+
+
+@pytest.mark.parametrize(
+    ("answers", "final"),
+    [
+        ([SlurmState.RUNNING], None),
+        ([SlurmState.PENDING], None),
+        ([None], None),  # SLURM could not be asked: never an answer
+        ([SlurmState.TIMEOUT], SlurmState.TIMEOUT),
+        ([SlurmState.GONE, SlurmState.GONE], SlurmState.GONE),
+        ([SlurmState.GONE, SlurmState.RUNNING], None),  # (a moment between squeue and sacct)
+        ([SlurmState.GONE, None], None),
+        ([SlurmState.GONE, SlurmState.COMPLETED], SlurmState.COMPLETED),
+    ],
+)
+def test_only_a_final_answer_ends_an_allocation(
+    scripted: Scripted, answers: list[SlurmState | None], final: SlurmState | None
+) -> None:
+    scripted.answers = list(answers)
+    slept: list[float] = []
+    got = allocator.ended("scripted", "12", sleep=slept.append)
+    assert (got.state if got else None) is final
+    assert scripted.asked == len(answers) and not scripted.answers
+    gone_first = answers[0] is SlurmState.GONE
+    assert slept == ([allocator.CONFIRM_GONE_AFTER] if gone_first else [])
+    assert scripted.forgotten == (["12"] if gone_first else [])  # (asked again, not from a cache)
+
+
+def test_an_answer_in_hand_saves_the_query(scripted: Scripted) -> None:
+    slept: list[float] = []
+    got = allocator.ended("scripted", "12", JobInfo("12", SlurmState.NODE_FAIL), sleep=slept.append)
+    assert got is not None and got.state is SlurmState.NODE_FAIL and scripted.asked == 0 and not slept
