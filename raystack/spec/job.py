@@ -28,7 +28,7 @@ from pydantic import (
 from raystack.errors import ConfigError
 from raystack.launch.launchers import misuse
 from raystack.slurmtime import off_or_duration, parse_duration
-from raystack.spec.planning import PlanSpec
+from raystack.spec.planning import PLACEHOLDER, PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
     ENV_NAME,
@@ -363,6 +363,13 @@ class JobSpec(SpecModel):
         if problem := misuse(self.launcher, str(self.command), self.launcher_args):
             raise ValueError(problem)
         self.entrypoint = check_command(spmd_entrypoint(self))
+        return self
+
+    @model_validator(mode="after")
+    def _placeholders_need_a_plan(self) -> JobSpec:
+        if self.plan is None and PLACEHOLDER.search(self.command or self.entrypoint):
+            field = "command" if self.command else "entrypoint"
+            raise ValueError(f"{field} uses {{plan.*}} but the spec has no 'plan:'; add one")
         return self
 
     @field_validator("env", mode="before")

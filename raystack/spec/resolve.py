@@ -140,7 +140,8 @@ def resolve(
     job was submitted from (it runs there unless it has a working_dir)."""
     check_needs(spec, cluster, source)
     mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))  # (a packed job's nodes)
-    planned = substitute(spec.entrypoint, spec.plan, mine, source, spmd_processes(spec, mine))
+    processes = spmd_processes(spec, mine)
+    planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
@@ -173,8 +174,8 @@ def resolve(
         uv=spec.uv,
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
-        planned=planned if spec.plan else None,
-        processes=spmd_processes(spec, mine),
+        planned=planned,
+        processes=processes,
         spec_file=spec_file,
         submit_dir=str(submit_dir) if submit_dir else None,
     )

@@ -89,9 +89,11 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
 
     A plan is computed again here, from the cluster as it is now. Raises ConfigError when it no
     longer fits."""
-    plan = PlanSpec.model_validate(request.plan) if request.plan else None
-    mine = occupied(cluster, request.needs)  # (a packed job plans on its own nodes)
-    entrypoint = substitute(request.entrypoint, plan, mine, f"job {request.id}", request.processes)
+    entrypoint = request.entrypoint
+    if request.plan:  # (a packed job plans on its own nodes)
+        plan = PlanSpec.model_validate(request.plan)
+        mine = occupied(cluster, request.needs)
+        entrypoint = substitute(entrypoint, plan, mine, f"job {request.id}", request.processes)
     return {
         "entrypoint": driver_entrypoint(entrypoint, run_dir(request)),
         "runtime_env": runtime_env(request, cluster, resumes),

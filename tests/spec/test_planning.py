@@ -71,8 +71,12 @@ def test_infeasible_or_wrong_plans_are_refused_at_submit(tmp_path: Path, text: s
 
 
 def test_placeholders_need_a_plan_and_must_exist(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"uses \{plan.\*\} but the spec has no 'plan:'"):
-        resolve(load_spec(spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\n")), ISAMBARD, tmp_path, "s")
+    # (refused with the spec, before any cluster is asked: `raystack check` says it anywhere)
+    with pytest.raises(ConfigError, match=r"grpo.yaml: entrypoint uses \{plan.\*\} but the spec has no"):
+        load_spec(spec(tmp_path, "name: g\nentrypoint: t {plan.flags}\n"))
+    spmd = "name: g\nkind: spmd\nlauncher: torchrun\ncommand: t.py --ga {plan.grad_accum}\n"
+    with pytest.raises(ConfigError, match=r"command uses \{plan.\*\} but the spec has no 'plan:'"):
+        load_spec(spec(tmp_path, spmd))
     bad = spec(tmp_path, "name: g\nentrypoint: t {plan.learner}\nplan: {learners: 2}\n")
     with pytest.raises(ConfigError, match=r"\{plan.learner\} is not a grpo plan value"):
         resolve(load_spec(bad), ISAMBARD, tmp_path, "s")
