@@ -552,13 +552,8 @@ def space_warning(profile: Profile) -> str | None:
 
 
 def check_name_free(name: str) -> None:
-    if records.exists(name):
-        old = settle(records.read(name))
-        if not old.state.is_terminal():
-            raise ClusterError(
-                f"name '{name}' is in use by a live cluster (allocation {old.allocation_id}, "
-                f"{old.state.value}): `raystack down {name}` first, or choose another --name"
-            )
+    if records.exists(name) and (why := records.in_use(settle(records.read(name)))):
+        raise ClusterError(why)
 
 
 def plan_local(

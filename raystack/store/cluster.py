@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -110,6 +111,7 @@ class ClusterRecord(BaseModel):
     profile: str = "generic"
     backend: Literal["slurm", "local"] = "slurm"  # where allocations come from (adapters/allocator.py)
     allocation_id: str | None = None  # SLURM's job id, or a local allocation's own id
+    submitter: str | None = None  # host:pid of the `raystack up` that wrote the first record
     allocation_restart: int = 0  # which run of it holds the cluster (SLURM restarts a requeued job)
     nodes_expected: int = 0
     gpus_per_node: int = 0
@@ -352,13 +354,65 @@ def create(name: str) -> ClusterPaths:
     return p
 
 
+SUBMIT_STALE = 600.0  # seconds: a submit from another host that recorded no allocation is over
+
+
+def submitter() -> str:
+    """Who writes a cluster's first record: host:pid of this `raystack up`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def submitting(record: ClusterRecord, now: float | None = None) -> bool:
+    """A `raystack up` is submitting this record's allocation now: SUBMITTED with no allocation id
+    yet, for less than SUBMIT_STALE seconds, written by a process that still runs (where this host
+    can tell). One that was interrupted (Ctrl-C in a hung sbatch) holds the name no longer."""
+    if record.state is not ClusterState.SUBMITTED or record.allocation_id:
+        return False
+    if (now or time.time()) - record.updated >= SUBMIT_STALE:
+        return False
+    host, _, pid = (record.submitter or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # (alive, another user's)
+            return True
+    return True
+
+
+def in_use(record: ClusterRecord) -> str | None:
+    """Why a new cluster cannot take this record's name (it is live, or being submitted), else
+    None. `record` as SLURM last said (settled): an allocation that ended unrecorded is ended."""
+    name = record.name
+    if submitting(record):
+        return (
+            f"name '{name}' is being submitted by another `raystack up` ({record.submitter}, "
+            f"{time.time() - record.updated:.0f}s ago): wait for it (`raystack status {name}`), or "
+            "choose another --name"
+        )
+    if record.state.is_terminal() or (record.state is ClusterState.SUBMITTED and not record.allocation_id):
+        return None  # (ended, or its submit was interrupted before SLURM gave an id)
+    alloc = f"allocation {record.allocation_id}, " if record.allocation_id else ""
+    return (
+        f"name '{name}' is in use by a live cluster ({alloc}{record.state.value}): "
+        f"`raystack down {name}` first, or choose another --name"
+    )
+
+
 def begin(name: str, **fields: Any) -> ClusterRecord:
     """A fresh cluster folder (private, a new token, no node entry of an earlier allocation) and
-    its first record, made of `fields`."""
-    create(name)
-    clear_node_entries(name)
-    record = ClusterRecord(name=name, **fields)
-    write(record)
+    its first record, made of `fields`. Under the folder lock, and refused (ClusterError) when the
+    name is in use meanwhile: two `raystack up --name X` at once submit one allocation, not two."""
+    p = paths.cluster(name)
+    make_private_dirs(p)
+    with locked(p):
+        if exists(name) and (why := in_use(read(name))):
+            raise ClusterError(why)
+        create(name)
+        clear_node_entries(name)
+        record = ClusterRecord(name=name, submitter=submitter(), **fields)
+        write(record)
     return record
 
 

@@ -420,3 +420,31 @@ def test_the_bounded_view_counts_a_sweep_from_the_listings_not_every_ledger(
     assert [r.id for r in view.records] == ["s-2", other]  # s-1 and s-3 not shown ...
     assert view.sweeps == {"s": {"CANCELLED": 1, "QUEUED": 2}}  # ... but counted
     assert sorted(read) == sorted(["s-2", other])  # without reading their ledgers
+
+
+def test_a_name_being_submitted_is_claimed_once_and_an_interrupted_submit_frees_it(home: Path) -> None:
+    # Two `raystack up --name x` at once: the second finds the first's claim (SUBMITTED, no
+    # allocation id yet, by a live process) under the folder lock and submits nothing.
+    first = clusters.begin("x", nodes_expected=1)
+    assert first.submitter == clusters.submitter() and clusters.submitting(first)
+    with pytest.raises(ClusterError, match=r"name 'x' is being submitted by another `raystack up`"):
+        clusters.begin("x", nodes_expected=2)
+    assert clusters.read("x").nodes_expected == 1
+    # Its allocation recorded: a live cluster, refused as such.
+    clusters.update("x", allocation_id="41")
+    with pytest.raises(ClusterError, match=r"in use by a live cluster \(allocation 41, SUBMITTED\)"):
+        clusters.begin("x", nodes_expected=2)
+    # An `up` interrupted in sbatch (its process gone, no allocation id): the name is free again.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    clusters.update(
+        "x", allocation_id=None, submitter=f"{clusters.submitter().rpartition(':')[0]}:{dead.stdout.strip()}"
+    )
+    assert not clusters.submitting(clusters.read("x"))
+    assert clusters.begin("x", nodes_expected=3).nodes_expected == 3
+    # From another host, a claim holds for SUBMIT_STALE seconds.
+    other = clusters.read("x").model_copy(update={"submitter": "login9:1"})
+    assert clusters.submitting(other, now=other.updated + 1)
+    assert not clusters.submitting(other, now=other.updated + clusters.SUBMIT_STALE)
+    assert clusters.in_use(other.model_copy(update={"state": ClusterState.STOPPED})) is None
