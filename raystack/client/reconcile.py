@@ -21,6 +21,7 @@ from raystack.adapters.allocator import JobInfo
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
+from raystack.store.files import locked
 from raystack.store.ledger import JobRecord
 from raystack.store.queue import orphan_outcome
 from raystack.walltime import Ending, classify, end_allocation, end_changes
@@ -40,8 +41,10 @@ class PendingEnd:
 def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEnd | None:
     """How a live-looking record's allocation ended, when SLURM says it did (nothing is written).
     `info` saves a query when the caller has one."""
-    if record.state.is_terminal() or not record.allocation_id:
+    if record.state.is_terminal():
         return None
+    if not record.allocation_id:
+        return interrupted(record)
     alloc_id = str(record.allocation_id)
     ended = allocated.ended(record.backend, alloc_id, info)
     if ended is None:
@@ -54,6 +57,21 @@ def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEn
         end = Ending(EndKind.FAILED, never_started(record.name, alloc_id, ended), False, False)
     state = ClusterState.STOPPED if ran and end.kind is not EndKind.FAILED else ClusterState.FAILED
     return PendingEnd(alloc_id, end, state)
+
+
+def interrupted(record: ClusterRecord) -> PendingEnd | None:
+    """A record its `raystack up` left SUBMITTED with no allocation id (stopped in sbatch: Ctrl-C
+    while slurmctld hangs, a killed shell) ends FAILED once that process is gone, so no job is
+    queued for an allocation that never comes and `wait` does not wait for it. None while it
+    submits. (PendingEnd's alloc_id is '': there is none.)"""
+    if record.state is not ClusterState.SUBMITTED or records.submitting(record):
+        return None
+    text = (
+        "its `raystack up` stopped before the allocation's id was recorded (interrupted?); if SLURM "
+        f"queued it all the same, `squeue --name raystack-{record.name}` shows it: scancel it, and "
+        f"`raystack up --name {record.name}` again"
+    )
+    return PendingEnd("", Ending(EndKind.FAILED, text, False, False), ClusterState.FAILED)
 
 
 def never_started(name: str, alloc_id: str, ended: JobInfo) -> str:
@@ -71,6 +89,8 @@ def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord
     """The record as `settle` will write it (a copy; the file is not touched)."""
     if pending is None:
         return record
+    if not pending.alloc_id:  # (interrupted before it had one)
+        return record.model_copy(update={"state": pending.state, "message": pending.end.text})
     logs = str(paths.cluster(record.name).logs)
     changes, _ = end_changes(record, pending.alloc_id, pending.end, pending.state, logs)
     return record.model_copy(update=changes)
@@ -93,6 +113,13 @@ def settle(record: ClusterRecord, info: JobInfo | None = None) -> ClusterRecord:
     pending = pending_end(record, info)
     if pending is None:
         return record
+    if not pending.alloc_id:  # (interrupted before it had one: nothing ran, nothing to settle)
+        with locked(paths.cluster(record.name)):  # (a new `up` may have claimed the name meanwhile)
+            current = records.read(record.name)
+            if interrupted(current) is not None:
+                records.apply_changes(current, {"state": pending.state, "message": pending.end.text})
+                records.write(current)
+            return current
     current = records.read(record.name)
     if current.allocation_id != record.allocation_id or current.state.is_terminal():
         return current  # someone settled it, or a new allocation took over, meanwhile

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -375,3 +378,26 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
     st = Cluster("c").status()
     assert not st.ready and st.nodes_alive == 1
     assert st.message.startswith("1 of 2 nodes in Ray now: a node's Ray left") and "node-*.log" in st.message
+
+
+def test_an_up_interrupted_before_its_allocation_id_ends_the_cluster_for_every_reader(home: Path) -> None:
+    # `raystack up` stopped in sbatch (Ctrl-C while slurmctld hangs): SUBMITTED, no allocation id.
+    clusters.begin("c", nodes_expected=1, gpus_per_node=4, cpus_per_node=16)
+    assert Cluster("c").record().state is ClusterState.SUBMITTED  # (its up still runs: this process)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    clusters.update("c", submitter=f"{socket.gethostname()}:{gone.stdout.strip()}")
+    seen = Cluster("c").record()  # (a reader: shown ended, nothing written)
+    assert (
+        seen.state is ClusterState.FAILED
+        and "stopped before the allocation's id was recorded" in seen.message
+    )
+    assert clusters.read("c").state is ClusterState.SUBMITTED
+    clock = FakeClock()
+    with pytest.raises(ClusterError, match=r"cluster c FAILED: its `raystack up` stopped"):
+        Cluster("c").wait_ready(timeout=60, clock=clock, sleep=clock.sleep)
+    assert clock.now == 0  # (said at once, not after the timeout)
+    with pytest.raises(ClusterError, match=r"cluster c is FAILED \(its `raystack up` stopped"):
+        Cluster.get("c").submit(["python", "x.py"])  # (no job queued for an allocation that never comes)
+    assert clusters.read("c").state is ClusterState.FAILED and not Cluster("c").jobs()
