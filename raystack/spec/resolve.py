@@ -50,6 +50,17 @@ def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
     return (spec.nodes or cluster.nodes_expected) * (spec.procs_per_node or cluster.gpus_per_node or 1)
 
 
+def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | None, int | None]:
+    """A job's entrypoint with its {plan.*} filled, and an SPMD job's processes, on the nodes it
+    occupies (a packed job plans on its own nodes); (None, None) for a Ray job without a plan."""
+    if spec.plan is None and spec.kind != "spmd":
+        return None, None
+    mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))
+    processes = spmd_processes(spec, mine)
+    planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
+    return planned, processes
+
+
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
@@ -139,9 +150,7 @@ def resolve(
     """Check and resolve a spec for a cluster; nothing is written. `submit_dir`: the folder the
     job was submitted from (it runs there unless it has a working_dir)."""
     check_needs(spec, cluster, source)
-    mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))  # (a packed job's nodes)
-    processes = spmd_processes(spec, mine)
-    planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
+    planned, processes = layout(spec, cluster, source)
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
