@@ -78,6 +78,7 @@ REFUSALS: tuple[tuple[str, type[SlurmError]], ...] = (
     ("accounting storage is disabled", AccountingDisabled),
     ("Unable to contact slurm controller", SlurmUnavailable),
     ("Socket timed out", SlurmUnavailable),
+    ("Could not establish a configuration source", SlurmUnavailable),  # (no slurm.conf, no DNS SRV)
 )
 
 

@@ -202,6 +202,11 @@ def test_sacct_disabled_message_is_recorded() -> None:
             errors.JobEnding,
         ),
         ("squeue: error: Unable to contact slurm controller (connect failure)", errors.SlurmUnavailable),
+        (  # (recorded: slurm-client on a host whose slurm.conf is missing; no DNS SRV record)
+            "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host sinfo: error: "
+            "fetch_config: DNS SRV lookup failed sinfo: fatal: Could not establish a configuration source",
+            errors.SlurmUnavailable,
+        ),
         (
             "sbatch: error: Batch job submission failed: Requested node configuration is not available",
             errors.SlurmError,

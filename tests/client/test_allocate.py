@@ -15,7 +15,7 @@ from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
 from raystack.client.fits import unknown_features
-from raystack.errors import ConfigError
+from raystack.errors import ClusterError, ConfigError
 from raystack.spec.profile import Profile
 
 from ..conftest import wait_until
@@ -339,3 +339,21 @@ def test_a_constraint_no_node_has_is_named_with_the_features_there() -> None:
         assert unknown_features(fine, shape) == ""
     unlisted = NodeShape(partition="gh", cpus=72, gpus=4, nodes=4, uniform=True)  # (sinfo without %f)
     assert unknown_features("bigmem", unlisted) == ""
+
+
+def test_a_host_whose_slurm_cannot_be_reached_is_told_so_and_nothing_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # slurm-client without a slurm.conf (or slurmctld's DNS SRV record): not a question of node size
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for command in ("sinfo", "squeue", "sbatch"):
+        (shims / command).write_text(
+            f"#!/bin/sh\necho '{command}: fatal: Could not establish a configuration source' >&2\nexit 1\n"
+        )
+        (shims / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
+    with pytest.raises(ClusterError, match=r"^SLURM did not answer \(.*configuration source\): nothing was"):
+        allocate.plan_on_partition(2, profile="generic", name="x")
+    assert not (tmp_path / "rs" / "clusters").exists()
