@@ -18,6 +18,7 @@ from pathlib import Path
 
 from raystack import slurmtime
 from raystack.errors import ConfigError
+from raystack.plan.topology import plural
 from raystack.slurmtime import duration_text
 from raystack.spec import runtime_env
 from raystack.spec.job import (
@@ -66,7 +67,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
     fix = "lower it, or start a larger cluster with raystack up"
     n = spec.needs
-    have = f"cluster '{cluster.name}' has {nodes} nodes x {gpn} GPUs"
+    have = f"cluster '{cluster.name}' has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}"
     if n.nodes is not None and n.nodes > nodes:
         raise ConfigError(f"{source}: needs.nodes={n.nodes} but {have}; {fix}")
     if n.cpus is not None and cpn and n.cpus > nodes * cpn:

@@ -317,6 +317,7 @@ BAD = [
         r"working_dir 'nowhere' is not a folder \(/\S+/nowhere: relative paths start at /\S+\); fix the path",
     ),
     (GOOD + "working_dir: /no/where\n", [], r"working_dir '/no/where' is not a folder; fix the path$"),
+    (GOOD + "working_dir: ~/no/where\n", [], r"working_dir '~/no/where' is not a folder \(/\S+/no/where\); "),
     (GOOD + "env: {CUDA_VISIBLE_DEVICES: '0'}\n", [], r"never set CUDA_VISIBLE_DEVICES"),
     (GOOD + "env: {'1BAD': x}\n", [], r"'1BAD' is not an environment variable name"),
     (GOOD + "timeout: forever\n", [], r"field 'timeout': 'forever' is not a duration"),
