@@ -65,17 +65,21 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
-    fix = "lower it, or start a larger cluster with raystack up"
     n = spec.needs
-    have = f"cluster '{cluster.name}' has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}"
+
+    def refused(asked: str, total: str = "") -> ConfigError:
+        have = f"cluster '{cluster.name}' has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}{total}"
+        fix = "lower it, or start a larger cluster with raystack up"
+        return ConfigError(f"{source}: {asked} but {have}; {fix}")
+
     if n.nodes is not None and n.nodes > nodes:
-        raise ConfigError(f"{source}: needs.nodes={n.nodes} but {have}; {fix}")
+        raise refused(f"needs.nodes={n.nodes}")
     if n.cpus is not None and cpn and n.cpus > nodes * cpn:
-        raise ConfigError(f"{source}: needs.cpus={n.cpus} but {have} x {cpn} CPUs = {nodes * cpn}; {fix}")
+        raise refused(f"needs.cpus={n.cpus}", f" x {cpn} CPUs = {nodes * cpn}")
     if n.gpus is not None and n.gpus > nodes * gpn:
-        raise ConfigError(f"{source}: needs.gpus={n.gpus} but {have} = {nodes * gpn}; {fix}")
+        raise refused(f"needs.gpus={n.gpus}", f" = {nodes * gpn}")
     if n.gpus_per_node is not None and n.gpus_per_node > gpn:
-        raise ConfigError(f"{source}: needs.gpus_per_node={n.gpus_per_node} but {have}; {fix}")
+        raise refused(f"needs.gpus_per_node={n.gpus_per_node}")
     if n.cpus_per_gpu is not None and cpn:
         per_node = n.cpus_per_gpu * (n.gpus_per_node or gpn)
         if per_node > cpn:
@@ -84,9 +88,9 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
                 f"but cluster '{cluster.name}' has {cpn}; lower it or raise cpus_per_task"
             )
     if spec.kind == "spmd" and spec.nodes and spec.nodes > nodes:
-        raise ConfigError(f"{source}: nodes={spec.nodes} but {have}; {fix}")
+        raise refused(f"nodes={spec.nodes}")
     if spec.kind == "spmd" and spec.procs_per_node and gpn and spec.procs_per_node > gpn:
-        raise ConfigError(f"{source}: procs_per_node={spec.procs_per_node} but {have}; {fix}")
+        raise refused(f"procs_per_node={spec.procs_per_node}")
     check_time_and_resources(spec, cluster, source)
     if spec.entrypoint_num_gpus > gpn:  # (the driver is one process: on one node)
         raise ConfigError(
