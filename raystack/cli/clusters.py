@@ -407,7 +407,9 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             ("state", f"{st.state}  {st.message}"),
             (
                 "slurm",
-                f"job {st.allocation_id} {st.slurm_state or '?'}"
+                "-"  # (none yet: its `up` is submitting it, or stopped before it had one)
+                if not st.allocation_id
+                else f"job {st.allocation_id} {st.slurm_state or '?'}"
                 + (
                     f" ({st.slurm_reason}){expected_start(st.slurm_expected_start, time.time())}"
                     if st.slurm_state == "PENDING"

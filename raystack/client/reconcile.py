@@ -68,8 +68,7 @@ def interrupted(record: ClusterRecord) -> PendingEnd | None:
         return None
     text = (
         "its `raystack up` stopped before the allocation's id was recorded (interrupted?); if SLURM "
-        f"queued it all the same, `squeue --name raystack-{record.name}` shows it: scancel it, and "
-        f"`raystack up --name {record.name}` again"
+        f"queued it all the same, `squeue --name raystack-{record.name}` shows it: scancel it"
     )
     return PendingEnd("", Ending(EndKind.FAILED, text, False, False), ClusterState.FAILED)
 

@@ -259,6 +259,51 @@ def test_an_sbatch_whose_answer_is_lost_is_found_in_slurm_not_called_refused(
     assert "refused" not in done.stderr and clusters.read("never").state is ClusterState.FAILED
 
 
+def test_a_name_is_submitted_once_and_an_up_stopped_in_sbatch_frees_it(rs_home: Path, tmp_path: Path) -> None:
+    """Two `up --name x` at once submit one allocation (the first claims the name before sbatch);
+    an `up` stopped while sbatch hangs (Ctrl-C) leaves a cluster that every command sees ended,
+    and the next `up` of the name submits as usual."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sbatch").write_text("#!/bin/bash\nsleep 60\n")  # (slurmctld too busy to answer)
+    (shim / "sbatch").chmod(0o755)
+    argv = [
+        sys.executable,
+        "-m",
+        "raystack.cli",
+        "up",
+        "-N",
+        "1",
+        "-P",
+        "testbed",
+        "--name",
+        "held",
+        "--no-wait",
+    ]
+    hung = subprocess.Popen(argv, env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}, text=True)
+    try:
+        wait_until(lambda: clusters.exists("held") and clusters.read("held").submitter, 60, "the claim")
+        second = raystack("up", "-N", "1", "-P", "testbed", "--name", "held", "--no-wait")
+        assert second.returncode == 1, second.stderr
+        assert "name 'held' is being submitted by another `raystack up`" in second.stderr
+        squeue = ["squeue", "-h", "-n", "raystack-held", "-o", "%i"]
+        assert subprocess.run(squeue, capture_output=True, text=True).stdout.split() == []
+    finally:
+        hung.send_signal(signal.SIGINT)
+        hung.wait(timeout=30)
+    assert clusters.read("held").state is ClusterState.SUBMITTED  # (as it was left: readers write nothing)
+    status = raystack("status", "held", "--json")
+    assert json.loads(status.stdout)["state"] == "FAILED", status.stdout
+    refused = raystack("submit", "--cluster", "held", "--", "true")
+    assert refused.returncode == 1 and "stopped before the allocation's id was recorded" in refused.stderr
+    again = raystack("up", "-N", "1", "-P", "testbed", "--name", "held", "--no-wait")
+    assert again.returncode == 0, again.stderr
+    assert subprocess.run(squeue, capture_output=True, text=True).stdout.split() == [
+        clusters.read("held").allocation_id
+    ]
+    assert raystack("down", "held").returncode == 0
+
+
 def test_a_constraint_no_node_has_is_refused_naming_the_features_there(rs_home: Path) -> None:
     """SLURM says only `Invalid feature specification`: sinfo's features are added."""
     feature = ["scontrol", "update", "NodeName=node1"]
