@@ -316,6 +316,34 @@ def parse_restart_count(text: str) -> int | None:
     return int(word) if word.isdigit() else None
 
 
+# Node states (sinfo %T) in which a node runs jobs, or will once the jobs on it end; the others
+# (down, drained, draining, fail, maint, ...) and any not responding ('*') wait for an admin.
+RUNS_JOBS = {"idle", "mixed", "allocated", "completing", "planned"}
+
+
+def parse_sinfo_out(text: str, partition: str | None) -> tuple[int, dict[str, str]]:
+    """`sinfo --noheader --Node --format=%N|%P|%T|%E` -> how many of `partition`'s nodes (the
+    default one's when None) can run jobs now, and the others: node -> 'drained (maintenance)'."""
+    usable, out = 0, {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|", 3)]
+        if len(parts) != 4 or not parts[0]:
+            continue
+        node, part, state, reason = parts
+        if part.removesuffix("*") != partition and not (partition is None and part.endswith("*")):
+            continue
+        if state in RUNS_JOBS:
+            usable += 1
+        else:
+            out[node] = state + (f" ({reason})" if reason and reason != "none" else "")
+    return usable, out
+
+
+def nodes_out(partition: str | None) -> tuple[int, dict[str, str]]:
+    """The partition's nodes that can run jobs now, and those that cannot, from sinfo."""
+    return parse_sinfo_out(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%T|%E"]), partition)
+
+
 def node_shape(partition: str | None) -> NodeShape:
     """CPUs, GPUs and memory per node of `partition` (or the default one), from sinfo."""
     return parse_sinfo_nodes(_run(["sinfo", "--noheader", "--Node", "--format=%N|%P|%c|%G|%m|%f"]), partition)

@@ -264,7 +264,7 @@ class Cluster:
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
-                    say(last_said := pending_line(self.name, info))
+                    say(last_said := pending_line(record, info))
                 elif (
                     record.state is ClusterState.SUBMITTED
                     and not unseen

@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from raystack.adapters import slurm
 from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.errors import SlurmError
 from raystack.slurmtime import duration_text
 from raystack.store import paths
+from raystack.store.cluster import ClusterRecord
 
 UNSEEN_AFTER = 60.0  # seconds a running allocation's output file may take to appear here
 
@@ -94,10 +97,39 @@ def never_starts(name: str, info: JobInfo | None) -> str | None:
     return f"it never starts ({why}): `raystack down {name}`, then up with {fix}"
 
 
-def pending_line(name: str, info: JobInfo) -> str:
+# SLURM's words for a job that waits for nodes that are down or drained (squeue's %r: 22.05 says
+# the second; others say ReqNodeNotAvail, UnavailableNodes:...).
+NODES_OUT = ("ReqNodeNotAvail", "Nodes required for job are DOWN, DRAINED")
+
+
+def nodes_out(record: ClusterRecord, info: JobInfo | None) -> str | None:
+    """Which of the partition's nodes are down or drained, when SLURM says only that a PENDING
+    allocation waits for some, and how many can run jobs now; None otherwise (or sinfo silent)."""
+    if info is None or info.state is not SlurmState.PENDING or not info.reason.startswith(NODES_OUT):
+        return None
+    given = [o.partition("=")[2] for o in record.sbatch_options if o.startswith("--partition=")]
+    partition = given[-1] if given else None
+    try:
+        usable, out = slurm.nodes_out(partition)
+    except SlurmError:
+        return None
+    if not out:
+        return None
+    listed = ", ".join(f"{node} {why}" for node, why in list(out.items())[:4])
+    where = f"partition {partition}" if partition else "the default partition"
+    said = f"{where}: {listed}{' ...' if len(out) > 4 else ''}; {usable} of its nodes can run jobs now"
+    if 0 < usable < record.nodes_expected:
+        return (
+            f"{said}, and it asks {record.nodes_expected}: it starts when enough return, or `raystack "
+            f"down {record.name}` and up with --nodes {usable}"
+        )
+    return said
+
+
+def pending_line(record: ClusterRecord, info: JobInfo) -> str:
     """What `up` and `wait` say of a PENDING allocation: its reason, SLURM's start estimate, and
-    the fix where it never starts."""
+    the fix where it never starts, or which nodes it waits for."""
     why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
     when = expected_start(info.start_time, time.time(), countdown=False)
-    never = f"; {hint}" if (hint := never_starts(name, info)) else ""
-    return f"PENDING in SLURM (job {info.job_id}, reason: {why}){when}{never}"
+    hint = never_starts(record.name, info) or nodes_out(record, info)
+    return f"PENDING in SLURM (job {info.job_id}, reason: {why}){when}" + (f"; {hint}" if hint else "")

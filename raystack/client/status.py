@@ -8,7 +8,7 @@ from typing import Any
 
 from raystack.adapters.allocator import JobInfo, SlurmState, allocator
 from raystack.client.access import live_dashboard
-from raystack.client.pending import never_starts, unseen_output
+from raystack.client.pending import never_starts, nodes_out, unseen_output
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat, read_lease
@@ -132,7 +132,7 @@ def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, s
     if waits:
         return record.state.value, f"{record.message}; {waits}"
     if record.state is ClusterState.SUBMITTED:
-        hint = never_starts(name, info) or unseen_output(name, info, time.time())
+        hint = never_starts(name, info) or nodes_out(record, info) or unseen_output(name, info, time.time())
         if hint:
             return record.state.value, f"{hint}; {record.message}"
     return record.state.value, record.message

@@ -266,3 +266,17 @@ def test_restart_count_as_squeue_prints_it() -> None:
     assert slurm.parse_restart_count("0                   \n") == 0
     assert slurm.parse_restart_count("1                   \n") == 1
     assert slurm.parse_restart_count("") is None
+
+
+def test_sinfo_nodes_that_cannot_run_jobs() -> None:
+    # (recorded on the testbed: scontrol update nodename=node3 state=down reason="bad dimm", node4 drained)
+    text = (FIXTURES / "slurm" / "sinfo-nodes-states.txt").read_text()
+    out = {"node3": "down (bad dimm)", "node4": "drained (maintenance)"}
+    assert slurm.parse_sinfo_out(text, "testbed") == (2, out)
+    assert slurm.parse_sinfo_out(text, None) == (2, out)  # (the default partition)
+    assert slurm.parse_sinfo_out(text, "gpu") == (0, {})
+    # a node not responding (its slurmd gone: '*' after the state) runs nothing either
+    assert slurm.parse_sinfo_out("node3|testbed*|idle*|none\nnode1|testbed*|mixed|none\n", None) == (
+        1,
+        {"node3": "idle*"},
+    )

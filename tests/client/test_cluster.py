@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from raystack import Cluster
+from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.client.pending import pending_line
 from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -401,3 +403,23 @@ def test_an_up_interrupted_before_its_allocation_id_ends_the_cluster_for_every_r
     with pytest.raises(ClusterError, match=r"cluster c is FAILED \(its `raystack up` stopped"):
         Cluster.get("c").submit(["python", "x.py"])  # (no job queued for an allocation that never comes)
     assert clusters.read("c").state is ClusterState.FAILED and not Cluster("c").jobs()
+
+
+def test_an_allocation_waiting_for_drained_nodes_says_which_and_how_many_run_jobs(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    fixture = Path(__file__).parents[1] / "fixtures" / "slurm" / "sinfo-nodes-states.txt"
+    (shim / "sinfo").write_text(f"#!/bin/sh\ncat {fixture}\n")
+    (shim / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    record = ClusterRecord(name="big", nodes_expected=4, sbatch_options=["--nodes=4", "--partition=testbed"])
+    reason = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
+    line = pending_line(record, JobInfo("11", SlurmState.PENDING, reason=reason))
+    assert line.endswith(
+        f"reason: {reason}); partition testbed: node3 down (bad dimm), node4 drained (maintenance); 2 of its "
+        "nodes can run jobs now, and it asks 4: it starts when enough return, or `raystack down big` and up "
+        "with --nodes 2"
+    ), line
+    assert "partition" not in pending_line(record, JobInfo("11", SlurmState.PENDING, reason="Priority"))
