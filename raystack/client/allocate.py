@@ -111,12 +111,7 @@ class AllocationPlan:
         return [*opts, *self.extra_sbatch]
 
     def sbatch_argv(self) -> list[str]:
-        return [
-            "sbatch",
-            "--parsable",
-            *self.sbatch_options(),
-            str(self.script_path or paths.SCRIPT),
-        ]
+        return ["sbatch", "--parsable", *self.sbatch_options(), str(self.script_path or paths.SCRIPT)]
 
 
 def wants_node_shape(profile: Profile, gpus_per_node: int | None, cpus_per_task: int | None) -> bool:
@@ -434,11 +429,6 @@ def _within_time_limit(p: AllocationPlan, what: str) -> None:
 def submit(p: AllocationPlan) -> ClusterRecord:
     """Perform a plan: create the folder and token, write the script, sbatch it. The record."""
     assert p.name and p.script_path
-    if shutil.which("sbatch") is None:
-        raise SlurmMissing(
-            "`sbatch` is not on PATH: run raystack on a SLURM login node "
-            "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
-        )
     check_name_free(p.name)
     # A live allocation of this name that the record does not know (submitted by hand, or
     # its record lost) would run a second queue runner on the same queue; one that runs another
@@ -446,6 +436,8 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     mine = os.path.realpath(p.script_path)
     try:
         named = slurm.jobs_named(f"raystack-{p.name}").values()
+    except SlurmMissing:  # (no SLURM commands on this host: said with the fix)
+        raise
     except SlurmUnavailable as exc:
         raise ClusterError(
             f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once it "
@@ -477,12 +469,21 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     except SlurmUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
         alloc_id = _queued_all_the_same(p.name, mine, exc)
     except SlurmError as exc:
-        records.update(p.name, state=ClusterState.FAILED, message=str(exc))
+        records.update_claim(p.name, state=ClusterState.FAILED, message=str(exc))
         why = why_refused(
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
         )
         raise ClusterError(f"SLURM refused the allocation: {exc}{why}") from exc
-    return records.update(p.name, allocation_id=alloc_id, message=f"submitted as {backend.where(alloc_id)}")
+    return _recorded(p.name, alloc_id, f"submitted as {backend.where(alloc_id)}")
+
+
+def _recorded(name: str, alloc_id: str, message: str) -> ClusterRecord:
+    """The allocation, written into the record this `up` began; cancelled if that is no longer
+    its claim (`raystack down`, or another `up`, while sbatch ran)."""
+    if done := records.update_claim(name, allocation_id=alloc_id, message=message):
+        return done
+    allocator(records.read(name).backend).cancel(alloc_id)
+    raise ClusterError(f"cluster {name} was stopped or begun anew meanwhile: {alloc_id} cancelled")
 
 
 def _queued_all_the_same(name: str, script: str, exc: SlurmError) -> str:
@@ -500,7 +501,7 @@ def _queued_all_the_same(name: str, script: str, exc: SlurmError) -> str:
     if queued:
         log.warning("raystack: warning: sbatch did not answer (%s), but SLURM queued the allocation", exc)
         return queued[0].job_id
-    records.update(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
+    records.update_claim(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
     raise ClusterError(
         f"SLURM did not answer sbatch ({exc}); it may have queued the allocation all the same: "
         f"`squeue --name raystack-{name}` shows it if so, and the cluster then starts (`raystack wait "
@@ -595,4 +596,4 @@ def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     backend = allocator("local")
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
     alloc_id = backend.submit(p.script_path, [], p.cluster_paths.node_log(local.this_host()))
-    return records.update(p.name, allocation_id=alloc_id, message=f"started {backend.where(alloc_id)}")
+    return _recorded(p.name, alloc_id, f"started {backend.where(alloc_id)}")

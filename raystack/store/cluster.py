@@ -364,21 +364,21 @@ def submitter() -> str:
 
 def submitting(record: ClusterRecord, now: float | None = None) -> bool:
     """A `raystack up` is submitting this record's allocation now: SUBMITTED with no allocation id
-    yet, for less than SUBMIT_STALE seconds, written by a process that still runs (where this host
-    can tell). One that was interrupted (Ctrl-C in a hung sbatch) holds the name no longer."""
+    yet, written by a process that still runs (on this host; from another, SUBMIT_STALE seconds
+    are given). One that was interrupted (Ctrl-C in a hung sbatch) holds the name no longer
+    (`raystack down NAME` clears a claim whose pid another process took since)."""
     if record.state is not ClusterState.SUBMITTED or record.allocation_id:
         return False
-    if (now or time.time()) - record.updated >= SUBMIT_STALE:
-        return False
     host, _, pid = (record.submitter or "").rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
+    if host == socket.gethostname() and pid.isdigit():  # (however long sbatch takes)
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             return False
         except PermissionError:  # (alive, another user's)
             return True
-    return True
+        return True
+    return (now or time.time()) - record.updated < SUBMIT_STALE
 
 
 def in_use(record: ClusterRecord) -> str | None:
@@ -398,6 +398,23 @@ def in_use(record: ClusterRecord) -> str | None:
         f"name '{name}' is in use by a live cluster ({alloc}{record.state.value}): "
         f"`raystack down {name}` first, or choose another --name"
     )
+
+
+def update_claim(name: str, **changes: Any) -> ClusterRecord | None:
+    """`update`, by the `raystack up` that began this record, of its claim (SUBMITTED, no
+    allocation id yet); None, and nothing written, once it is no longer that (stopped by
+    `raystack down`, or begun again by another `up`, while sbatch ran)."""
+    with locked(paths.cluster(name)):
+        record = read(name)
+        if (
+            record.submitter != submitter()
+            or record.allocation_id
+            or record.state is not ClusterState.SUBMITTED
+        ):
+            return None
+        apply_changes(record, changes)
+        write(record)
+        return record
 
 
 def begin(name: str, **fields: Any) -> ClusterRecord:

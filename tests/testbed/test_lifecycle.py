@@ -302,6 +302,24 @@ def test_a_name_is_submitted_once_and_an_up_stopped_in_sbatch_frees_it(rs_home: 
         clusters.read("held").allocation_id
     ]
     assert raystack("down", "held").returncode == 0
+    # `raystack down` while sbatch hangs, and then sbatch answers: the allocation it made is
+    # cancelled, not written over the stopped cluster (nor over one begun anew meanwhile).
+    go = tmp_path / "go"
+    (shim / "sbatch").write_text(
+        f'#!/bin/bash\nwhile [ ! -e {go} ]; do sleep 0.1; done\nexec {shutil.which("sbatch")} "$@"\n'
+    )
+    late = subprocess.Popen(
+        argv, env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}, text=True, stderr=subprocess.PIPE
+    )
+    wait_until(lambda: clusters.read("held").state is ClusterState.SUBMITTED, 60, "the new claim")
+    assert raystack("down", "held").returncode == 0
+    go.touch()
+    _, err = late.communicate(timeout=60)
+    assert late.returncode == 1 and "cluster held was stopped or begun anew meanwhile: " in err, err
+    assert clusters.read("held").state is ClusterState.STOPPED and not clusters.read("held").allocation_id
+    wait_until(
+        lambda: not subprocess.run(squeue, capture_output=True, text=True).stdout.split(), 30, "scancel"
+    )
 
 
 def test_a_constraint_no_node_has_is_refused_naming_the_features_there(rs_home: Path) -> None:
