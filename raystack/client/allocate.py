@@ -20,7 +20,7 @@ from typing import Any
 
 from raystack import __version__, slurmtime
 from raystack.adapters import local, slurm
-from raystack.adapters.allocator import allocator
+from raystack.adapters.allocator import Allocator, allocator
 from raystack.adapters.slurm import NodeShape
 from raystack.client.fits import why_refused, within
 from raystack.client.reconcile import settle
@@ -474,15 +474,15 @@ def submit(p: AllocationPlan) -> ClusterRecord:
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
         )
         raise ClusterError(f"SLURM refused the allocation: {exc}{why}") from exc
-    return _recorded(p.name, alloc_id, f"submitted as {backend.where(alloc_id)}")
+    return _recorded(p.name, backend, alloc_id, f"submitted as {backend.where(alloc_id)}")
 
 
-def _recorded(name: str, alloc_id: str, message: str) -> ClusterRecord:
+def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> ClusterRecord:
     """The allocation, written into the record this `up` began; cancelled if that is no longer
     its claim (`raystack down`, or another `up`, while sbatch ran)."""
     if done := records.update_claim(name, allocation_id=alloc_id, message=message):
         return done
-    allocator(records.read(name).backend).cancel(alloc_id)
+    backend.cancel(alloc_id)
     raise ClusterError(f"cluster {name} was stopped or begun anew meanwhile: {alloc_id} cancelled")
 
 
@@ -596,4 +596,4 @@ def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     backend = allocator("local")
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
     alloc_id = backend.submit(p.script_path, [], p.cluster_paths.node_log(local.this_host()))
-    return _recorded(p.name, alloc_id, f"started {backend.where(alloc_id)}")
+    return _recorded(p.name, backend, alloc_id, f"started {backend.where(alloc_id)}")

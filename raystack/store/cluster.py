@@ -403,7 +403,9 @@ def in_use(record: ClusterRecord) -> str | None:
 def update_claim(name: str, **changes: Any) -> ClusterRecord | None:
     """`update`, by the `raystack up` that began this record, of its claim (SUBMITTED, no
     allocation id yet); None, and nothing written, once it is no longer that (stopped by
-    `raystack down`, or begun again by another `up`, while sbatch ran)."""
+    `raystack down`, or begun again by another `up`, while sbatch ran; forgotten)."""
+    if not exists(name):
+        return None
     with locked(paths.cluster(name)):
         record = read(name)
         if (

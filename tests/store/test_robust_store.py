@@ -448,3 +448,16 @@ def test_a_name_being_submitted_is_claimed_once_and_an_interrupted_submit_frees_
     assert clusters.submitting(other, now=other.updated + 1)
     assert not clusters.submitting(other, now=other.updated + clusters.SUBMIT_STALE)
     assert clusters.in_use(other.model_copy(update={"state": ClusterState.STOPPED})) is None
+
+
+def test_an_up_writes_its_allocation_only_into_its_own_claim(home: Path) -> None:
+    clusters.begin("y", nodes_expected=1)
+    assert clusters.update_claim("y", allocation_id="7") is not None  # (its own claim)
+    assert clusters.update_claim("y", allocation_id="8") is None  # (it has one already)
+    clusters.begin("z", nodes_expected=1)
+    clusters.update("z", state=ClusterState.STOPPED)  # (`raystack down` while sbatch ran)
+    assert clusters.update_claim("z", allocation_id="9") is None
+    clusters.update("z", state=ClusterState.SUBMITTED, submitter="login9:1")  # (begun by another up)
+    assert clusters.update_claim("z", allocation_id="9") is None
+    assert clusters.read("z").allocation_id is None
+    assert clusters.update_claim("gone", allocation_id="10") is None  # (forgotten meanwhile)
