@@ -280,7 +280,12 @@ def test_a_name_is_submitted_once_and_an_up_stopped_in_sbatch_frees_it(rs_home: 
         "held",
         "--no-wait",
     ]
-    hung = subprocess.Popen(argv, env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}, text=True)
+    hung = subprocess.Popen(  # (Ctrl-C as in a terminal: a CI shell may start the tests with SIGINT ignored)
+        argv,
+        env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"},
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         wait_until(lambda: clusters.exists("held") and clusters.read("held").submitter, 60, "the claim")
         second = raystack("up", "-N", "1", "-P", "testbed", "--name", "held", "--no-wait")
