@@ -21,7 +21,6 @@ from raystack.adapters.allocator import JobInfo
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
-from raystack.store.files import locked
 from raystack.store.ledger import JobRecord
 from raystack.store.queue import orphan_outcome
 from raystack.walltime import Ending, classify, end_allocation, end_changes
@@ -64,7 +63,7 @@ def interrupted(record: ClusterRecord) -> PendingEnd | None:
     while slurmctld hangs, a killed shell) ends FAILED once that process is gone, so no job is
     queued for an allocation that never comes and `wait` does not wait for it. None while it
     submits. (PendingEnd's alloc_id is '': there is none.)"""
-    if record.state is not ClusterState.SUBMITTED or records.submitting(record):
+    if not records.abandoned(record):
         return None
     text = (
         "its `raystack up` stopped before the allocation's id was recorded (interrupted?); if SLURM "
@@ -113,12 +112,9 @@ def settle(record: ClusterRecord, info: JobInfo | None = None) -> ClusterRecord:
     if pending is None:
         return record
     if not pending.alloc_id:  # (interrupted before it had one: nothing ran, nothing to settle)
-        with locked(paths.cluster(record.name)):  # (a new `up` may have claimed the name meanwhile)
-            current = records.read(record.name)
-            if interrupted(current) is not None:
-                records.apply_changes(current, {"state": pending.state, "message": pending.end.text})
-                records.write(current)
-            return current
+        # (unless a new `up` claimed the name meanwhile)
+        changes = {"state": pending.state, "message": pending.end.text}
+        return records.update_if(record.name, records.abandoned, **changes) or records.read(record.name)
     current = records.read(record.name)
     if current.allocation_id != record.allocation_id or current.state.is_terminal():
         return current  # someone settled it, or a new allocation took over, meanwhile

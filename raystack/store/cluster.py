@@ -381,18 +381,24 @@ def submitting(record: ClusterRecord, now: float | None = None) -> bool:
     return (now or time.time()) - record.updated < SUBMIT_STALE
 
 
+def abandoned(record: ClusterRecord) -> bool:
+    """SUBMITTED with no allocation id by a `raystack up` that submits it no longer (stopped in
+    sbatch): nothing was recorded as started, and nothing will be."""
+    return record.state is ClusterState.SUBMITTED and not record.allocation_id and not submitting(record)
+
+
 def in_use(record: ClusterRecord) -> str | None:
     """Why a new cluster cannot take this record's name (it is live, or being submitted), else
     None. `record` as SLURM last said (settled): an allocation that ended unrecorded is ended."""
     name = record.name
+    if record.state.is_terminal() or abandoned(record):
+        return None
     if submitting(record):
         return (
             f"name '{name}' is being submitted by another `raystack up` ({record.submitter}, "
             f"{time.time() - record.updated:.0f}s ago): wait for it (`raystack status {name}`), or "
             "choose another --name"
         )
-    if record.state.is_terminal() or (record.state is ClusterState.SUBMITTED and not record.allocation_id):
-        return None  # (ended, or its submit was interrupted before SLURM gave an id)
     alloc = f"allocation {record.allocation_id}, " if record.allocation_id else ""
     return (
         f"name '{name}' is in use by a live cluster ({alloc}{record.state.value}): "
@@ -400,23 +406,30 @@ def in_use(record: ClusterRecord) -> str | None:
     )
 
 
-def update_claim(name: str, **changes: Any) -> ClusterRecord | None:
-    """`update`, by the `raystack up` that began this record, of its claim (SUBMITTED, no
-    allocation id yet); None, and nothing written, once it is no longer that (stopped by
-    `raystack down`, or begun again by another `up`, while sbatch ran; forgotten)."""
+def update_if(name: str, holds: Callable[[ClusterRecord], bool], **changes: Any) -> ClusterRecord | None:
+    """`update` while `holds(record)` is true under the lock; None, and nothing written, when it
+    is not (or the record is gone): a change decided on a record read earlier, without the lock."""
     if not exists(name):
         return None
     with locked(paths.cluster(name)):
         record = read(name)
-        if (
-            record.submitter != submitter()
-            or record.allocation_id
-            or record.state is not ClusterState.SUBMITTED
-        ):
+        if not holds(record):
             return None
         apply_changes(record, changes)
         write(record)
         return record
+
+
+def update_claim(name: str, **changes: Any) -> ClusterRecord | None:
+    """`update`, by the `raystack up` that began this record, of its claim (SUBMITTED, no
+    allocation id yet); None once it is no longer that (stopped by `raystack down`, or begun
+    again by another `up`, while sbatch ran; forgotten)."""
+
+    def mine(record: ClusterRecord) -> bool:
+        claim = record.state is ClusterState.SUBMITTED and not record.allocation_id
+        return claim and record.submitter == submitter()
+
+    return update_if(name, mine, **changes)
 
 
 def begin(name: str, **fields: Any) -> ClusterRecord:
