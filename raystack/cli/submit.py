@@ -15,7 +15,6 @@ from typer.core import TyperCommand
 
 from raystack.cli.common import ClusterOpt, JsonOpt, app, err, on_interrupt, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
-from raystack.client.job import ending_note
 from raystack.errors import ConfigError
 from raystack.spec.job import name_problem
 from raystack.spec.planning import plan_line
@@ -251,15 +250,14 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         pos = rows[0]["position"]
         where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
         err.print(f"queued job {jobs[0].id} on cluster {target.name} ({where})", markup=False)
-    cluster = target.snapshot()
-    if note := ending_note(cluster):
-        err.print(f"  note: {note}", markup=False)
+    if jobs[0].queued_note:
+        err.print(f"  note: {jobs[0].queued_note}", markup=False)
     if first.request.left_out:
         err.print(f"  note: {left_out_note(first.request.left_out)}", markup=False)
     if first.request.after:
         err.print(f"  after: {', '.join(first.request.after)}", markup=False)
     if first.request.plan:
-        err.print(f"  plan: {plan_line(cluster, first.request)}", markup=False)
+        err.print(f"  plan: {plan_line(target.snapshot(), first.request)}", markup=False)
     if not follow:
         what = first.request.sweep or jobs[0].id
         err.print(

@@ -400,7 +400,9 @@ class Cluster:
             raise ConfigError(why)
         new_id = None if job_id or len(jobs) > 1 else new_job_id
         queued = enqueue_all([(one.request, one.resume) for one in jobs], now=now, new_id=new_id)
-        return [Job(self.name, q.record.id, q.record, queued_place=q.place) for q in queued]
+        return [
+            Job(self.name, q.record.id, q.record, queued_place=q.place, queued_note=q.note) for q in queued
+        ]
 
     def in_flight(self) -> Argv:
         """Ids of the jobs given to Ray and not yet ended."""

@@ -80,20 +80,6 @@ def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
     return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if clusters > 1 else "") + "?)"
 
 
-def ending_note(cluster: records.ClusterRecord) -> str | None:
-    """Why nothing starts in a cluster whose allocation is ending (walltime warning, a lost node
-    with a follow-on), and where a queued job will run instead; None otherwise."""
-    if cluster.ending is None or cluster.state.is_terminal():
-        return None
-    if cluster.next_allocation_id and not cluster.chain_ended:
-        then = f"queued jobs start in the next one ({cluster.next_allocation_id}, pending)"
-    else:
-        then = f"no allocation follows: `raystack up --name {cluster.name} ...` runs the queue again"
-    which = f"allocation {cluster.allocation_id}" if cluster.allocation_id else "the allocation"
-    ending = f"{which} is ending ({cluster.ending.value})"
-    return f"{ending}: nothing more starts in it; {then}"
-
-
 @dataclass(eq=False, repr=False)
 class Job:
     """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
@@ -102,6 +88,7 @@ class Job:
     id: str
     seen: JobRecord | None = None  # the ledger entry as it was written or last read here
     queued_place: int | None = None  # its place in the queue as `submit` left it (0: started)
+    queued_note: str | None = None  # what `submit` was told of the cluster then (`ending_note`)
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"
@@ -232,7 +219,7 @@ class Job:
         cluster = records.read(self.cluster)
         if cluster.state is not records.ClusterState.READY:
             why.append(f"cluster {cluster.state.value}: raystack status {self.cluster}")
-        if note := ending_note(cluster):
+        if note := records.ending_note(cluster):
             why.append(note)
         if record.message:
             why.append(record.message)

@@ -292,19 +292,35 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
         return record
 
 
-def check_open(name: str) -> None:
-    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended.
-    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it."""
+def check_open(name: str) -> str | None:
+    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended; for one
+    that takes it, what becomes of it where the allocation is ending (`ending_note`), else None.
+    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it, and
+    what a submit is told comes from the same read that let its job in."""
     try:
         record = read(name)
     except NoSuchCluster:
-        return
+        return None
     if record.state is ClusterState.STOPPING or record.state.is_terminal():
         why = f" ({record.message})" if record.message else ""
         raise ClusterError(
             f"cluster {name} is {record.state.value}{why}: start it again with "
             f"`raystack up --name {name} ...`, then submit"
         )
+    return ending_note(record)
+
+
+def ending_note(record: ClusterRecord) -> str | None:
+    """Why nothing starts in a cluster whose allocation is ending (walltime warning, a lost node
+    with a follow-on), and where a queued job will run instead; None otherwise."""
+    if record.ending is None or record.state.is_terminal():
+        return None
+    if record.next_allocation_id and not record.chain_ended:
+        then = f"queued jobs start in the next one ({record.next_allocation_id}, pending)"
+    else:
+        then = f"no allocation follows: `raystack up --name {record.name} ...` runs the queue again"
+    which = f"allocation {record.allocation_id}" if record.allocation_id else "the allocation"
+    return f"{which} is ending ({record.ending.value}): nothing more starts in it; {then}"
 
 
 def find(name: str | None, ended: Callable[[ClusterRecord], bool] | None = None) -> ClusterRecord:

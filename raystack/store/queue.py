@@ -118,6 +118,7 @@ def position(name: str, job_id: str) -> int:
 class Queued(NamedTuple):
     record: JobRecord
     place: int  # 1-based place among the jobs not yet started, as the queue stood then
+    note: str | None = None  # what becomes of it in an allocation that is ending (`ending_note`)
 
 
 def enqueue_all(
@@ -136,7 +137,7 @@ def enqueue_all(
     p = paths.cluster(name)
     make_private_dirs(p)
     with locked(p):
-        records.check_open(name)
+        note = records.check_open(name)
         made: list[JobRecord] = []
         try:
             for request, resume in items:
@@ -146,7 +147,7 @@ def enqueue_all(
                 _uncreate(p, record)
             raise
         places = positions(name)
-    return [Queued(record, places.get(record.id, 0)) for record in made]
+    return [Queued(record, places.get(record.id, 0), note) for record in made]
 
 
 def _uncreate(p: paths.ClusterPaths, record: JobRecord) -> None:

@@ -324,11 +324,18 @@ def test_a_sweep_is_queued_in_one_transaction_with_its_places(home: Path) -> Non
         ("sw-abc123-2", 4),
     ]
     assert [e.job_id for e in queue.waiting("c")] == [first, *(q.record.id for q in queued)]
+    assert {q.note for q in queued} == {None}  # (nothing ending: nothing to be told)
+    clusters.update("c", ending=clusters.EndKind.WALLTIME, allocation_id="77", next_allocation_id="78")
+    ending = queue.enqueue_all([(JobRequest(id="w-1", name="w", cluster="c", entrypoint="true"), None)])
+    assert ending[0].note == (
+        "allocation 77 is ending (walltime): nothing more starts in it; "
+        "queued jobs start in the next one (78, pending)"
+    )
     clusters.update("c", state=ClusterState.STOPPING)
     more = [(JobRequest(id=f"late-{k}", name="late", cluster="c", entrypoint="true"), None) for k in range(2)]
     with pytest.raises(ClusterError, match="cluster c is STOPPING"):
         queue.enqueue_all(more)
-    assert len(queue.waiting("c")) == 4
+    assert len(queue.waiting("c")) == 5
 
 
 def test_a_sweep_the_filesystem_refuses_midway_is_queued_not_at_all(
