@@ -26,7 +26,7 @@ from raystack.cli.common import (
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
 from raystack.client.pending import expected_start
-from raystack.errors import ConfigError
+from raystack.errors import ClusterError, ConfigError, SlurmMissing, SlurmUnavailable
 from raystack.plan.topology import plural
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
@@ -205,7 +205,14 @@ def up(
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
-    plan = allocate.plan_on_partition(nodes, profile=prof, name=name or "default", **slurm_options)
+    try:
+        plan = allocate.plan_on_partition(nodes, profile=prof, name=name or "default", **slurm_options)
+    except SlurmMissing:  # (said with its fix)
+        raise
+    except SlurmUnavailable as exc:
+        raise ClusterError(
+            f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once `sinfo` works"
+        ) from None
     _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
 
 

@@ -391,13 +391,10 @@ def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
         partition = options.get("partition") or prof.partition
         try:
             shape = slurm.node_shape(partition)
-        except SlurmMissing:
+        except SlurmUnavailable:  # (not there, or no answer: the caller says what it means for it)
             raise
         except NoSuchPartition as exc:
             raise ConfigError(str(exc)) from None
-        except SlurmUnavailable as exc:
-            why = f"SLURM did not answer ({exc}): nothing was submitted"
-            raise ClusterError(f"{why}; `raystack up` again once `sinfo` works") from None
         except SlurmError as exc:
             raise ConfigError(
                 f"whole nodes by default, but sinfo could not say how big they are ({exc}); "

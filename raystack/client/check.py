@@ -66,8 +66,8 @@ def shape(
         )
     except SlurmError as exc:
         raise ConfigError(
-            f"check: profile {prof.name} takes whole nodes, as sinfo says ({exc}); give "
-            "--gpus-per-node and --cpus-per-node, or a profile that sets them"
+            f"check: profile {prof.name} takes whole nodes, and sinfo could not say how big they are "
+            f"({exc}); give --gpus-per-node and --cpus-per-node, or a profile that sets them"
         ) from None
     record = ClusterRecord(
         name="check",

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
 from raystack.client.fits import unknown_features
-from raystack.errors import ClusterError, ConfigError
+from raystack.errors import ConfigError, SlurmUnavailable
 from raystack.spec.profile import Profile
 
 from ..conftest import wait_until
@@ -354,6 +355,24 @@ def test_a_host_whose_slurm_cannot_be_reached_is_told_so_and_nothing_is_made(
         (shims / command).chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
-    with pytest.raises(ClusterError, match=r"^SLURM did not answer \(.*configuration source\): nothing was"):
+    with pytest.raises(SlurmUnavailable, match=r"configuration source"):
         allocate.plan_on_partition(2, profile="generic", name="x")
     assert not (tmp_path / "rs" / "clusters").exists()
+    # each command says what it means for it: `up` submitted nothing; `check` can go without SLURM
+    up = raystack("up", "--nodes", "2")
+    assert up.returncode == 1, up.stderr
+    assert (
+        "SLURM did not answer (" in up.stderr and "): nothing was submitted; `raystack up` again" in up.stderr
+    )
+    check = raystack("check", str(Path(__file__).parents[2] / "jobs" / "debug" / "hello.yaml"))
+    assert check.returncode == 1 and "Could not establish a configuration source" in check.stderr, (
+        check.stderr
+    )
+    assert "give --gpus-per-node and --cpus-per-node" in check.stderr and "raystack up" not in check.stderr
+    assert not (tmp_path / "rs" / "clusters").exists()
+
+
+def raystack(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "raystack", *args], capture_output=True, text=True, timeout=60, check=False
+    )
