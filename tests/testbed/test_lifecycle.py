@@ -121,7 +121,13 @@ def test_a_cluster_whose_folder_is_removed_releases_its_nodes(rs_home: Path) -> 
     job = str(clusters.read("purged").allocation_id)
     try:
         assert processes_of_job(job)
-        shutil.rmtree(paths.cluster("purged").root)
+        root = paths.cluster("purged").root
+
+        def purge() -> bool:  # (as `rm -rf` again: the live cluster may add a file while it runs)
+            shutil.rmtree(root, ignore_errors=True)
+            return not root.exists()
+
+        wait_until(purge, 10, f"{root} to be removed")
         removed = time.monotonic()
         wait_until(lambda: job not in slurm_jobs_alive(), 90, f"SLURM job {job} to end")
         assert time.monotonic() - removed >= 10  # not before the grace
