@@ -63,7 +63,8 @@ def members(target: str, ids: Iterable[str]) -> list[str]:
 
 def unknown(name: str, after: list[str], own: set[str], label: str = "--after") -> str | None:
     """Why `after` cannot be accepted at submit (an id that is no job or sweep of this cluster,
-    or one of the jobs being queued: a cycle), else None. `label` names where it was given."""
+    one of the jobs being queued: a cycle, or one that has ended so that it can never be met, as
+    afterok on a FAILED job), else None. `label` names where it was given."""
     if not after:
         return None
     ids = job_ids(name)
@@ -78,6 +79,8 @@ def unknown(name: str, after: list[str], own: set[str], label: str = "--after") 
             if elsewhere := holder(dep.target, name):
                 hint = f": it is in cluster {elsewhere}, and a job waits only for jobs of its own cluster"
             return f"{label} {item}: no job or sweep {dep.target!r} in cluster {name}{hint}"
+        if (said := verdict(name, [item], ids=ids)).never:
+            return f"{label} {item}: {said.reason}; give {dep.target}:any to run after it however it ended"
     return None
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raystack.store import queue
-from raystack.store.ledger import read_job
+from raystack.store.ledger import JobState, read_job, update_job
 
 from .test_habits import home, run  # noqa: F401 (home is a fixture)
 
@@ -188,6 +188,29 @@ def test_dependencies_name_existing_jobs_or_sweeps(capsys: pytest.CaptureFixture
     assert request(after["id"]).after == [train["id"], f"{sweep}:any"]
     code, _, err = run(capsys, "submit", "-c", "c4", "--submission-id", "me", "--after", "me", "--", "x")
     assert code == 1 and "a job cannot wait for itself" in err
+
+
+def test_a_dependency_that_can_never_be_met_is_refused_at_submit(capsys: pytest.CaptureFixture[str]) -> None:
+    """afterok on a job that has FAILED (or a sweep one of whose jobs did) would be queued only to
+    be cancelled: refused with the fix, nothing queued; :any and :notok are taken."""
+    [train] = submitted(capsys, "--", "python", "train.py")
+    rows = submitted(capsys, "--sweep", "env.X=1,2", "--", "python", "eval.py")
+    update_job("c4", train["id"], state=JobState.FAILED)
+    update_job("c4", rows[1]["id"], state=JobState.FAILED)
+    before = len(queue.waiting("c4"))
+    sweep = request(rows[0]["id"]).sweep
+    for given in (train["id"], sweep):
+        code, _, err = run(capsys, "submit", "-c", "c4", "--after", given, "--", "python", "x.py")
+        failed = train["id"] if given == train["id"] else rows[1]["id"]
+        said = f"--after {given}: dependency {failed} ended FAILED: afterok:{given} can never be met; "
+        assert code == 1 and said + f"give {given}:any to run after it however it ended" in err, err
+    code, _, err = run(capsys, "submit", "-c", "c4", "--after", f"{train['id']}:any", "--", "python", "x.py")
+    assert code == 0, err
+    code, _, err = run(
+        capsys, "submit", "-c", "c4", "--after", f"{train['id']}:notok", "--", "python", "x.py"
+    )
+    assert code == 0, err
+    assert len(queue.waiting("c4")) == before + 2
 
 
 def test_a_packed_job_plans_its_layout_on_its_own_nodes(capsys: pytest.CaptureFixture[str]) -> None:
