@@ -205,15 +205,21 @@ def up(
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
+    plan = _plan_on_slurm(nodes, prof, name or "default", slurm_options)
+    _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
+
+
+def _plan_on_slurm(
+    nodes: int, prof: Profile, name: str, options: Mapping[str, object]
+) -> allocate.AllocationPlan:
+    """The allocation `up` submits; where SLURM does not answer, the error says nothing was."""
     try:
-        plan = allocate.plan_on_partition(nodes, profile=prof, name=name or "default", **slurm_options)
+        return allocate.plan_on_partition(nodes, profile=prof, name=name, **options)
     except SlurmMissing:  # (said with its fix)
         raise
     except SlurmUnavailable as exc:
-        raise ClusterError(
-            f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once `sinfo` works"
-        ) from None
-    _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
+        why = f"SLURM did not answer ({exc}): nothing was submitted"
+        raise ClusterError(f"{why}; `raystack up` again once `sinfo` works") from None
 
 
 def _typed_gpus(value: str | None) -> tuple[str | None, int | None]:
