@@ -77,6 +77,7 @@ def shape(
         gpus_per_node=plan.gpus_per_node,
         cpus_per_node=plan.cpus_per_task or 0,
         walltime=plan.walltime,
+        described=f"the cluster of profile {prof.name}",
     )
     words = f"profile {prof.name} ({record.nodes_expected} node(s) of {record.gpus_per_node} GPUs)"
     return Target(record, words, live=False)

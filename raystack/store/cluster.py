@@ -138,6 +138,9 @@ class ClusterRecord(BaseModel):
     ending: EndKind | None = None  # how the current allocation is ending, once that is known
     chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
     allocations: list[Allocation] = Field(default_factory=list)  # one entry per allocation run
+    # How messages name it; `raystack check --profile` judges a job against the cluster a profile
+    # would make, which is no cluster of its own name. Never written.
+    described: str | None = Field(default=None, exclude=True)
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     idle_since: float | None = None  # epoch seconds: idle since then (None: busy, or not READY)
     prometheus: str | None = None  # the head's Prometheus as the head reaches it (metrics on)
@@ -165,6 +168,11 @@ class ClusterRecord(BaseModel):
         ]
         data["schema_version"] = SCHEMA
         return data
+
+    @property
+    def called(self) -> str:
+        """The cluster as a message names it: cluster 'grpo' (or what `described` says)."""
+        return self.described or f"cluster '{self.name}'"
 
     @property
     def on_head_dashboard_url(self) -> str | None:

@@ -452,9 +452,15 @@ def test_check_validates_a_spec_against_a_profile_without_a_cluster(
 ) -> None:
     (home / "big.yaml").write_text("name: big\nentrypoint: python x.py\nmin_time: 3h\nneeds: {gpus: 8}\n")
     code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "2")
-    assert code == 1 and "min_time 3h but cluster 'check' gets 2h per allocation" in err, err
+    assert code == 1 and "min_time 3h but the cluster of profile testbed gets 2h per allocation" in err, err
     code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "1", "--set", "min_time=1h")
-    assert code == 1 and "needs.gpus=8" in err, err
+    assert code == 1 and "needs.gpus=8 but the cluster of profile testbed has 1 node x 4 GPUs" in err, err
+    code, out, err = run(
+        capsys, "check", "big.yaml", "-c", "c4", "--set", "min_time=1h", "--set", "needs.gpus=64"
+    )
+    assert code == 1 and "needs.gpus=64 but cluster 'c4' has" in err, (
+        err
+    )  # (a cluster's own record: its name)
     code, out, err = run(capsys, "check", "big.yaml", "-P", "testbed", "-N", "2", "--set", "min_time=1h")
     assert code == 0 and "ok: big can run on profile testbed (2 node(s) of 4 GPUs)" in out, err
     assert queued() == 0
