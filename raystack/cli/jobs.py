@@ -195,6 +195,8 @@ def logs(
         print(text, end="")
         if waiting := job.waiting_line():
             err.print(f"raystack: job {job.id} {waiting}", markup=False)
+        elif not job.record().state.is_terminal() and (note := job.room_note()):
+            err.print(f"raystack: note: {note}", markup=False)
     if found is None:
         return
     _print_workers(job, found, shown, lines)

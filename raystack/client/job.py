@@ -10,6 +10,7 @@ import codecs
 import contextlib
 import difflib
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +79,9 @@ def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
     if not close:
         return ""
     return f" (did you mean {close[0]}" + (f" in cluster {known[close[0]]}" if clusters > 1 else "") + "?)"
+
+
+FULL = 2**20  # bytes free under which the cluster folder's filesystem is full for a job's log
 
 
 @dataclass(eq=False, repr=False)
@@ -155,6 +159,22 @@ class Job:
             text = raylogs.read_copy(path)  # (capped: its start, a line for what was not kept, its end)
             parts.append(_header(n, record) + text if len(files) > 1 else text)
         return "".join(parts)
+
+    def room_note(self) -> str | None:
+        """Why the log of a job in flight may have stopped growing: the cluster folder's filesystem
+        is full (as statvfs sees it; a quota it does not show is the site's `quota` tool's to say).
+        None where there is room."""
+        root = paths.cluster(self.cluster).root
+        try:
+            free = shutil.disk_usage(root).free
+        except OSError:
+            return None
+        if free >= FULL:
+            return None
+        return (
+            f"the filesystem of {root} is full ({free // 1024} KiB free): this log stops growing "
+            "until there is room, and is written in full then"
+        )
 
     def workers(self, node: str | None = None, actor: str | None = None) -> list[raylogs.WorkerLog]:
         """The job's Ray workers (its actors) with their gathered logs, those that logged an

@@ -5,9 +5,11 @@ RAYSTACK_HOME (a 4-node x 4-GPU cluster still starting: no SLURM is needed to re
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -314,6 +316,48 @@ def queue_two(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
     assert queue.start("c4", entry, "7") is not None
     update_job("c4", ids[0], state=JobState.RUNNING, started=1.0)
     return ids[0], ids[1]
+
+
+@pytest.fixture
+def small_rs(tmp_path: Path) -> Iterator[Path]:
+    """RAYSTACK_HOME (tmp_path/rs) on a 4 MiB filesystem of its own: a tmpfs (root can mount one,
+    as CI and the testbed do). Ask for it before `home`."""
+    mount = tmp_path / "rs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode:
+        pytest.skip(f"no tmpfs can be mounted here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_the_log_of_a_running_job_on_a_full_filesystem_says_why_it_stops_growing(
+    small_rs: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full quota stops the runner from copying a running job's log; `logs` printed what it had
+    and nothing said why it no longer grew."""
+    from raystack.store import paths
+
+    running, _ = queue_two(capsys)
+    log = paths.cluster("c4").job_log(running, 1)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("step 1\n")
+    code, out, err = run(capsys, "logs", running, "-c", "c4")
+    assert code == 0 and out == "step 1\n" and "note:" not in err, err
+    filler = small_rs / "filler"
+    with open(filler, "wb") as fh, pytest.raises(OSError) as full:
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+    assert full.value.errno == errno.ENOSPC
+    code, out, err = run(capsys, "logs", running, "-c", "c4")
+    said = f"raystack: note: the filesystem of {paths.cluster('c4').root} is full (0 KiB free): this log "
+    assert code == 0 and out == "step 1\n" and said + "stops growing until there is room" in err, err
+    filler.unlink()
+    code, out, err = run(capsys, "logs", running, "-c", "c4")
+    assert code == 0 and out == "step 1\n" and "note:" not in err, err
 
 
 def test_a_queued_job_says_where_it_waits(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
