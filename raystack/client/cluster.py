@@ -424,6 +424,13 @@ class Cluster:
         if record.state.is_terminal():
             self._sweep_local(record)
             return record
+        backend = allocator(record.backend)
+        if record.allocation_id and not backend.remote and backend.info(record.allocation_id) is None:
+            host = record.head_host or f"the host named in {record.allocation_id}"  # (a local cluster)
+            raise ClusterError(
+                f"cluster {self.name} runs on {host} (raystack up --local) and this host cannot stop "
+                f"it: run `raystack down {self.name}` on {host}; nothing was changed"
+            )
         record = records.update(
             self.name,
             state=ClusterState.STOPPING,
@@ -432,7 +439,6 @@ class Cluster:
             message="raystack down",
         )
         deadline = time.monotonic() + timeout
-        backend = allocator(record.backend)
         while True:
             # Re-read each time: the head may submit a follow-on just now (it cancels it itself
             # once it sees `down`, and so does this loop).

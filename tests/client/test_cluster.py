@@ -423,3 +423,28 @@ def test_an_allocation_waiting_for_drained_nodes_says_which_and_how_many_run_job
         "with --nodes 2"
     ), line
     assert "partition" not in pending_line(record, JobInfo("11", SlurmState.PENDING, reason="Priority"))
+
+
+def test_a_local_cluster_of_another_host_is_not_downed_from_here(home: Path) -> None:
+    """`up --local` on one login node, `down` on another (the folder is shared): this host cannot
+    see or signal that node program. Before, down marked it STOPPING, waited 120 s and blamed
+    SLURM's scancel; now it says where to run it and changes nothing."""
+    clusters.create("loc")
+    record = ClusterRecord(
+        name="loc",
+        state=ClusterState.READY,
+        backend="local",
+        allocation_id="local-elsewhere-0a1b2c3d",
+        head_host="elsewhere",
+    )
+    clusters.write(record)
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as refused:
+        Cluster("loc").down(timeout=30)
+    assert time.monotonic() - started < 10
+    assert str(refused.value) == (
+        "cluster loc runs on elsewhere (raystack up --local) and this host cannot stop it: "
+        "run `raystack down loc` on elsewhere; nothing was changed"
+    )
+    after = clusters.read("loc")
+    assert after.state is ClusterState.READY and after.ending is None and after.chain_ended is None
