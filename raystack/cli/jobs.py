@@ -193,9 +193,10 @@ def logs(
         if tail is not None:
             text = "".join(text.splitlines(keepends=True)[-tail:] if tail else [])
         print(text, end="")
-        if waiting := job.waiting_line():
+        record = job.record()
+        if waiting := job.waiting_line(record):
             err.print(f"raystack: job {job.id} {waiting}", markup=False)
-        elif not job.record().state.is_terminal() and (note := job.room_note()):
+        elif not record.state.is_terminal() and (note := job.room_note()):
             err.print(f"raystack: note: {note}", markup=False)
     if found is None:
         return
