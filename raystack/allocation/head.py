@@ -35,6 +35,7 @@ from raystack.allocation.context import (
 from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.logsync import session_logs
+from raystack.allocation.progress import ProgressProbe
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open, why_ray_ended
 from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
 from raystack.allocation.runner import LEASE_HELD, RAY_LOGS_VAR
@@ -303,7 +304,10 @@ class Head:
         self.held = held or []  # ports kept closed to Ray while it runs (rayproc.hold_port)
         self.prometheus: prometheus.Prometheus | None = None
         self.prometheus_exe: str | None = None
-        self.sample = UsageSampler(ctx.cluster, ctx.alloc_id, ctx.host, clock=clock)
+        self.progress = ProgressProbe(ctx.cluster, ctx.host, clock=clock)
+        self.sample = UsageSampler(
+            ctx.cluster, ctx.alloc_id, ctx.host, clock=clock, progress=self.progress.rows
+        )
         self.idle: IdleWatch | None = None  # from READY on
         self.runner_started, self.runner_backoff, self.restarts = 0.0, 0.5, 0
         self.prune = Every(PRUNE_EVERY, clock, first=False)
@@ -455,6 +459,7 @@ class Head:
                 ("reaping", self.reap),
                 ("usage sample", self.sample),
                 ("stack dumps", StackRequests(self.ctx.cluster, self.ctx.host, clock=self.clock)),
+                ("progress", self.progress),
                 ("folder cap", self.prune_folder),
             )
         ]

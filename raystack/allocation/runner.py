@@ -13,6 +13,7 @@ have their ledgers read, and the queue folder is listed in full only every RESCA
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import secrets
@@ -38,8 +39,9 @@ from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
 from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_options
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs, stacks
+from raystack.store import paths, raylogs
 from raystack.store import queue as store
+from raystack.store.diagnosis import flight_summary, read_flight
 from raystack.store.files import make_private_dirs
 from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
 from raystack.store.queue import Entry
@@ -52,7 +54,6 @@ SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's 
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
-STACK_WAIT = 20.0  # seconds a hung job waits for the nodes' stack dumps before it is stopped
 STOP_UNHEARD = 15.0  # seconds a job Ray keeps PENDING may ignore its stop before it is ended here
 SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
 
@@ -111,7 +112,6 @@ class Runner:
         self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
         self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
         self.sleep = sleep
-        self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
 
@@ -240,6 +240,8 @@ class Runner:
         nodes, ids = self.nodes_of(record)
         if nodes:
             options = pinned(options, nodes, ids)
+        with contextlib.suppress(OSError):  # (torch writes its flight recorder dumps there)
+            (self.paths.job_files(record.id) / "flight").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             if not within(self.submit_timeout, self.api.submit, attempt.id, **options):
                 self.abandoned.add(attempt.id)
@@ -328,7 +330,7 @@ class Runner:
         if not state.is_terminal() and not record.fault and not record.stop_requested:
             fault = self.watchdog.check(record, info, running=state is JobState.RUNNING)
             if fault:
-                record = self.fault(record, attempt.id, fault)
+                record = self.watchdog.fault(record, attempt.id, fault)
         self.enforce_stop_and_timeout(record, attempt.id)
         if state is JobState.SUBMITTED and self.clock() - self.stop_sent.get(attempt.id, 1e18) > STOP_UNHEARD:
             return self.never_started(record, attempt.id)
@@ -366,29 +368,6 @@ class Runner:
         folder = os.environ.get(RAY_LOGS_VAR)
         return Path(folder) / f"job-driver-{sid}.log" if folder else None
 
-    def fault(self, record: JobRecord, sid: str, fault: str) -> JobRecord:
-        """The watchdog found the attempt stuck: say so in the ledger at once; a hung job's
-        stacks are asked for from every node before it is stopped (enforce_stop_and_timeout)."""
-        log.warning("%s %s", record.id, fault)
-        if fault.startswith("hung"):
-            where = stacks.folder(self.name, record.id)
-            fault = f"{fault}; stacks in {where}"
-            asked = stacks.request(self.name, record.id)
-            entries = records.read_node_entries(self.name)
-            hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
-            self.stacks_asked[sid] = (asked, self.clock() + STACK_WAIT, hosts)
-        return update_job(self.name, record.id, fault=fault, message=f"{fault} (stopping it)")
-
-    def stacks_pending(self, sid: str, job_id: str) -> bool:
-        """A hung job's stack dumps are still awaited (until every node answered, or STACK_WAIT)."""
-        if sid not in self.stacks_asked:
-            return False
-        asked, deadline, hosts = self.stacks_asked[sid]
-        if self.clock() < deadline and hosts - set(stacks.answered(self.name, job_id, asked)):
-            return True
-        del self.stacks_asked[sid]
-        return False
-
     def enforce_stop_and_timeout(self, record: JobRecord, sid: str) -> None:
         timeout = record.request.timeout
         overdue = (
@@ -396,7 +375,7 @@ class Runner:
         )
         wanted = record.stop_requested or overdue or self.interrupting or record.fault
         if wanted and sid not in self.stop_sent:
-            if record.fault and not record.stop_requested and self.stacks_pending(sid, record.id):
+            if record.fault and not record.stop_requested and self.watchdog.stacks_pending(sid, record.id):
                 return
             why = (
                 "stop"
@@ -511,7 +490,10 @@ class Runner:
             return rayapi.job_message(str(info.message or ""))
         last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
         hint = workdir.missing_hint(last, record.request.left_out)  # (a file the defaults left out)
-        return f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}{hint}"
+        since = (info.start_time or 0) / 1000 or record.attempts[-1].at
+        flight = flight_summary(read_flight(self.paths.job_files(record.id) / "flight", since))
+        text = f"exit code {shell_exit_words(info.driver_exit_code)}: {last or 'it printed nothing'}{hint}"
+        return f"{text}; {flight}" if flight else text  # (torch's NCCL watchdog timed a collective out)
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
         """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,

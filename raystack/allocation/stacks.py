@@ -1,5 +1,7 @@
 """Stack dumps on a node: every node program answers the requests in logs/stacks.request
-(store/stacks.py) by running py-spy on each process of the job that descends from it.
+(store/stacks.py) by running py-spy on each process of the job that descends from it, and by
+asking each of the job's PyTorch ranks for its flight recorder (the named pipe torch opens where
+TORCH_NCCL_DEBUG_INFO_PIPE_FILE is set: raystack sets it for every job, spec/submission.py).
 
 The node program is the ancestor (and subreaper) of every Ray process on its node, so py-spy
 may attach to them where the kernel allows tracing one's own descendants only (Yama
@@ -13,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -27,6 +30,7 @@ from raystack.waiting import REAL, Clock, Every
 
 log = logging.getLogger("raystack.node")
 DUMP_TIMEOUT = 20.0  # seconds one py-spy dump may take
+FLIGHT_WAIT = 15.0  # seconds the ranks' flight recorders may take to write their dumps (~6 s seen)
 MAX_PROCESSES = 64  # per node and request
 POLL = 5.0  # seconds between looks at the request file (one stat per node: O(N) in all)
 NOT_PYTHON = {"bash", "sh", "dash", "sleep", "tee", "cat", "srun", "nvidia-smi"}
@@ -50,23 +54,89 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found[:MAX_PROCESSES]
 
 
-def dump(proc: psutil.Process, exe: str | None) -> str:
-    """One process's Python stacks (py-spy dump), or why there are none."""
+def header(proc: psutil.Process) -> str:
+    """`# pid 820 rank 0/2 python: <command>` (the rank where the process has one: torchrun,
+    DeepSpeed and accelerate give RANK and WORLD_SIZE); store/diagnosis.py reads it back."""
+    env = proc.environ()
+    rank = f" rank {env['RANK']}/{env.get('WORLD_SIZE', '?')}" if env.get("RANK", "").isdigit() else ""
+    return f"# pid {proc.pid}{rank} {proc.name()}: {' '.join(proc.cmdline())[:500]}\n"
+
+
+def uses_gpu(pid: int) -> bool:
+    """Whether CUDA or NCCL is loaded in the process: its native frames then say where it waits."""
     try:
-        head = f"# pid {proc.pid} {proc.name()}: {' '.join(proc.cmdline())[:500]}\n"
+        with open(f"/proc/{pid}/maps") as fh:
+            return any("libcuda" in line or "libnccl" in line for line in fh)
+    except OSError:
+        return False
+
+
+def dump(proc: psutil.Process, exe: str | None) -> str:
+    """One process's stacks (py-spy dump; with its native frames where it uses a GPU, to show a
+    wait inside CUDA or NCCL), or why there are none."""
+    try:
+        head = header(proc)
     except psutil.Error as exc:
         return f"# pid {proc.pid}: gone ({type(exc).__name__})\n"
     if exe is None:
         return head + "py-spy not found (it comes with ray[default]): no stacks\n"
-    try:
-        out = subprocess.run(
-            [exe, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=DUMP_TIMEOUT
-        )
-    except subprocess.TimeoutExpired:
-        return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
-    except OSError as exc:
-        return head + f"py-spy could not run: {exc}\n"
+    base = [exe, "dump", "--full-filenames", "--pid", str(proc.pid)]
+    out = None
+    for argv in ([*base, "--native"], base) if uses_gpu(proc.pid) else (base,):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
+        except OSError as exc:
+            return head + f"py-spy could not run: {exc}\n"
+        if out.returncode == 0:
+            break  # (--native can fail where the unwinder cannot: then without it)
+    assert out is not None
     return head + (out.stdout or "") + (f"[py-spy: {out.stderr.strip()}]\n" if out.returncode else "")
+
+
+def ask_flight_recorders(procs: list[psutil.Process]) -> list[Path]:
+    """Write to each rank's flight-recorder pipe (torch dumps its recorder into the file named by
+    TORCH_FR_DUMP_TEMP_FILE + rank); the files to wait for."""
+    files = []
+    for proc in procs:
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        stem, rank = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), env.get("RANK", "")
+        target = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        if not stem or not rank.isdigit() or not target:
+            continue
+        pipe = f"{stem}{rank}.pipe"
+        try:
+            if not stat.S_ISFIFO(os.stat(pipe).st_mode):
+                continue
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # (ENXIO: nobody reads it any more)
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        files.append(Path(f"{target}{rank}"))
+    return files
+
+
+def wait_for_files(files: list[Path], since: float, timeout: float) -> int:
+    """Wait until every file was written after `since` (or `timeout`); how many were."""
+    deadline = time.monotonic() + timeout
+
+    def written() -> int:
+        n = 0
+        for f in files:
+            with contextlib.suppress(OSError):
+                n += f.stat().st_mtime >= since - 1
+        return n
+
+    while written() < len(files) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return written()
 
 
 def dump_job(cluster: str, host: str, job_id: str, asked: float) -> int:
@@ -74,12 +144,18 @@ def dump_job(cluster: str, host: str, job_id: str, asked: float) -> int:
     where = store.folder(cluster, job_id)
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     procs, exe = job_processes(job_id), py_spy()
+    poked = time.time()
+    recorders = ask_flight_recorders(procs)
     with ThreadPoolExecutor(max_workers=8) as pool:
         texts = list(pool.map(lambda p: (p.pid, dump(p, exe)), procs))
     for pid, text in texts:
         (where / f"{host}-{pid}.txt").write_text(text)
+    flights = wait_for_files(recorders, poked, FLIGHT_WAIT) if recorders else 0
     store.answer(cluster, job_id, host, asked, len(texts))
-    log.info("stacks of job %s: %d process(es) on %s dumped into %s", job_id, len(texts), host, where)
+    log.info(
+        "stacks of job %s: %d process(es) on %s dumped into %s; %d of %d flight recorder(s)",
+        *(job_id, len(texts), host, where, flights, len(recorders)),
+    )
     return len(texts)
 
 

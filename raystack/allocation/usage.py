@@ -4,7 +4,8 @@ usage/<allocation>-<host>.jsonl in the cluster folder (its own file: no lock, no
 A line: {"t": epoch, "cpu": node CPU %, "ours": cores used by this allocation's processes on
 the node, "mem": bytes used, "mem_total": bytes, "gpus": [[util %, MiB used, MiB total], ...]}
 and, from the head, "other_jobs": Ray jobs running that are not raystack's (plain `ray job
-submit`, attached drivers).
+submit`, attached drivers), and "progress": {job: {host, n, moved, procs}} for the jobs the hang
+watchdog watches (allocation/progress.py: when a process of the job last moved on this node).
 `raystack report` reads them, after `down` too. A sample costs a few milliseconds (psutil over
 the node program's descendants, one nvidia-smi call where there are GPUs).
 """
@@ -16,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -38,8 +39,15 @@ class UsageSampler:
     (a full shared filesystem) raises: the caller's guard logs it and backs off."""
 
     def __init__(
-        self, cluster: str, alloc_id: str, host: str, every: float | None = None, clock: Clock = REAL
+        self,
+        cluster: str,
+        alloc_id: str,
+        host: str,
+        every: float | None = None,
+        clock: Clock = REAL,
+        progress: Callable[[], dict[str, Any]] | None = None,
     ):
+        self.progress = progress
         self.path = paths.cluster(cluster).usage_file(alloc_id, host)
         self.gate = Every(sample_every() if every is None else every, clock)
         self.procs: dict[int, psutil.Process] = {}
@@ -94,6 +102,7 @@ class UsageSampler:
             "mem_total": mem.total,
             "gpus": [list(g) for g in gpu_usage(self.visible)],
             **({"jobs": self.jobs} if self.jobs else {}),
+            **({"progress": rows} if (rows := self.progress() if self.progress else None) else {}),
             **self.extra,
         }
 

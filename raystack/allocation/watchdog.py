@@ -5,10 +5,14 @@ the queue goes on.
   entrypoint resources) that cannot fit any node as the cluster is, for `infeasible_grace`
   seconds (spec, else the profile's, default 60 s): `infeasible: actor Big wants {GPU: 5}; the
   largest node has {GPU: 4, CPU: 16}`. Ray would let it wait forever, and every job behind it.
-- Hung: no new output and no CPU or GPU use by the job's processes for `hang_timeout` seconds
-  (spec, else the profile's; off by default): `hung: no output or activity for 30m`. The usage
-  samples of the node programs say what each job's processes used (allocation/usage.py);
-  without samples (a full filesystem) nothing is judged hung.
+- Hung: no progress for `hang_timeout` seconds (spec, else the profile's; off by default): no
+  new output, and no process of the job moved on any node (allocation/progress.py: its running
+  threads' stacks unchanged across the nodes' py-spy samples, no process started or ended).
+  Busy is not progress: a rank spinning in an NCCL collective whose peer never comes uses its
+  GPU and a CPU core fully. The nodes' usage samples carry what they saw (allocation/usage.py);
+  where a node cannot look at stacks (no py-spy) the CPU use of the job's processes stands in;
+  without samples (a full filesystem) nothing is judged hung. `hung: no progress for 30m ...`,
+  with what the stacks and the flight recorders show once the nodes dumped them (the runner).
 """
 
 from __future__ import annotations
@@ -24,18 +28,22 @@ from raystack.adapters import ray as rayapi
 from raystack.errors import RaystackError
 from raystack.plan.feasible import Demand, fmt, why_infeasible
 from raystack.slurmtime import duration_text
-from raystack.store import paths
-from raystack.store.ledger import JobRecord
+from raystack.store import cluster as records
+from raystack.store import diagnosis, paths, stacks
+from raystack.store import progress as watched
+from raystack.store.ledger import JobRecord, read_job, update_job
 from raystack.waiting import REAL, Clock
 
 log = logging.getLogger("raystack.runner")
 INFEASIBLE_EVERY = 5.0  # seconds between looks at a running job's pending demands
 HANG_EVERY = 10.0  # seconds between looks at a job's output and usage
+SPY_EVERY = (1.0, 30.0)  # the nodes sample a watched job's stacks every hang_timeout/6 within these
 CPU_ACTIVE = 0.05  # cores: a job whose busiest process used less over a sample did nothing
 GPU_ACTIVE = 5.0  # % utilisation of any GPU of the allocation that counts as activity
 DEFAULT_GRACE = float(os.environ.get("RAYSTACK_INFEASIBLE_GRACE") or 60)
 DEFAULT_HANG = float(os.environ.get("RAYSTACK_HANG_TIMEOUT") or 0) or None
 TAIL_BYTES = 16 << 10  # read from the end of each node's usage file
+STACK_WAIT = 40.0  # seconds a hung job waits for the nodes' stack and flight recorder dumps
 
 
 @dataclass
@@ -54,6 +62,8 @@ class Watch:
     log_size: int = -1
     sample_t: float = 0.0  # (wall) the newest usage sample read
     quiet_samples: int = 0  # samples since `active` that showed no activity
+    moved: dict[str, float] = field(default_factory=dict)  # host -> (wall) its last report of a move
+    spied: dict[str, int] = field(default_factory=dict)  # host -> stack samples it reported
 
 
 class Watchdog:
@@ -74,6 +84,8 @@ class Watchdog:
         self.clock, self.grace, self.hang = clock, grace, hang
         self.log_size = log_size or self._log_size
         self.watches: dict[str, Watch] = {}
+        self.spying: dict[str, float] | None = None  # the jobs the nodes sample (store/progress.py)
+        self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
 
     def watch(self, record: JobRecord) -> Watch:
         sid = record.attempts[-1].id
@@ -87,6 +99,21 @@ class Watchdog:
 
     def forget(self, sid: str) -> None:
         self.watches.pop(sid, None)
+        self.ask_nodes()
+
+    def ask_nodes(self) -> None:
+        """Tell the nodes which running jobs to sample (written only when the set changes)."""
+        wanted = {
+            w.job_id: min(max(w.hang / 6, SPY_EVERY[0]), SPY_EVERY[1])
+            for w in self.watches.values()
+            if w.hang and w.hang_checked > -1e18
+        }
+        if wanted != self.spying:
+            try:
+                watched.watch(self.cluster, wanted)
+                self.spying = wanted
+            except OSError as exc:  # (a full filesystem: the CPU rule stands in meanwhile)
+                log.warning("cannot ask the nodes to sample stacks: %s", exc)
 
     def check(self, record: JobRecord, info: Any, running: bool) -> str | None:
         """A fault text when the attempt in flight must be stopped (infeasible, hung), else None."""
@@ -108,10 +135,51 @@ class Watchdog:
             if now - since >= w.grace:
                 return f"infeasible: {why}"
         if running and w.hang and now - w.hang_checked >= min(HANG_EVERY, w.hang / 3):
+            first = w.hang_checked <= -1e18
             w.hang_checked = now
+            if first:
+                self.ask_nodes()
             if self.hung(record, w, now):
-                return f"hung: no output or activity for {duration_text(w.hang)}"
+                return f"hung: no progress for {duration_text(w.hang)} (no output, no stack moved)"
         return None
+
+    def fault(self, record: JobRecord, sid: str, fault: str) -> JobRecord:
+        """Say in the ledger at once why the attempt must stop; a hung job's stacks and flight
+        recorders are asked for from every node first (the runner stops it once stacks_pending
+        is False)."""
+        log.warning("%s %s", record.id, fault)
+        if fault.startswith("hung"):
+            fault = f"{fault}; stacks in {stacks.folder(self.cluster, record.id)}"
+            asked = stacks.request(self.cluster, record.id)
+            entries = records.read_node_entries(self.cluster)
+            hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
+            self.stacks_asked[sid] = (asked, self.clock.now() + STACK_WAIT, hosts)
+            return update_job(
+                self.cluster, record.id, fault=fault, message=f"{fault} (dumping stacks, then stopping it)"
+            )
+        return update_job(self.cluster, record.id, fault=fault, message=f"{fault} (stopping it)")
+
+    def stacks_pending(self, sid: str, job_id: str) -> bool:
+        """A hung job's dumps are still awaited (until every node answered, or STACK_WAIT); once
+        they are in, the job's fault says what they show (store/diagnosis.py)."""
+        if sid not in self.stacks_asked:
+            return False
+        asked, deadline, hosts = self.stacks_asked[sid]
+        if self.clock.now() < deadline and hosts - set(stacks.answered(self.cluster, job_id, asked)):
+            return True
+        del self.stacks_asked[sid]
+        folder = paths.cluster(self.cluster).job_files(job_id)
+        try:
+            found = diagnosis.diagnose(folder, since=asked)
+        except OSError as exc:
+            log.warning("%s: stacks not read: %s", job_id, exc)
+            found = ""
+        if found:
+            record = read_job(self.cluster, job_id)
+            head, _, where = (record.fault or "").partition("; stacks in ")
+            fault = f"{head}: {found}; stacks in {where}"[:1000]
+            update_job(self.cluster, job_id, fault=fault, message=f"{fault} (stopping it)")
+        return False
 
     # ------------------------------------------------------------------ infeasible
     def infeasible_now(self, record: JobRecord, info: Any, running: bool) -> dict[str, str] | None:
@@ -155,16 +223,17 @@ class Watchdog:
 
     # ------------------------------------------------------------------ hangs
     def hung(self, record: JobRecord, w: Watch, now: float) -> bool:
-        """No new output and no busy process or GPU in every usage sample since the last sign of
-        activity, over `hang` seconds (at least two samples: without samples nothing is hung)."""
+        """No new output and no process moving in any usage sample since the last sign of
+        progress, over `hang` seconds (at least two samples: without samples nothing is hung)."""
         size = self.log_size(record)
         if size != w.log_size:
             w.log_size, w.active, w.quiet_samples = size, now, 0
         for sample in self.samples_since(w.sample_t):
             w.sample_t = max(w.sample_t, float(sample.get("t", 0)))
-            if sample_active(sample, record.id):
+            moved = progress_in(sample, record.id, w)
+            if moved:
                 w.active, w.quiet_samples = now, 0
-            else:
+            elif moved is not None:
                 w.quiet_samples += 1
         return now - w.active >= (w.hang or float("inf")) and w.quiet_samples >= 2
 
@@ -201,6 +270,24 @@ class Watchdog:
             except OSError:
                 continue
         return total
+
+
+def progress_in(sample: dict[str, Any], job_id: str, w: Watch) -> bool | None:
+    """What one node's usage sample says of the job: True (a process of it moved since that node's
+    last report), False (a new stack sample in which none did), None (nothing new). A node that
+    cannot sample stacks (no py-spy; no row yet) says what its CPU and GPU use say, as before."""
+    row = (sample.get("progress") or {}).get(job_id)
+    if not isinstance(row, dict) or row.get("error"):
+        return sample_active(sample, job_id)
+    host = str(row.get("host"))
+    moved, spied = float(row.get("moved") or 0), int(row.get("n") or 0)
+    if moved > w.moved.get(host, 0.0):
+        w.moved[host], w.spied[host] = moved, spied
+        return True
+    if spied > w.spied.get(host, 0):
+        w.spied[host] = spied
+        return False
+    return None
 
 
 def sample_active(sample: dict[str, Any], job_id: str) -> bool:

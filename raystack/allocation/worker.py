@@ -18,6 +18,7 @@ from typing import Any
 
 from raystack.allocation.context import NodeContext, Stop, wait_for
 from raystack.allocation.duties import GpuReport, Reaper
+from raystack.allocation.progress import ProgressProbe
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
 from raystack.allocation.raystart import ray_env, ray_start_argv, stop_ray
 from raystack.allocation.stacks import StackRequests
@@ -168,13 +169,18 @@ class Worker:
         self.reap = Reaper(clock=clock)
         self.watch = HeadWatch(ctx, self.gcs, clock, probe)
         self.start_ray = start_ray or self._start_ray
+        progress = ProgressProbe(ctx.cluster, ctx.host, clock=clock)
         self.duties = [
             Guarded(name, duty, log, clock)
             for name, duty in (
                 ("GPU report", GpuReport(ctx, clock=clock)),
                 ("reaping", self.reap),
-                ("usage sample", UsageSampler(ctx.cluster, ctx.alloc_id, ctx.host, clock=clock)),
+                (
+                    "usage sample",
+                    UsageSampler(ctx.cluster, ctx.alloc_id, ctx.host, clock=clock, progress=progress.rows),
+                ),
                 ("stack dumps", StackRequests(ctx.cluster, ctx.host, clock=clock)),
+                ("progress", progress),
             )
         ]
         self.ray: RayProcess | None = None

@@ -226,24 +226,31 @@ def stacks(
     ] = "30s",
     as_json: JsonOpt = False,
 ) -> None:
-    """Dump the Python stacks of every process of a running job on every node (py-spy); the job
-    goes on. The dumps are kept in logs/jobs/<id>/stacks/."""
+    """Dump the Python stacks of every process of a running job on every node (py-spy), and its
+    ranks' flight recorders; the job goes on. The dumps are kept in logs/jobs/<id>/stacks/ (and
+    flight/); the last line says which ranks wait in which collective and which never arrived.
+    Of an ended job: the dumps taken before it was stopped (a hung job's)."""
     try:
         wait_s = parse_duration(timeout)
     except ValueError as exc:
         raise ConfigError(f"--timeout: {exc}") from None
     dumps = Job.get(job_id, cluster).stacks(timeout=wait_s)
     if as_json:
-        print_json({"folder": str(dumps.folder), "files": [str(f) for f in dumps.files], "late": dumps.late})
+        found = {"folder": str(dumps.folder), "files": [str(f) for f in dumps.files], "late": dumps.late}
+        print_json({**found, "summary": dumps.summary, "kept": dumps.kept})
         return
     for path in dumps.files:
         print(f"==> {path.name} <==")
         print(path.read_text(errors="replace"), end="")
     late = f"; no answer from {', '.join(dumps.late)}" if dumps.late else ""
+    taken = " (kept from before it was stopped)" if dumps.kept else ""
     err.print(
         f"raystack: {len(dumps.files)} process(es) of job {job_id} on {len(dumps.answered)} node(s)"
-        f"{late}; in {dumps.folder}"
+        f"{late}; in {dumps.folder}{taken}",
+        markup=False,
     )
+    if dumps.summary:
+        err.print(f"raystack: {dumps.summary}", markup=False)
     if not dumps.files:
         raise typer.Exit(1)
 

@@ -206,13 +206,17 @@ class Job:
 
     def stacks(self, timeout: float = 30.0) -> stacks.Dumps:
         """The Python stacks of every process of this running job on every node (py-spy, by each
-        node program), into logs/jobs/<id>/stacks/; the job goes on. Waits up to `timeout` s for
-        every node of the allocation to answer."""
+        node program), into logs/jobs/<id>/stacks/, with its ranks' flight recorders; the job goes
+        on. Waits up to `timeout` s for every node of the allocation to answer. Of an ended job:
+        the dumps kept from before it was stopped (a hung job's)."""
         record = self.record()
         if record.state not in (JobState.RUNNING, JobState.SUBMITTED):
+            found = stacks.kept(self.cluster, self.id)
+            if found.files or found.summary:  # (a hung job's, taken before it was stopped)
+                return found
             raise ClusterError(
-                f"job {self.id} is {record.state.value}: stacks are taken of a running job "
-                f"(a hung job's, taken before it was stopped, are in {stacks.folder(self.cluster, self.id)})"
+                f"job {self.id} is {record.state.value}: stacks are taken of a running job, "
+                "and none were taken of it before it ended"
             )
         cluster = records.read(self.cluster)
         entries = records.read_node_entries(self.cluster)

@@ -16,6 +16,8 @@ import shlex
 import signal
 from dataclasses import dataclass
 
+from raystack.store.raylogs import EXCEPTION, FATAL
+
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 
 
@@ -182,6 +184,50 @@ def failure(lines: list[str], code: int) -> tuple[int | None, int]:
     if ds:
         return rank, int(ds[-1])
     return rank, code
+
+
+NCCL_CODE = re.compile(r"^(nccl[A-Z]\w+)\b")  # ncclInvalidUsage: ..., ncclRemoteError: ...
+# What a rank says when another rank (or node) failed first: the echo, not the cause.
+NOISE = re.compile(
+    r"ncclRemoteError|remote process exited|Connection (closed|reset) by peer|Broken pipe|TCPStore|"
+    r"DistNetworkError|Socket Timeout|communicator was aborted|SIGTERM|got signal: 15",
+    re.IGNORECASE,
+)
+
+
+def cause(lines: list[str], rank: int | None) -> str:
+    """Why rank `rank` failed, from its own lines in a launcher's tail (`[rank3] ...`): the
+    exception that ends its traceback, else a line naming a CUDA/NCCL error or a fatal signal;
+    NCCL's error code and its 'Last error' line with it. '' when its output says nothing."""
+    tag = f"[rank{rank}] "
+    own = [ln[len(tag) :] for ln in lines if ln.startswith(tag)] if rank is not None else []
+    found = ""
+    for i, line in enumerate(own):
+        if line.startswith("Traceback (most recent call last)"):
+            found = next((f for f in own[i + 1 :] if f and not f[0].isspace() and EXCEPTION.match(f)), "")
+            if found:
+                break
+    if not found:
+        found = next((ln for ln in own if EXCEPTION.match(ln) or FATAL.search(ln)), "")
+    found = short(found.strip())
+    codes = [m[1] for ln in own if (m := NCCL_CODE.match(ln)) and m[1] not in found]
+    last = [own[i + 1].strip() for i, ln in enumerate(own[:-1]) if ln.strip() == "Last error:"]
+    extra = "; ".join(dict.fromkeys([*codes[:1], *last[:1]]))
+    return f"{found[:300]}{f' ({extra[:200]})' if extra else ''}" if found else extra[:300]
+
+
+def short(line: str) -> str:
+    """A CUDA out-of-memory line up to how much was asked and how much was free (its advice on
+    PYTORCH_CUDA_ALLOC_CONF is in the log); another line as it is."""
+    if "CUDA out of memory" in line:
+        return ". ".join(line.split(". ")[:3]).rstrip(".") + "."
+    return line
+
+
+def noise(text: str, code: int) -> bool:
+    """Whether a failure is most likely the echo of another's (stopped by the launcher, or NCCL or
+    the store reporting a peer that went away)."""
+    return code in (-15, 143) or bool(NOISE.search(text))
 
 
 # What argv sets on each launcher's command line, by the spec field that decides it (None: the

@@ -39,15 +39,18 @@ from raystack.launch.launchers import (
     LAUNCHERS,
     Rendezvous,
     argv,
+    cause,
     exit_words,
     failure,
     hostfile,
+    noise,
     rank_of,
 )
 from raystack.launch.process import die_with_parent
 
 POLL = 0.2  # seconds between reads of the launchers' output
 TAIL = 20  # lines of a failed node shown in the job's failure
+FIRST_WINDOW = 3.0  # seconds to see which other nodes fail after the first (whose error came first)
 
 
 class NodeLauncherImpl:
@@ -284,7 +287,7 @@ def follow(
             if code is not None and r not in codes:
                 codes[r] = code
                 if code != 0:
-                    return failed(actors, hosts, r, code, ns)
+                    return failed(actors, hosts, {r: code}, ns)
         time.sleep(POLL)
     summary = {
         "nodes": len(actors),
@@ -296,16 +299,36 @@ def follow(
     return 0
 
 
-def failed(actors: list, hosts: tuple[str, ...], node: int, code: int, ns: argparse.Namespace) -> int:
+def failed(actors: list, hosts: tuple[str, ...], failing: dict[int, int], ns: argparse.Namespace) -> int:
+    """A node's launcher exited non-zero: the others may follow within FIRST_WINDOW seconds (the
+    echo of the first failure: a peer gone, NCCL aborted); the job's failure names the node and
+    rank whose own error came first, with its cause line. Then every other node is stopped."""
     import ray
 
-    ray.get([a.stop.remote(2.0) for i, a in enumerate(actors) if i != node])
-    tail = ray.get(actors[node].last_lines.remote())
-    rank, exit_code = failure(tail, code)
+    deadline = time.time() + FIRST_WINDOW
+    while time.time() < deadline and len(failing) < len(actors):
+        for r, (lines, code) in enumerate(ray.get([a.poll.remote() for a in actors])):
+            for rank, line in lines:
+                print(f"[node {r}] {line}" if rank is None else f"[node {r} rank {rank}] {line}", flush=True)
+            if code not in (None, 0) and r not in failing:
+                failing[r] = code
+        time.sleep(POLL)
+    ray.get([a.stop.remote(2.0) for i, a in enumerate(actors) if i not in failing])
+    said = []
+    for node, code in failing.items():  # (in the order they were seen)
+        tail = ray.get(actors[node].last_lines.remote())
+        rank, exit_code = failure(tail, code)
+        said.append((node, tail, rank, exit_code, cause(tail, rank)))
+    node, tail, rank, exit_code, why = next((s for s in said if not noise(s[4], s[3])), said[0])
     for line in tail[-TAIL:]:
         print(f"[node {node}] | {line}", flush=True)
     who = f"node {node} rank {rank if rank is not None else '?'} exited {exit_words(exit_code)}"
-    print(f"raystack spmd: {who} (host {hosts[node]}, {ns.launcher}); every other node stopped", flush=True)
+    others = f"; {len(failing) - 1} other node(s) failed after it" if len(failing) > 1 else ""
+    print(
+        f"raystack spmd: {who}{f': {why}' if why else ''} (host {hosts[node]}, {ns.launcher}){others}; "
+        "every other node stopped",
+        flush=True,
+    )
     return exit_code if 0 < exit_code < 256 else 1
 
 

@@ -213,8 +213,8 @@ class JobSpec(SpecModel):
     retry_window: float | None = None
     """How soon after its start a failure is retried (default 5m; 0/off: any failure)."""
     hang_timeout: float | None = None
-    """Stop the job after a stack dump when it prints nothing and uses no CPU or GPU this long
-    (default: the profile's; 0/off: never)."""
+    """Stop the job after a stack dump when it makes no progress this long: no output, and no
+    process's stack moves (busy CPUs and GPUs are no progress) (default: the profile's; 0/off: never)."""
     infeasible_grace: float | None = None
     """Stop the job when a demand of it fits no node this long (default: the profile's, 60s; 0/off: never)."""
     stop_grace: float = 30.0

@@ -179,8 +179,8 @@ class Profile(SpecModel):
     """A job whose actor, task or placement group fits no node for this long is stopped, FAILED naming
     the demand (0/off: never)."""
     hang_timeout: float | None = None
-    """A job with no output and no CPU or GPU use for this long is stopped after a stack dump (0/off:
-    never; a spec may set its own)."""
+    """A job with no progress for this long (no output, no process's stack moving, however busy its
+    CPUs and GPUs) is stopped after a stack dump (0/off: never; a spec may set its own)."""
     folder_cap: Size | None = Size("8G")
     """The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage samples and
     worker logs are pruned beyond it (0/off: never)."""

@@ -5,11 +5,14 @@ excludes), resources and metadata. Pure functions; the queue runner submits the 
 from __future__ import annotations
 
 import math
+import os
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from raystack.launch import PIN_DIR, SUBMIT_DIR_ENV
 from raystack.spec.planning import PlanSpec, occupied, substitute
+from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
 
@@ -44,6 +47,50 @@ def driver_entrypoint(entrypoint: str, folder: str | None = None) -> str:
     return DRIVER_PREFIX + enter + entrypoint
 
 
+# PyTorch's own evidence of a stuck collective (read in torch 2.11 and 2.13; older names in
+# brackets, which torch still reads and which a user may have set instead):
+#   TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE)   the flight recorder: each rank keeps its
+#       last N collectives, with sequence numbers and states (0: off)
+#   TORCH_NCCL_DUMP_ON_TIMEOUT=1   when NCCL's watchdog times a collective out, every rank dumps it
+#   TORCH_FR_DUMP_TEMP_FILE (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)   ... into <prefix><rank>: the job's
+#       logs/jobs/<id>/flight/rank_<r> (the queue runner makes the folder)
+#   TORCH_NCCL_DEBUG_INFO_PIPE_FILE   each rank opens the named pipe <prefix><rank>.pipe; a write to
+#       it dumps the recorder at once: the nodes do that for a job judged hung (node-local /tmp,
+#       which exists everywhere: torch fails the process group if it cannot make the pipe)
+#   TORCH_NCCL_ASYNC_ERROR_HANDLING=3   a failed or timed-out collective ends the process (torch's
+#       default, said explicitly: a site's 0 would leave a rank running after an NCCL error)
+#   TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC   a rank whose NCCL watchdog
+#       thread itself is stuck this long is ended by torch (the job's hang_timeout, at least 60 s)
+FLIGHT_PREFIX = "rank_"
+TORCH_ALIASES = {
+    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+}
+
+
+def torch_env(request: JobRequest, cluster: str, inherited: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The torch.distributed variables raystack sets for a job, less any the user set (in the
+    spec's env, or in the environment the cluster was started with), under either name."""
+    flight = paths.cluster(cluster).job_files(request.id) / "flight"
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": f"{flight}/{FLIGHT_PREFIX}",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"/tmp/raystack-fr-{request.id}-rank",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+    }
+    hang = (
+        request.hang_timeout
+        if request.hang_timeout is not None
+        else float(inherited.get("RAYSTACK_HANG_TIMEOUT") or 0)
+    )
+    if hang:
+        env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(max(60, math.ceil(hang)))
+    given = set(request.env) | set(inherited)
+    return {k: v for k, v in env.items() if k not in given and TORCH_ALIASES.get(k) not in given}
+
+
 def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> dict[str, str]:
     """The environment conventions every job gets (documented in the README), spec env on top.
 
@@ -69,6 +116,7 @@ def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> di
         env[SUBMIT_DIR_ENV] = folder
     for key, path in request.outputs.items():
         env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
+    env.update(torch_env(request, cluster.name))
     env.update(request.env)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env

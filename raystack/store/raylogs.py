@@ -44,7 +44,7 @@ DIED = re.compile(r"worker process has died|ActorDiedError|actor is dead|connect
 EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\b.*)$")
 FATAL = re.compile(
     r"(CUDA error|NCCL error|NCCL WARN|Fatal Python error|Segmentation fault|\*\*\* SIG\w+ received|"
-    r"OutOfMemory|out of memory|Killed|core dumped)",
+    r"OutOfMemory|out of memory|Killed|core dumped|collective operation timeout|watchdog got stuck)",
     re.IGNORECASE,
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

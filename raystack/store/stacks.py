@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raystack.store import paths
+from raystack.store import diagnosis, paths
 from raystack.store.files import atomic_write, locked
 
 REQUEST = "stacks.request"
@@ -64,6 +64,8 @@ class Dumps:
     files: list[Path] = field(default_factory=list)  # one per process, <host>-<pid>.txt
     answered: list[str] = field(default_factory=list)  # hosts that answered
     late: list[str] = field(default_factory=list)  # hosts that did not within the time given
+    summary: str = ""  # what they show (store/diagnosis.py): ranks, collectives, flight recorders
+    kept: bool = False  # the dumps taken before an ended job was stopped (nothing asked now)
 
 
 def answer(cluster: str, job_id: str, host: str, asked: float, count: int) -> None:
@@ -93,4 +95,13 @@ def wait(cluster: str, job_id: str, asked: float, hosts: list[str], timeout: flo
         time.sleep(0.2)
     where = folder(cluster, job_id)
     files = sorted(p for p in where.glob("*.txt") if p.stat().st_mtime >= asked - 1) if where.is_dir() else []
-    return Dumps(where, files, done, late)
+    summary = diagnosis.diagnose(where.parent, since=asked - 1)
+    return Dumps(where, files, done, late, summary)
+
+
+def kept(cluster: str, job_id: str) -> Dumps:
+    """The dumps in a job's folder as they are (an ended job's: taken before it was stopped)."""
+    where = folder(cluster, job_id)
+    files = sorted(where.glob("*.txt")) if where.is_dir() else []
+    hosts = sorted(p.name.removeprefix(DONE) for p in where.glob(f"{DONE}*")) if where.is_dir() else []
+    return Dumps(where, files, hosts, [], diagnosis.diagnose(where.parent), kept=True)

@@ -4,6 +4,7 @@ Jobs API and State API (the same on the testbed: tests/testbed/test_soak.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import pytest
 
 from raystack.allocation.runner import Runner
 from raystack.allocation.watchdog import sample_active
-from raystack.store import paths, queue, stacks
+from raystack.store import cluster as records
+from raystack.store import paths, progress, queue, stacks
 from raystack.store.ledger import JobRequest, JobState, read_job, update_job
 from tests.allocation.test_runner import FakeApi, Free, home  # noqa: F401 (the fixture)
 from tests.conftest import wait_until
 
+GPU = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 BIG = {"kind": "actor", "name": "Big", "bundles": [{"CPU": 1.0, "GPU": 5.0}], "ray_infeasible": False}
 
 
@@ -151,7 +154,7 @@ def test_a_silent_idle_job_is_hung_its_stacks_asked_for_then_stopped(home: Path)
     assert api.stopped == [job]  # (no node entries here: nobody to wait for)
     r.tick()
     record = read_job("c", job)
-    assert record.state is JobState.FAILED and record.message.startswith("hung: no output or activity for 1m")
+    assert record.state is JobState.FAILED and record.message.startswith("hung: no progress for 1m")
     assert "stacks in" in record.message and record.attempt_ids == [job]
     r.tick()
     assert api.submitted == [job, after]
@@ -187,6 +190,105 @@ def test_without_usage_samples_nothing_is_judged_hung(home: Path) -> None:  # no
         clock.t += 10
         r.tick()
     assert api.stopped == [] and read_job("c", job).state is JobState.RUNNING
+
+
+def write_progress(job: str, t: float, n: int, moved: float, busy: float = 1.0, host: str = "node1") -> None:
+    """One usage sample of `host` with its progress row (allocation/progress.py) for `job`:
+    `busy` cores and a GPU at 100 % whatever the stacks say."""
+    path = paths.cluster("c").usage_file("100", host)
+    row = {"host": host, "n": n, "moved": moved, "procs": 2}
+    sample = {"t": t, "cpu": 50, "ours": busy, "gpus": [[100.0, 1485, 81559]], "jobs": {job: [busy, busy, 2]}}
+    with open(path, "a") as fh:
+        fh.write(json.dumps({**sample, "progress": {job: row}}) + "\n")
+
+
+def running_job(api: FakeApi, clock: Clock, **fields: object) -> tuple[Runner, str]:
+    r = runner(api, clock)
+    job = submit("spins", **fields)
+    r.tick()
+    api.set(job, "RUNNING")
+    r.tick()
+    log = paths.cluster("c").job_log(job)
+    wait_until(lambda: log.exists() and log.stat().st_size > 0, 30, "the log tail's first write")
+    return r, job
+
+
+def test_a_job_busy_on_every_meter_whose_stacks_never_move_is_hung(home: Path) -> None:  # noqa: F811
+    """2 x H100: rank 0 spun in all_reduce + synchronize at 100 % GPU and a full core, its peer never
+    came; the old rule (no CPU, no GPU use) saw activity and let it run 9 minutes past the timeout."""
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=60)
+    assert progress.watched("c") == {job: 10.0}  # the nodes were asked to sample its stacks
+    t = time.time()
+    for i in range(8):  # 80 s: busy, never moving
+        write_progress(job, t + 10 * i, n=i + 1, moved=0.0)
+        clock.t += 10
+        r.tick()
+    assert api.stopped == [job], read_job("c", job).message
+    r.tick()
+    record = read_job("c", job)
+    assert record.state is JobState.FAILED
+    assert record.message.startswith("hung: no progress for 1m (no output, no stack moved)"), record.message
+    assert progress.watched("c") == {}  # nothing more to sample
+
+
+def test_a_job_whose_stacks_move_is_not_hung_however_quiet(home: Path) -> None:  # noqa: F811
+    """A learner waiting on a slow generator: nothing printed, the learner asleep, but the
+    generator's stack moves on another node."""
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=30)
+    t = time.time()
+    for i in range(20):  # 200 s without output
+        write_progress(job, t + 10 * i, n=i + 1, moved=0.0, busy=0.0, host="node1")  # the learner
+        write_progress(job, t + 10 * i, n=i + 1, moved=t + 10 * i if i % 2 else 0.0, host="node2")
+        clock.t += 10
+        r.tick()
+    assert api.stopped == [] and read_job("c", job).state is JobState.RUNNING
+
+
+def test_a_node_without_py_spy_falls_back_to_cpu_use(home: Path) -> None:  # noqa: F811
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=30)
+    path = paths.cluster("c").usage_file("100", "node1")
+    t = time.time()
+    for i in range(10):
+        row = {"host": "node1", "n": i + 1, "moved": 0.0, "procs": 1, "error": "py-spy not found"}
+        sample = {"t": t + 10 * i, "gpus": [], "jobs": {job: [0.9, 0.9, 1]}, "progress": {job: row}}
+        with open(path, "a") as fh:
+            fh.write(json.dumps(sample) + "\n")
+        clock.t += 10
+        r.tick()
+    assert api.stopped == []  # (busy, and nothing better is known)
+
+
+def test_a_hung_jobs_message_names_the_rank_that_never_arrived(home: Path) -> None:  # noqa: F811
+    """The stacks and flight recorders dumped on 2 x H100 (tests/fixtures/gpu) put in the job's
+    folder as the nodes would: the message says what they show."""
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=60)
+    records.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
+    t = time.time()
+    for i in range(8):
+        write_progress(job, t + 10 * i, n=i + 1, moved=0.0)
+        clock.t += 10
+        r.tick()
+    asked = stacks.requests("c")[job]
+    assert "dumping stacks" in read_job("c", job).message and api.stopped == []  # waits for the node
+    job_dir = paths.cluster("c").job_files(job)
+    shutil.copytree(GPU / "stacks", job_dir / "stacks", dirs_exist_ok=True, copy_function=shutil.copy)
+    shutil.copytree(GPU / "flight", job_dir / "flight", dirs_exist_ok=True, copy_function=shutil.copy)
+    stacks.answer("c", job, "vm", asked, 2)
+    r.tick()
+    assert api.stopped == [job]
+    r.tick()
+    message = read_job("c", job).message
+    assert message.startswith("hung: no progress for 1m (no output, no stack moved): flight recorder: "), (
+        message
+    )
+    assert "rank 1 never reached it (last collective #1)" in message
+    assert "rank 1 never arrived (asleep in <module> (hang.py:17))" in message
+    assert "rank 0 waits for the GPU (torch.cuda.synchronize) at hang.py:20" in message
+    assert message.endswith(f"stacks in {job_dir / 'stacks'}")
 
 
 @pytest.mark.parametrize(("ran", "retried"), [(20.0, True), (900.0, False)])

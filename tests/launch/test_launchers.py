@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from raystack.launch.launchers import (
     Rendezvous,
     argv,
+    cause,
     exit_words,
     failure,
     hostfile,
+    noise,
     shell_exit_words,
     wants_multi_gpu,
 )
@@ -161,3 +165,61 @@ def test_a_shells_exit_status_names_the_signal() -> None:
     assert shell_exit_words(137) == "137 (killed by SIGKILL, most often the out-of-memory killer)"
     assert shell_exit_words(139) == "139 (killed by SIGSEGV)"
     assert [shell_exit_words(c) for c in (0, 3, 128, 255)] == ["0", "3", "128", "255"]
+
+
+GPU = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+
+
+def torchrun_tail(name: str, rank: int) -> list[str]:
+    """A launcher's tail as the node's actor keeps it: the failing rank's own lines (recorded on 2 x
+    H100 under plain torchrun, tests/fixtures/gpu) tagged with its rank, then torchrun's summary."""
+    text = (GPU / f"torchrun-{name}.txt").read_text().splitlines()
+    cut = next(i for i, ln in enumerate(text) if "Sending process" in ln or "failed (exitcode" in ln)
+    own = [f"[rank{rank}] {ln}" for ln in text[:cut] if "run.py:" not in ln]
+    return own + text[cut:]
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "code", "says"),
+    [
+        (
+            "oom",
+            0,
+            1,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total "
+            "capacity of 79.18 GiB of which 78.66 GiB is free.",
+        ),
+        ("assert", 0, 1, "torch.AcceleratorError: CUDA error: device-side assert triggered"),
+        (
+            "dup",
+            0,
+            1,
+            "torch.distributed.DistBackendError: NCCL error in: "
+            "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run with "
+            "NCCL_DEBUG=WARN for details), NCCL version 2.28.9 (ncclInvalidUsage; "
+            "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60)",
+        ),
+        ("segv", 1, -11, ""),
+        ("kill", 1, -9, ""),
+    ],
+)
+def test_the_cause_of_a_ranks_death_is_its_own_error_line(name: str, rank: int, code: int, says: str) -> None:
+    """2 x H100: the job's message said only 'node 0 rank 0 exited 1'; the line that says why was in
+    the log only."""
+    tail = torchrun_tail(name, rank)
+    assert failure(tail, 1) == (rank, code)
+    assert cause(tail, rank) == says
+    assert not noise(says, code)
+
+
+def test_the_echo_of_another_ranks_failure_is_noise() -> None:
+    echo = (
+        "torch.distributed.DistBackendError: NCCL error ... ncclRemoteError: A call failed possibly "
+        "due to a network error or a remote process exiting prematurely."
+    )
+    assert noise(echo, 1) and noise("", -15) and noise("", 143)
+    assert not noise("torch.OutOfMemoryError: CUDA out of memory.", 1)
+    assert cause(["[rank2] Fatal Python error: Segmentation fault", "[rank3] boom"], 2) == (
+        "Fatal Python error: Segmentation fault"
+    )
+    assert cause(["[rank1] nothing to see"], 1) == "" and cause(["x"], None) == ""

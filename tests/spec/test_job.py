@@ -151,6 +151,32 @@ def test_uv_opt_in() -> None:
     assert jobs.job_env(req, ClusterRecord(name="c"))["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "1"
 
 
+def test_every_job_gets_torchs_own_hang_evidence_unless_the_user_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flight recorder on, dumped on NCCL's timeout into the job's folder and on raystack's ask
+    through a pipe in the node's /tmp (torch 2.11 and 2.13 read these names); what the user set, in
+    the spec or in the cluster's environment, under either of torch's names, stays theirs."""
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    req = ledger.JobRequest(id="t-1", name="t", cluster="c", entrypoint="x", hang_timeout=90)
+    env = jobs.job_env(req, ClusterRecord(name="c"))
+    flight = tmp_path / "clusters" / "c" / "logs" / "jobs" / "t-1" / "flight"
+    assert {k: v for k, v in env.items() if k.startswith("TORCH_")} == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": f"{flight}/rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/raystack-fr-t-1-rank",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "90",
+    }
+    mine = req.model_copy(update={"env": {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "hang_timeout": None})
+    env = jobs.torch_env(mine, "c", inherited={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
+    assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
+    assert "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC" not in env  # (no hang_timeout: torch's own default)
+    assert jobs.job_env(mine, ClusterRecord(name="c"))["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0"
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"),
     [

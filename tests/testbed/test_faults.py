@@ -1,0 +1,138 @@
+"""Hangs and deaths as distributed jobs really meet them, on a 2-node testbed cluster (CPU, gloo;
+the same on GPUs with NCCL: tests/gpu/suite.py's `faults` part).
+
+Hang = no progress, whatever the meters say (allocation/progress.py): a torchrun job whose rank 1
+never joins the second all-reduce ends FAILED `hung: ...` naming the rank that never arrived,
+whether rank 0 sleeps in gloo's wait or spins on a CPU core inside one call (as NCCL spins in
+cudaStreamSynchronize); a quiet evaluation whose stack changes, and a GRPO-shaped job whose
+learner sleeps while its generator works, print nothing for longer than their hang_timeout and
+SUCCEED. A rank killed by SIGKILL or SIGSEGV ends the job FAILED within 30 s, the rank and the
+signal in the message. The job queued behind each fault runs."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.client import Job
+from raystack.store.ledger import JobState
+
+from ..conftest import module_home
+from .test_spmd import launched
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+DEBUG = Path(__file__).resolve().parents[2] / "jobs" / "debug"
+HANG = 20  # s: the faulty jobs' hang_timeout
+PROFILE = """\
+description: testbed, usage sampled every 2 s
+partition: testbed
+gpus_per_node: 4
+cpus_per_task: 4
+object_store_memory: 256MB
+join_timeout: 120s
+env:
+  RAYSTACK_TESTBED: "1"
+  RAYSTACK_SAMPLE_EVERY: "2"
+"""
+
+
+@pytest.fixture(scope="module")
+def fl(testbed: Path) -> Iterator[dict]:
+    with module_home(testbed, "faults") as home:
+        profile = home / "faults.yaml"
+        profile.write_text(PROFILE)
+        cluster = Cluster.up(2, profile=str(profile), name="fl", timeout=300)
+        yield {"cluster": cluster}
+        cluster.down()
+
+
+def rankfault(cluster: Cluster, mode: str, *extra: str, hang: float = HANG) -> Job:
+    return cluster.submit(
+        DEBUG / "rankfault.yaml",
+        sets=[
+            f"name=rf-{mode}",
+            f"command=rankfault.py --mode {mode} {' '.join(extra)}",
+            "procs_per_node=1",
+            f"hang_timeout={hang:g}s",
+        ],
+    )
+
+
+def first_line_time(job: Job) -> float:
+    """When the ranks were past their first all-reduce (their RANKFAULT first line, as logged)."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if "RANKFAULT first" in job.logs():
+            return time.time()
+        if job.record().state.is_terminal():
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"no RANKFAULT first line: {job.logs()[-2000:]}")
+
+
+@pytest.mark.parametrize("mode", ["hang", "spin"])
+def test_a_rank_that_never_joins_ends_the_job_hung_with_the_rank_named(fl: dict, mode: str) -> None:
+    cluster = fl["cluster"]
+    job, after = rankfault(cluster, mode), cluster.submit(DEBUG / "hello.yaml")
+    since = first_line_time(job)
+    record = job.wait(timeout=HANG + 200)
+    took = (record.ended or time.time()) - since
+    assert record.state is JobState.FAILED, record.message
+    assert record.message.startswith(f"hung: no progress for {HANG}s (no output, no stack moved): "), (
+        record.message
+    )
+    assert took <= HANG + 60, (took, record.message)
+    if mode == "hang":  # (asleep in gloo's wait: its stack is in all_reduce)
+        assert re.search(r"rank 0 waits in all_reduce at rankfault\.py:\d+", record.message), record.message
+        assert re.search(r"rank 1 never arrived \(asleep in main \(rankfault\.py:\d+\)\)", record.message)
+    else:  # (spinning inside one call on a CPU core: where, and rank 1 asleep in its sleep)
+        assert re.search(r"rank 0 running in main \(rankfault\.py:\d+\)", record.message), record.message
+        assert re.search(r"rank 1 asleep in main \(rankfault\.py:\d+\)", record.message)
+    dumps = job.stacks()
+    assert dumps.kept and {p.name.split("-")[0] for p in dumps.files} >= {"node1", "node2"}
+    assert after.wait(timeout=300).state is JobState.SUCCEEDED
+    assert launched(fl["cluster"].record().allocation_id or "") == []
+
+
+def test_a_quiet_evaluation_whose_stack_moves_is_not_hung(fl: dict) -> None:
+    job = rankfault(fl["cluster"], "busy", "--seconds", str(2 * HANG + 10), hang=HANG)
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, record.message
+    assert job.logs().count("RANKFAULT done") == 2
+
+
+def test_a_learner_waiting_on_a_slow_generator_is_not_hung(fl: dict) -> None:
+    job = fl["cluster"].submit(
+        ["python", "slowgen.py", "--rounds", "2", "--seconds", str(HANG + 10)],
+        sets=[f"working_dir={DEBUG}", "name=slowgen", f"hang_timeout={HANG}s"],
+    )
+    record = job.wait(timeout=600)
+    assert record.state is JobState.SUCCEEDED, record.message
+    assert '"rounds": 2' in job.logs()
+
+
+def fault_time(job: Job) -> float:
+    """When the rank met its fault, as it said (`RANKFAULT fault kill t=...`)."""
+    found = re.search(r"RANKFAULT fault \S+ t=([\d.]+)", job.logs())
+    assert found, job.logs()[-3000:]
+    return float(found[1])
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"), [("kill", "-9 (killed by SIGKILL)"), ("segv", "-11 (killed by SIGSEGV)")]
+)
+def test_a_rank_that_dies_fails_the_job_within_30s_naming_it(fl: dict, mode: str, words: str) -> None:
+    cluster = fl["cluster"]
+    job, after = rankfault(cluster, mode), cluster.submit(DEBUG / "hello.yaml")
+    record = job.wait(timeout=300)
+    assert record.state is JobState.FAILED, record.message
+    assert f"node 1 rank 1 exited {words}" in record.message, record.message
+    took = (record.ended or 0) - fault_time(job)
+    assert took <= 30, (took, record.message)
+    assert after.wait(timeout=300).state is JobState.SUCCEEDED
+    assert launched(cluster.record().allocation_id or "") == []
