@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -132,8 +134,15 @@ class Engine:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, seed: int) -> list[list[list[int]]]:
-        """`n` sampled responses (token ids) per prompt, temperature 1."""
+    def generate(
+        self, prompts: list[list[int]], n: int, max_tokens: int, seed: int, die_in: float | None = None
+    ) -> list[list[list[int]]]:
+        """`n` sampled responses (token ids) per prompt, temperature 1. `die_in`: this engine's
+        process is killed (SIGKILL) that many seconds into the call, as a GPU fault or the
+        out-of-memory killer would end it in the middle of a step."""
+        if die_in is not None:
+            print(f"GRPO_FAULT engine pid {os.getpid()} dies in {die_in:g}s t={time.time():.3f}", flush=True)
+            threading.Timer(die_in, os.kill, (os.getpid(), signal.SIGKILL)).start()
         if self.backend == "vllm":
             from vllm import SamplingParams
 

@@ -60,6 +60,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--learner-cpus-per-gpu", type=int, default=1, help="CPUs in each learner bundle per GPU")
     p.add_argument("--rollouts", choices=["auto", "vllm", "torch"], default="auto")
     p.add_argument(
+        "--kill-engine-at-step",
+        type=int,
+        default=-1,
+        help="fault test: engine 0 is killed (SIGKILL) mid-generation",
+    )
+    p.add_argument(
         "--dir", default=os.environ.get("RAYSTACK_OUTPUT_CHECKPOINTS", ""), help="absolute, shared"
     )
     return p.parse_args()
@@ -126,8 +132,9 @@ def generate(engines: list, prompts: list[list[int]], args: argparse.Namespace, 
     share = -(-len(prompts) // len(engines))
     parts = [prompts[i * share : (i + 1) * share] for i in range(len(engines))]
     seed = args.seed * 1_000_003 + step
+    die = {0: 0.05} if step == args.kill_engine_at_step else {}  # (seconds into its generate)
     refs = [
-        e.generate.remote(p, args.group_size, tiny.RESPONSE_LEN, seed + i)
+        e.generate.remote(p, args.group_size, tiny.RESPONSE_LEN, seed + i, die.get(i))
         for i, (e, p) in enumerate(zip(engines, parts, strict=True))
         if p
     ]

@@ -447,7 +447,9 @@ class Runner:
             later.daemon = True
             later.start()
         if error and not record.fault:  # (a stuck job's actors died because it was stopped)
-            message = f"{error} ({message})"[:1000]
+            # (the driver's last line is often Ray's words for the same death: not twice)
+            said = message.split(":", 1)[0] if raylogs.DIED.search(message) else message
+            message = f"{error} ({said})"[:1000]
         self.finish(
             record,
             state,

@@ -44,7 +44,8 @@ DIED = re.compile(r"worker process has died|ActorDiedError|actor is dead|connect
 EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Fault)\b.*)$")
 FATAL = re.compile(
     r"(CUDA error|NCCL error|NCCL WARN|Fatal Python error|Segmentation fault|\*\*\* SIG\w+ received|"
-    r"OutOfMemory|out of memory|Killed|core dumped|collective operation timeout|watchdog got stuck)",
+    r"OutOfMemory|out of memory|Killed|core dumped|collective operation timeout|watchdog got stuck|"
+    r"terminate called after)",
     re.IGNORECASE,
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -328,6 +329,31 @@ def last_exception(text: str) -> str:
     return lines[0][:300] if lines else "error"
 
 
+def died_words(text: str) -> str:
+    """Ray's words for an actor whose process went away, short, with what they mean."""
+    kind = re.search(r"Worker exit type: (\w+)", text)
+    if "connection error code" in text or "End of file" in text:
+        return (
+            "its process died abruptly (killed by a signal such as SIGKILL or the out-of-memory killer, "
+            f"or a crash such as SIGSEGV; Ray: {kind[1] if kind else 'worker died'})"
+        )
+    detail = re.search(r"Worker exit detail: ([^.]*\.)", text)
+    if detail:
+        return f"its process died ({f'{kind[1]}: ' if kind else ''}{detail[1]})"
+    return last_exception(text)
+
+
+def _errors_among(lines: list[str]) -> str:
+    """The error lines among a worker's last stderr lines ('' when they say nothing of one)."""
+    return " | ".join(ln for ln in lines[-3:] if EXCEPTION.match(ln) or FATAL.search(ln))
+
+
+def _only(found: dict[tuple[str, int], WorkerLog], host: str, actor: str) -> WorkerLog | None:
+    """The one worker of `actor` on `host` (a failed task's record may lack the pid), else None."""
+    same = [w for (h, _), w in found.items() if h == host and w.actor == actor and w.pid]
+    return same[0] if len(same) == 1 else None
+
+
 def _markers(text: str) -> tuple[str | None, str]:
     """The Ray job a worker served (`:job_id:`) and its actor (`:actor_name:`) or task name."""
     job = actor = task = None
@@ -373,26 +399,27 @@ def gather(
     for event in events or []:
         host = (hosts or {}).get(event.get("ip") or "", event.get("ip") or "unknown")
         pid = int(event.get("pid") or 0)
-        worker = found.get((host, pid))
+        worker = found.get((host, pid)) or (None if pid else _only(found, host, str(event.get("actor"))))
         if worker is None:
             ray_job = record.attempts[-1].ray_job_id or ""
             worker = found[(host, pid)] = WorkerLog(host, str(event.get("actor")), pid, ray_job, last)
-        rel = f"{host}/{_safe(worker.actor)}-{pid}.error"
-        recorded.setdefault(rel, []).append(str(event["error"]).rstrip("\n") + "\n")
+        rel = f"{host}/{_safe(worker.actor)}-{worker.pid}.error"
+        text = str(event["error"])
+        recorded.setdefault(rel, []).append(text.rstrip("\n") + "\n")
         if rel not in worker.files:
             worker.files.append(rel)
         at = event.get("at")
-        said = last_exception(str(event["error"]))
-        if DIED.search(str(event["error"])) and (worker.error or worker.last_err):
-            # A worker that died hard (os._exit, a signal): Ray knows only that its process went;
-            # what it said last on its stderr says why.
-            own = worker.error or " | ".join(worker.last_err[-3:])
-            if "process died" not in own:
-                own = f"{own} (then its process died: {said[:120]})"
-            worker.error = own
-            worker.at = at or worker.at
+        if DIED.search(text):
+            # A worker that died hard (os._exit, a signal, the OOM killer): Ray knows only that its
+            # process went; an error it wrote last on its stderr says why, if it wrote one.
+            said, own = died_words(text), worker.error or _errors_among(worker.last_err)
+            if not own or "process died" in own:
+                worker.error = own or said
+            else:
+                worker.error = f"{own} (then {said})"
+            worker.at = min(a for a in (at, worker.at) if a) if (at or worker.at) else None
         elif worker.error is None or (at and (worker.at is None or at < worker.at)):
-            worker.error, worker.at = said, at
+            worker.error, worker.at = last_exception(text), at
     for rel, texts in recorded.items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / rel, "".join(texts))

@@ -177,7 +177,7 @@ def test_an_error_ray_recorded_without_a_pid_names_no_pid(home: Path) -> None:
     assert raylogs.summary([worker]) == "node9 Learner: RuntimeError: lost"
 
 
-def test_a_worker_that_died_hard_is_named_by_its_last_stderr_lines(home: Path) -> None:
+def test_a_worker_that_died_hard_is_named_by_its_last_stderr_error(home: Path) -> None:
     """cde9410: an actor that wrote `RuntimeError: KAPUTT-node3` to its stderr and then called
     os._exit(1) was named only by Ray's "The actor is dead because its worker process has died
     ... connection error code 2" (Ray's time of death is earlier than the copy of the stderr)."""
@@ -214,4 +214,38 @@ def test_a_worker_that_died_hard_is_named_by_its_last_stderr_lines(home: Path) -
         "node3 Worker pid 21: RuntimeError: KAPUTT-node3 (then its process died"
     )
     quiet = next(w for w in workers if w.actor == "Quiet")
-    assert quiet.error is not None and quiet.error.startswith("bye (then its process died")
+    # (a last line that is no error says nothing: Ray's words, short, with what they mean)
+    assert quiet.error == (
+        "its process died abruptly (killed by a signal such as SIGKILL or the out-of-memory killer, "
+        "or a crash such as SIGSEGV; Ray: SYSTEM_ERROR)"
+    )
+
+
+def test_a_failed_tasks_record_without_a_pid_is_its_actors(home: Path) -> None:
+    """GRPO on the testbed, a vLLM engine SIGKILLed mid-generate: Ray's record of the failed task
+    `Engine.generate` had no pid, and the job's message named 'node1 Engine' twice, once with its
+    last stderr lines (weights loading, a socket warning) taken for the cause."""
+    logs = ray_logs(home)
+    (logs / f"worker-{31:056x}-ffffffff-31.err").write_text(
+        ":job_id:05000000\n:actor_name:Engine\nLoading safetensors checkpoint shards: 100% Completed\n"
+        "[rank0]:[W1126 19:32:25.056407964 socket.cpp:207] [c10d] The hostname of the client socket "
+        "cannot be retrieved.\n"
+    )
+    LogSync("c", "node1", "77", home / "ray", Caps(every=0)).start().final()
+    request = JobRequest(id="j5", name="j5", cluster="c", entrypoint="python x.py")
+    attempt = Attempt(id="j5", allocation="77", ray_job_id="05000000")
+    record = JobRecord(id="j5", name="j5", request=request, attempts=[attempt])
+    died = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."
+    )
+    events = [
+        {"ip": "10.0.0.1", "pid": None, "actor": "Engine", "error": f"ActorDiedError: {died}", "at": 5.0},
+        {"ip": "10.0.0.1", "pid": 31, "actor": "Engine", "error": died, "at": 5.1},
+    ]
+    workers = raylogs.gather("c", record, events, {"10.0.0.1": "node1"})
+    assert [w.pid for w in workers if w.actor == "Engine"] == [31]
+    assert raylogs.summary(workers) == (
+        "node1 Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "
+        "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR)"
+    )

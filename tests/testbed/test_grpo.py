@@ -9,6 +9,7 @@ learners on two nodes and the two engines on the two others.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,26 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_debug_job_follows(gc: d
     assert s["start_step"] == saved and s["end_step"] == 16 and len(s["rewards"]) == 16 - saved
     after = hello.wait(timeout=300)
     assert after.state is JobState.SUCCEEDED and record.ended <= after.started  # type: ignore[operator]
+
+
+def test_a_vllm_engine_that_dies_mid_step_fails_the_run_at_once_naming_it(gc: dict) -> None:
+    """Engine 0's process is SIGKILLed 0.05 s into its generate of step 2 (a GPU fault, the OOM
+    killer): the run ends FAILED within 30 s, the message names the engine actor and its death,
+    and the job queued behind it runs."""
+    cluster: Cluster = gc["cluster"]
+    sets = [
+        f"outputs.checkpoints={gc['home'] / 'grpo-c'}",
+        "entrypoint=python grpo_tiny.py {plan.flags} --steps 4 --kill-engine-at-step 2",
+    ]
+    job, hello = cluster.submit(SPEC, sets=sets), cluster.submit(REPO / "jobs" / "debug" / "hello.yaml")
+    record = job.wait(timeout=1200)
+    assert record.state is JobState.FAILED, job.logs()[-3000:]
+    died = re.search(r"GRPO_FAULT engine pid (\d+) dies in ([\d.]+)s t=([\d.]+)", job.logs())
+    assert died, job.logs()[-3000:]
+    assert (record.ended or 0) - float(died[3]) - float(died[2]) <= 30, record
+    assert re.search(rf"Engine pid {died[1]}\b", record.message), record.message
+    assert re.search(r"SIGKILL|died|ActorDiedError", record.message), record.message
+    assert hello.wait(timeout=300).state is JobState.SUCCEEDED
 
 
 def test_on_one_gpu_the_learner_and_the_engine_share_it(testbed: Path) -> None:
