@@ -22,7 +22,7 @@ from pathlib import Path
 
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard, NodeSummary
-from raystack.allocation import prometheus
+from raystack.allocation import canary, prometheus
 from raystack.allocation.context import (
     POLL,
     NodeContext,
@@ -345,10 +345,12 @@ class Head:
         wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)
         if self.prometheus_exe:  # (before READY: the dashboard's metrics answer from the start)
             self.start_prometheus(self.prometheus_exe, ports["prometheus"])
+        found = canary.at_ready(ctx, self.beat)  # (an NCCL all-reduce over every GPU)
         records.update(
             ctx.cluster,
             state=ClusterState.READY,
             message=f"{ctx.num_nodes} nodes, {ctx.gpus * ctx.num_nodes} GPUs ready",
+            canary=found,
         )
         log.info("cluster %s READY", ctx.cluster)
         records.note(ctx.cluster, ctx.alloc_id, ready=time.time())

@@ -26,9 +26,10 @@ from raystack.cli.common import (
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import where
 from raystack.client.pending import expected_start
+from raystack.client.status import interconnect
 from raystack.errors import ClusterError, ConfigError, SlurmMissing, SlurmUnavailable
 from raystack.plan.topology import plural
-from raystack.spec.profile import Profile, load_profile
+from raystack.spec.profile import CANARY_MODES, Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
 from raystack.spec.values import duration_text, off_or_duration
 
@@ -136,6 +137,19 @@ IdleTimeoutOpt = Annotated[
     ),
 ]
 
+CanaryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--canary",
+        metavar="MODE",
+        help="The NCCL all-reduce over every GPU at READY: auto (GPU clusters), strict (fail when NCCL "
+        "misses the profile's fabric), off.",
+    ),
+]
+NoCanaryOpt = Annotated[
+    bool, typer.Option("--no-canary", help="Skip the interconnect canary (--canary off).")
+]
+
 
 @dataclass(frozen=True)
 class SiteOptions:
@@ -182,12 +196,15 @@ def up(
     tls: TlsOpt = False,
     metrics: MetricsOpt = False,
     idle_timeout: IdleTimeoutOpt = None,
+    canary: CanaryOpt = None,
+    no_canary: NoCanaryOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
     gpu_type, gpu_count = _typed_gpus(gpus_per_node)
     site = SiteOptions(qos, mem, exclusive, constraint, reservation, gres, gpu_type)
-    prof = site.apply(_profile_with(load_profile(profile), tls, metrics, idle_timeout))
+    prof = _profile_with(load_profile(profile), tls, metrics, idle_timeout)
+    prof = site.apply(_with_canary(prof, "off" if no_canary else canary))
     wait_s = _timeout(timeout)
     slurm_options = {
         "time": time,
@@ -253,6 +270,14 @@ def _profile_with(prof: Profile, tls: bool, metrics: bool, idle_timeout: str | N
         except ValueError as exc:
             raise ConfigError(f"--idle-timeout: {exc}") from None
     return prof.model_copy(update=changes) if changes else prof
+
+
+def _with_canary(prof: Profile, mode: str | None) -> Profile:
+    if mode is None:
+        return prof
+    if mode.lower() not in CANARY_MODES:
+        raise ConfigError(f"--canary: {mode!r} is not a mode; use one of {', '.join(CANARY_MODES)}")
+    return prof.model_copy(update={"canary": mode.lower()})
 
 
 def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
@@ -341,6 +366,9 @@ def _show_ready(record: ClusterRecord, as_json: bool) -> None:
         f"({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
+    said = interconnect(record)
+    if said:
+        (err if "WARNING" in said else out).print(said, markup=False, soft_wrap=True)
     out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {name})")
     out.print(f"tunnel:    {Cluster(name, record).tunnel()['tunnel']}", markup=False, soft_wrap=True)
     out.print(f'env:       eval "$(raystack env {name})"')
@@ -453,6 +481,8 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             rows.append(("idle", f"{idle}{'; ' + auto if auto else ''}"))
         if st.prometheus:
             rows.append(("metrics", f"Prometheus on the head at {st.prometheus}"))
+        if st.interconnect:
+            rows.append(("interconnect", st.interconnect.removeprefix("interconnect: ")))
         if st.resuming_jobs:
             rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from raystack.adapters.allocator import JobInfo, SlurmState, allocator
+from raystack.adapters.nccl import canary_words
 from raystack.client.access import live_dashboard
 from raystack.client.pending import never_starts, nodes_out, unseen_output
 from raystack.errors import ClusterError, RayApiError
@@ -46,6 +47,7 @@ class ClusterStatus:
     idle_s: float | None = None  # idle (nothing queued, running or attached) for this long
     idle_timeout_s: float | None = None  # autostop after this long idle
     prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
+    interconnect: str | None = None  # the canary at READY: bus bandwidth, transports, warnings
     slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
 
     @property
@@ -113,7 +115,13 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         else None,
         idle_timeout_s=record.idle_timeout,
         prometheus=record.prometheus,
+        interconnect=interconnect(record),
     )
+
+
+def interconnect(record: ClusterRecord) -> str | None:
+    """What the interconnect canary found at READY, in one line (None: it did not run)."""
+    return canary_words(record.canary) if record.canary else None
 
 
 def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, str]:

@@ -32,6 +32,7 @@ RESERVED_ENV = (
     "RAYSTACK_OUTPUT_",
     "RAYSTACK_CHAIN_",
 )
+CANARY_MODES = ("auto", "strict", "off")  # the interconnect canary (allocation/canary.py)
 
 
 class Caps(SpecModel):
@@ -178,6 +179,13 @@ class Profile(SpecModel):
     infeasible_grace: float = 60.0
     """A job whose actor, task or placement group fits no node for this long is stopped, FAILED naming
     the demand (0/off: never)."""
+    canary: Literal["auto", "off", "strict"] = "auto"
+    """The interconnect canary at READY: an NCCL all-reduce over every GPU, its bus bandwidth and the
+    transport NCCL chose within and between nodes (auto: on GPU clusters; strict: the cluster fails
+    when NCCL misses `fabric`; off; `up --canary`, `--no-canary`)."""
+    fabric: Literal["ib", "ofi", "socket"] | None = None
+    """The fabric NCCL should use between nodes (ib: InfiniBand; ofi: libfabric, e.g. Slingshot's cxi):
+    the canary warns, or with `canary: strict` refuses, when NCCL used anything else."""
     hang_timeout: float | None = None
     """A job with no progress for this long (no output, no process's stack moving, however busy its
     CPUs and GPUs) is stopped after a stack dump (0/off: never; a spec may set its own)."""
@@ -241,6 +249,8 @@ class Profile(SpecModel):
         folder_cap = self.folder_cap.bytes if self.folder_cap else 0
         optional = {
             "RAYSTACK_HANG_TIMEOUT": f"{self.hang_timeout:g}" if self.hang_timeout else None,
+            "RAYSTACK_CANARY": self.canary if self.canary != "auto" else None,
+            "RAYSTACK_FABRIC": self.fabric,
             "RAYSTACK_OBJECT_STORE_MEMORY": self.object_store_memory,
             "RAYSTACK_METRICS": "1" if self.metrics else None,
             "RAYSTACK_TLS": "1" if self.tls else None,

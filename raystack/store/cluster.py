@@ -144,6 +144,7 @@ class ClusterRecord(BaseModel):
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     idle_since: float | None = None  # epoch seconds: idle since then (None: busy, or not READY)
     prometheus: str | None = None  # the head's Prometheus as the head reaches it (metrics on)
+    canary: dict[str, Any] | None = None  # the interconnect canary at READY (allocation/canary.py)
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times

@@ -23,6 +23,7 @@ from raystack.client import Job
 from raystack.store.ledger import JobState
 
 from ..conftest import module_home
+from .test_cluster import raystack
 from .test_spmd import launched
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
@@ -49,6 +50,15 @@ def fl(testbed: Path) -> Iterator[dict]:
         cluster = Cluster.up(2, profile=str(profile), name="fl", timeout=300)
         yield {"cluster": cluster}
         cluster.down()
+
+
+def test_the_interconnect_canary_says_why_it_skipped_the_testbed(fl: dict) -> None:
+    """The testbed's GPUs are stand-ins: no NCCL to test; `status` says so (the canary itself runs
+    on the GPU machine: tests/gpu/suite.py)."""
+    record = fl["cluster"].record()
+    assert record.canary == {"state": "skipped", "why": "no NVIDIA driver on the head (nvidia-smi not found)"}
+    shown = raystack("status", "fl")
+    assert "interconnect canary skipped: no NVIDIA driver on the head" in shown.stdout, shown.stdout
 
 
 def rankfault(cluster: Cluster, mode: str, *extra: str, hang: float = HANG) -> Job:
