@@ -15,6 +15,7 @@ from raystack.allocation.rayproc import gpu_processes, has_nvidia_smi
 from raystack.errors import NoSuchCluster, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
+from raystack.store.ledger import read_job
 from raystack.waiting import REAL, Clock, Every
 
 log = logging.getLogger("raystack.node")
@@ -60,16 +61,59 @@ class GpuReport:
         self.gate, self.refresh = Every(every, clock), refresh
         self.reported: list[tuple[int, int]] | None = None
         self.written = -float("inf")
+        self.ended: dict[str, bool] = {}  # job id -> whether it has ended (a leftover's job)
 
     def __call__(self) -> None:
         if not self.ctx.gpus or not has_nvidia_smi() or not self.gate():
             return
         procs = gpu_processes()
+        if procs and end_leftovers(self.ctx.cluster, [pid for pid, _ in procs], self.ended):
+            procs = gpu_processes()
         if procs == self.reported and self.clock.now() - self.written < self.refresh:
             return
         self.ctx.entry.update(gpu_procs=procs, gpu_checked=time.time())
         records.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
         self.reported, self.written = procs, self.clock.now()
+
+
+def end_leftovers(cluster: str, holders: list[int], ended: dict[str, bool]) -> int:
+    """Kill the processes holding GPU memory that a job left behind: orphans (their parent died,
+    so this node program, their subreaper, adopted them) of a job that has ended, with what they
+    started. vLLM's engine core outlives an engine actor that was SIGKILLed and keeps its GPU
+    memory; the next job would wait for it until the queue's free timeout. Ray's own workers
+    (children of the raylet; a detached actor's too) are never touched. How many were killed."""
+    import psutil
+
+    me, killed = os.getpid(), 0
+    for pid in holders:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            job = proc.environ().get("RAYSTACK_JOB_ID")
+            if proc.ppid() != me or not job:
+                continue
+            if not ended.get(job):  # (an ended job stays ended: only that is kept)
+                ended[job] = job_ended(cluster, job)
+            if not ended[job]:
+                continue
+            tree = [proc, *proc.children(recursive=True)]
+            log.warning(
+                "job %s ended; its leftover %s (pid %d, holding GPU memory) and %d process(es) it "
+                "started are killed",
+                *(job, proc.name(), pid, len(tree) - 1),
+            )
+            for one in tree:
+                with contextlib.suppress(psutil.Error):
+                    one.kill()
+            killed += 1
+    return killed
+
+
+def job_ended(cluster: str, job_id: str) -> bool:
+    """Whether the ledger says job `job_id` has ended (unreadable or unknown: not)."""
+    try:
+        return read_job(cluster, job_id).state.is_terminal()
+    except RaystackError:
+        return False
 
 
 class Heartbeat:

@@ -15,6 +15,10 @@ placement check. Then the figures:
               from the testbed: a GPU machine cannot hide its GPUs from Ray's workers)
   monitor     `raystack top` and `raystack report` under a job keeping every GPU busy (burn
               --gpus): each GPU's utilisation and memory, as nvidia-smi's own reading beside them
+  faults      real hangs and deaths (tests/gpu/faults.py): a hung NCCL collective, an OOM, a
+              killed or segfaulting rank, a CUDA and an NCCL error, a vLLM engine killed mid-step:
+              each FAILED in time with its cause, the job behind it SUCCEEDED, no GPU held
+  canary      (every run) the interconnect canary's all-reduce at READY and NCCL's transports
 `--only grpo,monitor` runs just those parts (PARTS; device time is scarce, and one run of the tool
 lasts at most 10 minutes: on 2 or 4 GPUs run `--only jobs,torchrun,grpo`, then
 `--only start,zero3,monitor`).
@@ -46,13 +50,22 @@ from raystack.allocation.rayproc import gpu_processes  # noqa: E402
 from raystack.client import Job  # noqa: E402
 from raystack.plan.memory import Model, learner_memory  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
+from tests.gpu.faults import run_faults  # noqa: E402
 
 DEBUG = REPO / "jobs" / "debug"
 GRPO = REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
 AR_MB, AR_ITERS = 1024, 20
 ZERO3_BENCH = {"hidden": 8192, "layers": 8, "steps": 8, "global_batch": 64}
 FIRST = "import time; print('FIRST_LINE', time.time(), flush=True)"
-PARTS = ["jobs", "torchrun", "start", "zero3", "grpo", "monitor"]  # in the order a full run takes them
+PARTS = [
+    "jobs",
+    "torchrun",
+    "start",
+    "zero3",
+    "grpo",
+    "monitor",
+    "faults",
+]  # in the order a full run takes them
 checks: dict[str, bool] = {}
 figures: dict[str, Any] = {}
 skipped: dict[str, str] = {}  # what this machine's GPU count cannot show, and why
@@ -305,6 +318,26 @@ def monitor(cluster: Cluster, ngpu: int) -> None:
         say("no matplotlib here: no PNG")
 
 
+def canary(cluster: Cluster, ngpu: int) -> None:
+    """The interconnect canary ran before READY: its all-reduce over every GPU, and NCCL's
+    transport between them (one node here: NVLink/P2P or SHM, nothing between nodes)."""
+    found = cluster.record().canary or {}
+    figures["canary"] = found
+    say(f"canary: {found}")
+    checks["canary at READY: every GPU, right sum"] = found.get("state") == "ok" and found.get("gpus") == ngpu
+    if ngpu > 1:
+        checks["canary: a transport within the node, bus bandwidth measured"] = bool(
+            found.get("within") and found.get("busbw_gbps")
+        )
+
+
+def faults_part(cluster: Cluster, ngpu: int) -> None:
+    found, ok, skip = run_faults(cluster, ngpu, say)
+    figures["faults"] = found
+    checks.update(ok)
+    skipped.update(skip)
+
+
 def up(name: str, *args: str) -> tuple[Cluster, float]:
     t0 = time.monotonic()
     cli("up", "--local", "--name", name, *args)
@@ -356,6 +389,7 @@ def main() -> int:
         raise SystemExit(f"--only {','.join(sorted(unknown))}: not a part; the parts: {','.join(PARTS)}")
     os.environ.setdefault("RAYSTACK_SAMPLE_EVERY", "2")  # usage samples for the monitor figures
     gpu, figures["ready_s"] = up("gpu")
+    canary(gpu, ngpu)
     try:
         for part in only or PARTS:
             if part == "jobs":
@@ -368,6 +402,8 @@ def main() -> int:
                 guarded("zero3 memory", zero3_memory, gpu, ngpu)
             elif part == "grpo":
                 guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
+            elif part == "faults":
+                guarded("faults", faults_part, gpu, ngpu)
             else:
                 guarded("monitor", monitor, gpu, ngpu)
     finally:
