@@ -186,6 +186,7 @@ def failure(lines: list[str], code: int) -> tuple[int | None, int]:
     return rank, code
 
 
+TORCH_TAG = re.compile(r"^\[rank\d+\]:\s?")  # torch's own prefix of a rank's error lines (2.11)
 NCCL_CODE = re.compile(r"^(nccl[A-Z]\w+)\b")  # ncclInvalidUsage: ..., ncclRemoteError: ...
 # What a rank says when another rank (or node) failed first: the echo, not the cause.
 NOISE = re.compile(
@@ -200,7 +201,9 @@ def cause(lines: list[str], rank: int | None) -> str:
     exception that ends its traceback, else a line naming a CUDA/NCCL error or a fatal signal;
     NCCL's error code and its 'Last error' line with it. '' when its output says nothing."""
     tag = f"[rank{rank}] "
-    own = [ln[len(tag) :] for ln in lines if ln.startswith(tag)] if rank is not None else []
+    own = (
+        [TORCH_TAG.sub("", ln[len(tag) :]) for ln in lines if ln.startswith(tag)] if rank is not None else []
+    )
     found = ""
     for i, line in enumerate(own):
         if line.startswith("Traceback (most recent call last)"):

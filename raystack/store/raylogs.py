@@ -396,8 +396,12 @@ def gather(
                     found[(w.host, w.pid)] = w
     last = len(record.attempts)
     recorded: dict[str, list[str]] = {}
+    known = set((hosts or {}).values())
     for event in events or []:
-        host = (hosts or {}).get(event.get("ip") or "", event.get("ip") or "unknown")
+        # (one node: its address as Ray reports it may not be the one it was started with, as
+        # in a local cluster bound to 127.0.0.1: the host is the only one there is)
+        ip = event.get("ip") or ""
+        host = (hosts or {}).get(ip) or (next(iter(known)) if len(known) == 1 else ip or "unknown")
         pid = int(event.get("pid") or 0)
         worker = found.get((host, pid)) or (None if pid else _only(found, host, str(event.get("actor"))))
         if worker is None:

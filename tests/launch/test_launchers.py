@@ -223,3 +223,20 @@ def test_the_echo_of_another_ranks_failure_is_noise() -> None:
         "Fatal Python error: Segmentation fault"
     )
     assert cause(["[rank1] nothing to see"], 1) == "" and cause(["x"], None) == ""
+
+
+def test_torchs_own_rank_prefix_is_not_part_of_the_cause() -> None:
+    """2 x H100 through raystack: the ranks' lines came as `[rank0]: torch.distributed...` (torch's
+    prefix of a rank's error output), and the NCCL code and its last error went unsaid."""
+    tail = [
+        "[rank0] [rank0]: Traceback (most recent call last):",
+        '[rank0] [rank0]:   File "rankfault.py", line 109, in main',
+        "[rank0] [rank0]: torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:93, invalid usage",
+        "[rank0] [rank0]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+        "[rank0] [rank0]: Last error:",
+        "[rank0] [rank0]: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60",
+    ]
+    assert cause(tail, 0) == (
+        "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:93, invalid usage "
+        "(ncclInvalidUsage; Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60)"
+    )
