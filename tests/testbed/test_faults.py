@@ -28,7 +28,7 @@ from .test_spmd import launched
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 DEBUG = Path(__file__).resolve().parents[2] / "jobs" / "debug"
-HANG = 20  # s: the faulty jobs' hang_timeout
+HANG = 15  # s: the faulty jobs' hang_timeout
 PROFILE = """\
 description: testbed, usage sampled every 2 s
 partition: testbed
@@ -118,7 +118,7 @@ def test_a_quiet_evaluation_whose_stack_moves_is_not_hung(fl: dict) -> None:
 
 def test_a_learner_waiting_on_a_slow_generator_is_not_hung(fl: dict) -> None:
     job = fl["cluster"].submit(
-        ["python", "slowgen.py", "--rounds", "2", "--seconds", str(HANG + 10)],
+        ["python", "slowgen.py", "--rounds", "2", "--seconds", str(HANG + 5)],
         sets=[f"working_dir={DEBUG}", "name=slowgen", f"hang_timeout={HANG}s"],
     )
     record = job.wait(timeout=600)
