@@ -35,6 +35,7 @@ COLLECTIVES = {
 GPU_WAITS = ("synchronize",)  # torch.cuda.synchronize, Event/Stream.synchronize
 NATIVE_GPU = re.compile(r"^(cu\w*Synchronize\w*|cuda\w*Synchronize|cuMemcpy\w*|cudaMemcpy\w*)$")
 NATIVE_NCCL = re.compile(r"^(nccl\w+)$")
+MOST = 6  # parts of a summary (ranks or processes in one place): the rest is in the stacks
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3[\d.]*/|^<frozen |^threading\.py$|^\w+\.py$)")
 
 
@@ -152,11 +153,25 @@ def read_dumps(folder: Path, since: float = 0.0) -> list[Process]:
     return sorted(found, key=lambda p: (p.rank is None, p.rank or 0, p.host, p.pid))
 
 
-def stacks_summary(procs: list[Process]) -> str:
+def idle_worker(proc: Process) -> bool:
+    """Ray's own processes of a job that hold no clue: its job supervisor, a worker between tasks
+    (its main thread waits for the next one in Ray's main loop)."""
+    if proc.name.startswith(("ray::JobSupervisor", "ray::IDLE")):
+        return True
+    main = next((t for t in proc.threads if t[0] == "MainThread"), None)
+    return (
+        main is not None
+        and bool(main[2])
+        and main[2][0].name.endswith("main_loop")
+        and "ray/" in main[2][0].file
+    )
+
+
+def stacks_summary(procs: list[Process], most: int = MOST) -> str:
     """`rank 0 waits in all_reduce at train.py:20; rank 1 never arrived (asleep in <module>
-    (train.py:17))` for the ranks (or the processes, where there are no ranks); ranks that are
-    in the same place are said once."""
-    ranked = [p for p in procs if p.rank is not None] or procs
+    (train.py:17))` for the ranks (or the processes, where there are no ranks, but Ray's idle
+    ones); ranks that are in the same place are said once; at most `most` parts."""
+    ranked = [p for p in procs if p.rank is not None] or [p for p in procs if not idle_worker(p)]
     states = [(p, *state_of(p)) for p in ranked]
     waiting = any(kind in ("collective", "gpu", "nccl") for _, kind, _ in states)
     said: dict[str, list[Process]] = {}
@@ -177,7 +192,8 @@ def stacks_summary(procs: list[Process]) -> str:
             parts.append(f"{_ranks(ranks)} {text.replace('waits ', 'wait ', 1) if len(ranks) > 1 else text}")
         else:
             parts.extend(f"{p.label} {text}" for p in who)
-    return "; ".join(parts)
+    more = f"; and {len(parts) - most} more (the stacks)" if len(parts) > most else ""
+    return "; ".join(parts[:most]) + more
 
 
 # ---------------------------------------------------------------------------- the flight recorder

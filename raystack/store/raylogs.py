@@ -396,12 +396,13 @@ def gather(
                     found[(w.host, w.pid)] = w
     last = len(record.attempts)
     recorded: dict[str, list[str]] = {}
-    known = set((hosts or {}).values())
+    # A local cluster binds to 127.0.0.1, and Ray may name its node by the machine's address:
+    # there, every address is that one node.
+    loopback = [h for ip, h in (hosts or {}).items() if ip.startswith("127.")]
+    only = loopback[0] if len(set((hosts or {}).values())) == 1 and loopback else None
     for event in events or []:
-        # (one node: its address as Ray reports it may not be the one it was started with, as
-        # in a local cluster bound to 127.0.0.1: the host is the only one there is)
         ip = event.get("ip") or ""
-        host = (hosts or {}).get(ip) or (next(iter(known)) if len(known) == 1 else ip or "unknown")
+        host = (hosts or {}).get(ip) or only or ip or "unknown"
         pid = int(event.get("pid") or 0)
         worker = found.get((host, pid)) or (None if pid else _only(found, host, str(event.get("actor"))))
         if worker is None:

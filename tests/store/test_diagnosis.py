@@ -109,3 +109,27 @@ def test_a_missing_ranks_dump_is_named() -> None:
     assert diagnosis.flight_summary(dumps) == (
         "flight recorder: rank 0 at all_reduce #2 (not completed); no dump from ranks 1, 2, 3"
     )
+
+
+def test_ray_jobs_are_described_by_their_busy_processes_only(tmp_path: Path) -> None:
+    """The soak's hung Ray job named its job supervisor and every idle worker first (Ray's main
+    loop between tasks), and the message hid where the stacks are."""
+    loop = "    main_loop (/v/lib/python3.11/site-packages/ray/_private/worker.py:1069)\n"
+    files = {
+        "node1-1.txt": f'# pid 1 ray::JobSupervisor: x\nThread 1 (idle): "MainThread"\n{loop}',
+        "node1-2.txt": f'# pid 2 ray::Worker: ray::Worker\nThread 2 (idle): "MainThread"\n{loop}',
+        "node1-3.txt": '# pid 3 python: python faults.py hang\nThread 3 (idle): "MainThread"\n'
+        "    get_objects (/v/lib/python3.11/site-packages/ray/_private/worker.py:900)\n"
+        "    main (/work/faults.py:82)\n",
+    }
+    for n in range(4, 12):
+        files[f"node2-{n}.txt"] = (
+            f'# pid {n} ray::Worker.run: ray::Worker.run\nThread {n} (idle): "MainThread"\n'
+            "    Event.wait (/usr/lib/python3.11/threading.py:629)\n    run (/work/faults.py:40)\n"
+        )
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    said = diagnosis.stacks_summary(diagnosis.read_dumps(tmp_path))
+    assert said.startswith("python pid 3 on node1 asleep in get_objects at faults.py:82; ")
+    assert "JobSupervisor" not in said and "pid 2 " not in said
+    assert said.endswith("; and 3 more (the stacks)") and said.count("ray::Worker.run pid") == 5

@@ -241,9 +241,9 @@ def test_a_failed_tasks_record_without_a_pid_is_its_actors(home: Path) -> None:
     )
     events = [  # (a local cluster on 2 x H100: Ray named the node by an address it was not started with)
         {"ip": "192.0.2.2", "pid": None, "actor": "Engine", "error": f"ActorDiedError: {died}", "at": 5.0},
-        {"ip": "10.0.0.1", "pid": 31, "actor": "Engine", "error": died, "at": 5.1},
+        {"ip": "127.0.0.1", "pid": 31, "actor": "Engine", "error": died, "at": 5.1},
     ]
-    workers = raylogs.gather("c", record, events, {"10.0.0.1": "node1"})
+    workers = raylogs.gather("c", record, events, {"127.0.0.1": "node1"})
     assert [w.pid for w in workers if w.actor == "Engine"] == [31]
     assert raylogs.summary(workers) == (
         "node1 Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "

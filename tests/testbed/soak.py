@@ -312,7 +312,7 @@ class Soak:
             corrupt=sorted(x.name for x in p.corrupt.iterdir()) if p.corrupt.exists() else [],
             queue_left=len(queue.waiting(NAME)) + len(queue.active(NAME)),
             faults=self.faults,
-            messages={k: read_job(NAME, j.id).message[:300] for k, j in named.items()},
+            messages={k: read_job(NAME, j.id).message[:1000] for k, j in named.items()},
             seconds=round(time.monotonic() - self.t0, 1),
         )
         for kind in ("infeasible", "hung"):
