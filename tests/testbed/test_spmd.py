@@ -181,3 +181,24 @@ def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
     log = late.logs()
     warned = [ln for ln in log.splitlines() if str(gone) in ln and "Running entrypoint" not in ln]
     assert warned and "raystack: warning: the job runs in " in log and "WHERE late " in log, log[-2000:]
+
+
+def test_trl_grpo_trainer_unchanged_twice_in_one_allocation_with_the_plans_batch(sp: dict) -> None:
+    """TRL's own GRPOTrainer (seed 002's stack: accelerate + DeepSpeed ZeRO-2) over 2 nodes x 1
+    process, twice in one allocation: it learns, logs its reward and loss, and the effective batch
+    TRL used is the one the batch plan kept (1 x 16 x 4 = 64 written for one process -> 2 x 16 x 2)."""
+    spec = REPO / "jobs" / "grpo_tiny" / "trl_grpo.yaml"
+    sets = ["nodes=2", "procs_per_node=1", "env.DS_ACCELERATOR=cpu"]
+    runs = [
+        sp["cluster"].submit(spec, sets=[*sets, f"outputs.run={sp['home'] / f'trl-{i}'}"]) for i in range(2)
+    ]
+    for job in runs:
+        record = job.wait(timeout=900)
+        assert record.state is JobState.SUCCEEDED, job.logs()[-4000:]
+        [trl] = lines(job, "TRL_GRPO")
+        assert trl["processes"] == 2 and trl["deepspeed"] and trl["zero_stage"] == 2
+        assert (trl["per_device_train_batch_size"], trl["gradient_accumulation_steps"]) == (16, 2)
+        assert trl["effective_batch"] == 64 and trl["steps"] == 30 and len(trl["rewards"]) == 30
+        assert max(trl["rewards"][15:]) > trl["rewards"][0] and len(trl["losses"]) == 30
+    assert (runs[0].record().ended or 0) <= (runs[1].record().started or 0)
+    assert launched(sp["job"]) == []
