@@ -33,81 +33,88 @@ def say_reward(prompts: list[str], completions: list[str], **_: object) -> list[
     return rewards
 
 
-def dataset(count: int, seed: int):  # noqa: ANN201 (datasets.Dataset)
+def dataset(count: int, seed: int):  # (a datasets.Dataset)
     from datasets import Dataset
 
     rows = [" ".join(WORD_OF[t] for t in p[1:]) for p in tiny.prompts(0, count, seed)]
     return Dataset.from_dict({"prompt": rows})
 
 
-def model_dir(args: argparse.Namespace) -> Path:
-    """The tiny model, built once per node (its local rank 0) into a node-local folder."""
-    folder = Path(args.dir) / f"model-{socket.gethostname()}"
+def model_dir(out: str, seed: int) -> Path:
+    """The tiny model, built once per node (its local rank 0), in a folder of the node's own."""
+    folder = Path(out) / f"model-{socket.gethostname()}"
     done = folder / "raystack-tiny.json"
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not done.exists():
-        tiny.build(folder, args.seed)
+        tiny.build(folder, seed)
     deadline = time.time() + 300
     while not done.exists() and time.time() < deadline:
         time.sleep(0.2)
     return folder
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--per_device_train_batch_size", type=int, default=8)
-    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    p.add_argument("--num_generations", type=int, default=8)
-    p.add_argument("--max_steps", type=int, default=10)
-    p.add_argument("--learning_rate", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=os.environ.get("RAYSTACK_OUTPUT_RUN") or "/tmp/trl-grpo")
-    args = p.parse_args()
+def config_from(argv: list[str], out: Path):  # (a trl.GRPOConfig)
+    """TRL's GRPOConfig from TRL's own flags, as TRL's scripts read them (HfArgumentParser): the
+    flags the planner fills in go to TRL as they are. The toy's own settings come first and any
+    flag given wins; without CUDA, what a CPU needs comes last."""
     import torch
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
 
-    folder = model_dir(args)
-    config = GRPOConfig(
-        output_dir=str(Path(args.dir) / "out"),
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        num_generations=args.num_generations,
-        max_completion_length=tiny.RESPONSE_LEN,
-        temperature=1.0,
-        beta=0.0,  # (no reference model: the toy needs no KL term)
-        learning_rate=args.learning_rate,
-        max_steps=args.max_steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        bf16=False,
-        seed=args.seed,
-    )
+    toy = [
+        f"--output_dir={out}", f"--max_completion_length={tiny.RESPONSE_LEN}", "--temperature=1.0",
+        "--beta=0.0", "--learning_rate=3e-3", "--logging_steps=1", "--save_strategy=no", "--report_to=none",
+        "--num_generations=8",
+    ]  # fmt: skip
+    cpu = [] if torch.cuda.is_available() else ["--use_cpu=True", "--bf16=False"]  # (checked when parsed)
+    (config,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses([*toy, *argv, *cpu])
+    return config
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="the toy's own flags; every other flag is TRL's GRPOConfig's")
+    p.add_argument("--dir", default=os.environ.get("RAYSTACK_OUTPUT_RUN") or "/tmp/trl-grpo")
+    p.add_argument("--prompts", type=int, default=512)
+    p.add_argument("--model-seed", type=int, default=0)
+    ours, trl_flags = p.parse_known_args()
+    from trl import GRPOTrainer
+
+    # NOTE: before TRL's config, which starts the distributed state: from then on transformers'
+    # save_pretrained writes on the main process only, and the other nodes' models stay empty.
+    folder = model_dir(ours.dir, ours.model_seed)
+    config = config_from(trl_flags, Path(ours.dir) / "out")
     trainer = GRPOTrainer(
-        model=str(folder), reward_funcs=say_reward, args=config, train_dataset=dataset(512, args.seed)
+        model=str(folder),
+        reward_funcs=say_reward,
+        args=config,
+        train_dataset=dataset(ours.prompts, config.seed),
     )
     t0 = time.time()
     trainer.train()
     if trainer.accelerator.is_main_process:
-        logged = [h for h in trainer.state.log_history if "reward" in h]
-        used = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
-        summary = {
-            "steps": trainer.state.global_step,
-            "processes": trainer.accelerator.num_processes,
-            "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
-            "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
-            "effective_batch": used * trainer.accelerator.num_processes,
-            "num_generations": trainer.args.num_generations,
-            "deepspeed": trainer.accelerator.state.deepspeed_plugin is not None,
-            "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage
-            if trainer.accelerator.state.deepspeed_plugin
-            else None,
-            "rewards": [round(h["reward"], 4) for h in logged],
-            "losses": [round(h["loss"], 6) for h in logged if "loss" in h],
-            "seconds": round(time.time() - t0, 1),
-        }
-        print("TRL_GRPO " + json.dumps(summary), flush=True)
+        print("TRL_GRPO " + json.dumps(summary(trainer, time.time() - t0)), flush=True)
     return 0
+
+
+def summary(trainer, seconds: float) -> dict:  # (trainer: a trl.GRPOTrainer)
+    """What TRL really ran: its batch as the trainer holds it, and what it logged."""
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    args, acc = trainer.args, trainer.accelerator
+    plugin = acc.state.deepspeed_plugin
+    return {
+        "steps": trainer.state.global_step,
+        "processes": acc.num_processes,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "effective_batch": args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * acc.num_processes,
+        "num_generations": args.num_generations,
+        "deepspeed": plugin is not None,
+        "zero_stage": plugin.zero_stage if plugin else None,
+        "rewards": [round(h["reward"], 4) for h in logged],
+        "losses": [round(h["loss"], 6) for h in logged if "loss" in h],
+        "seconds": round(seconds, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -68,3 +68,18 @@ def test_open_instruct_cannot_be_checked_here() -> None:
         "--num_learners_per_node, --vllm_num_engines, --vllm_tensor_parallel_size and "
         "--single_gpu_mode are those of open_instruct/grpo_fast.py, not checked automatically"
     )
+
+
+def test_trl_takes_every_flag_the_trl_job_and_its_batch_plan_give_it() -> None:
+    """jobs/grpo_tiny/trl_grpo.yaml passes its command's flags to TRL's own GRPOConfig (parsed
+    by HfArgumentParser as TRL's scripts do): every one of them, and the two the batch plan fills
+    in, is a field of the released GRPOConfig."""
+    trl = pytest.importorskip("trl", reason="trl is in the test-train extra (make install)")
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "jobs/grpo_tiny/trl_grpo.yaml").read_text())
+    given = [w.split("=")[0].removeprefix("--") for w in spec["command"].split() if w.startswith("--")]
+    assert {"per_device_train_batch_size", "gradient_accumulation_steps"} <= set(given), given
+    assert given and not [f for f in given if f not in fields], given
+    assert len(fields) > 100  # (the real config, not an empty class)
