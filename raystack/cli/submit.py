@@ -139,6 +139,14 @@ SubmissionIdOpt = Annotated[
     str | None, typer.Option("--submission-id", metavar="ID", help="The job's id (default: <name>-<8 hex>).")
 ]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once queued (the default).")]
+SecretOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--secret",
+        metavar="NAME",
+        help="A variable of this environment for the job (WANDB_API_KEY), never written down (repeatable).",
+    ),
+]
 
 
 @app.command(cls=TakesCommand, short_help="Queue a job: a spec file, or a command after --.")
@@ -164,6 +172,7 @@ def submit(
     runtime_env: RuntimeEnvOpt = None,
     runtime_env_json: RuntimeEnvJsonOpt = None,
     submission_id: SubmissionIdOpt = None,
+    secret: SecretOpt = None,
     no_wait: NoWaitOpt = False,
     follow: FollowOpt = False,
     now: NowOpt = False,
@@ -172,7 +181,8 @@ def submit(
     """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in
     SLURM. ray job submit's flags add to the spec (--working-dir, --entrypoint-num-cpus/-gpus/
     -memory, --entrypoint-resources, --metadata-json, --runtime-env[-json], --submission-id);
-    --sweep makes one job per value, --after makes it wait for other jobs."""
+    --sweep makes one job per value, --after makes it wait for other jobs, --secret NAME gives it a
+    variable of this environment without writing its value down."""
     job_input = job_argument(ctx, list(args or []))
     if name is not None and (why := name_problem(name)):
         raise ConfigError(f"--name {why}")
@@ -188,9 +198,14 @@ def submit(
     extra = [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
     extra += runtime_env_sets(runtime_env, runtime_env_json)
     target = Cluster.get(cluster)
-    jobs = target.submit_jobs(
-        job_input, sets=[*extra, *(sets or [])], now=now, sweeps=sweep, after=after, job_id=submission_id
-    )
+    given: dict[str, Any] = {
+        "now": now,
+        "sweeps": sweep,
+        "after": after,
+        "job_id": submission_id,
+        "secrets": secret,
+    }
+    jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], **given)
     _tell(target, jobs, follow, as_json)
     if follow:
         with on_interrupt(lambda: still(jobs)):

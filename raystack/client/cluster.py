@@ -33,7 +33,7 @@ from raystack.spec.resolve import new_job_id, prepare_jobs
 from raystack.store import cluster as records
 from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
-from raystack.store.ledger import JobRecord, all_jobs
+from raystack.store.ledger import JobRecord, JobRequest, all_jobs
 from raystack.store.paths import ClusterPaths
 from raystack.store.queue import (
     QueueView,
@@ -43,6 +43,9 @@ from raystack.store.queue import (
     settle_orphans,
 )
 from raystack.store.queue import view as queue_view
+from raystack.store.secrets import forget as forget_secrets
+from raystack.store.secrets import keep
+from raystack.store.secrets import take as take_secrets
 
 log = logging.getLogger("raystack")
 
@@ -73,6 +76,19 @@ def filesystem_error(exc: OSError) -> str | None:
             "on a filesystem every node sees)"
         )
     return line
+
+
+def keep_secrets(cluster: str, requests: list[JobRequest]) -> list[str]:
+    """Each request's secrets, from this environment, into its file (store/secrets.py) before it
+    is queued; the nonces written. A name that is not set fails here, before anything is queued."""
+    names = list(dict.fromkeys(n for r in requests for n in r.secrets))
+    values = take_secrets(names) if names else {}
+    kept = []
+    for request in requests:
+        if request.secrets:
+            keep(cluster, request.nonce, {n: values[n] for n in request.secrets})
+            kept.append(request.nonce)
+    return kept
 
 
 def after_option(items: list[str] | None) -> list[str]:
@@ -375,10 +391,12 @@ class Cluster:
         sweeps: Argv | None = None,
         after: Argv | None = None,
         job_id: str | None = None,
+        secrets: Argv | None = None,
     ) -> Jobs:
         """`submit`, for a sweep (one job per combination of `sweeps`, e.g. ["env.LR=1e-6,3e-6"],
         and of the spec's `sweep:` block), with dependencies (`after`: ["ID", "ID:any", ...],
-        added to the spec's) and a chosen id (`job_id`, as ray job submit's --submission-id).
+        added to the spec's), a chosen id (`job_id`, as ray job submit's --submission-id) and
+        secrets (names of variables of this environment, besides the spec's `secrets:`).
         Every job is checked before the first is queued."""
         if job_id is not None:
             try:
@@ -399,7 +417,16 @@ class Cluster:
         if why:
             raise ConfigError(why)
         new_id = None if job_id or len(jobs) > 1 else new_job_id
-        queued = enqueue_all([(one.request, one.resume) for one in jobs], now=now, new_id=new_id)
+        requests = [r for one in jobs for r in (one.request, one.resume) if r is not None]
+        for request in requests:
+            request.secrets = list(dict.fromkeys([*request.secrets, *(secrets or [])]))
+        kept = keep_secrets(self.name, requests)
+        try:
+            queued = enqueue_all([(one.request, one.resume) for one in jobs], now=now, new_id=new_id)
+        except BaseException:
+            for nonce in kept:  # (nothing was queued: nothing will read them)
+                forget_secrets(self.name, nonce)
+            raise
         return [
             Job(self.name, q.record.id, q.record, queued_place=q.place, queued_note=q.note) for q in queued
         ]

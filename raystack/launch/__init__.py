@@ -8,3 +8,8 @@ PIN_DIR = Path(__file__).resolve().parent / "pinned"
 # The folder a job without a working_dir was submitted from: its driver and every node's
 # launcher start there (spec/submission.py sets it, launch/spmd.py reads it).
 SUBMIT_DIR_ENV = "RAYSTACK_SUBMIT_DIR"
+# A job's secrets (store/secrets.py): the file its driver sources, and their names, with which an
+# SPMD driver hands their values to every node's launcher (Ray's actors do not inherit the
+# driver's environment).
+SECRETS_ENV = "RAYSTACK_SECRETS"
+SECRET_NAMES_ENV = "RAYSTACK_SECRET_NAMES"

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from raystack.launch import SUBMIT_DIR_ENV
+from raystack.launch import SECRET_NAMES_ENV, SUBMIT_DIR_ENV
 from raystack.launch.launchers import (
     CONSOLE_COPY,
     LAUNCHERS,
@@ -83,7 +83,10 @@ class NodeLauncherImpl:
             "logdir": self.logdir,
         }
 
-    def start(self, command: list[str], files: dict[str, str], procs: int = 1) -> int:
+    def start(
+        self, command: list[str], files: dict[str, str], procs: int = 1, env: dict[str, str] | None = None
+    ) -> int:
+        """Start the node's launcher; `env`: what the job's driver adds (its secrets)."""
         self.procs = procs
         for path, text in files.items():
             with open(path, "w") as fh:
@@ -95,6 +98,7 @@ class NodeLauncherImpl:
             folder = None
         self.proc = subprocess.Popen(
             command,
+            env={**os.environ, **env} if env else None,
             cwd=folder or None,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -255,7 +259,7 @@ def main(args: list[str] | None = None) -> int:
             files[hf] = hostfile(rdv)
         line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
         print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)
-        starts.append(actor.start.remote(line, files, procs))
+        starts.append(actor.start.remote(line, files, procs, secret_env()))
     ray.get(starts)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
@@ -263,6 +267,12 @@ def main(args: list[str] | None = None) -> int:
         flush=True,
     )
     return follow(actors, hosts, ns, t0, stopping)
+
+
+def secret_env() -> dict[str, str]:
+    """The job's secrets as its driver read them, for the ranks (store/secrets.py)."""
+    names = [n for n in os.environ.get(SECRET_NAMES_ENV, "").split(",") if n]
+    return {n: os.environ[n] for n in names if n in os.environ}
 
 
 def follow(

@@ -65,6 +65,7 @@ RUNTIME_ENV_KEYS = (
 )
 MAX_SWEEP = 1000  # jobs in one sweep
 AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name
 
 
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
@@ -190,6 +191,10 @@ class JobSpec(SpecModel):
     be given as a string."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of the driver and every worker (values as written; Ray expands $VAR)."""
+    secrets: list[str] = Field(default_factory=list)
+    """Environment variables taken from your environment at submit (WANDB_API_KEY, HF_TOKEN) for the
+    driver and an SPMD job's ranks; kept in a 0600 file until the job ends, never in the ledger, the
+    logs or Ray's runtime_env (`submit --secret NAME`)."""
     entrypoint_num_cpus: float = Field(default=0, ge=0)
     """CPUs reserved for the driver (Ray's --entrypoint-num-cpus)."""
     entrypoint_num_gpus: float = Field(default=0, ge=0)
@@ -337,6 +342,21 @@ class JobSpec(SpecModel):
             if not isinstance(item, str) or not AFTER.fullmatch(item):
                 raise ValueError(f"{item!r}: give a job or sweep id, optionally with :ok, :any or :notok")
         return list(items)
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secrets(cls, value: Any) -> list[str]:
+        if value is None:
+            return []
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ValueError("give a list of environment variable names, e.g. [WANDB_API_KEY, HF_TOKEN]")
+        for item in items:
+            if not isinstance(item, str) or not SECRET_NAME.fullmatch(item):
+                raise ValueError(
+                    f"{item!r} is not an environment variable name (letters, digits, '_'), e.g. HF_TOKEN"
+                )
+        return list(dict.fromkeys(items))
 
     @model_validator(mode="after")
     def _one_working_dir(self) -> JobSpec:

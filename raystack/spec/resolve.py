@@ -35,6 +35,7 @@ from raystack.spec.values import quote
 from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
+from raystack.store.secrets import looks_secret
 
 log = logging.getLogger("raystack")
 
@@ -161,6 +162,14 @@ def resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
     )
     outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
+    for key in looks_secret(joined.env):
+        if key not in spec.secrets:
+            log.warning(
+                "raystack: warning: %s: env.%s looks like a secret: its value goes into the ledger and "
+                "Ray's runtime_env; give it as secrets: [%s] (taken from your environment at submit, "
+                "never written down) or `submit --secret %s`",
+                *(source, key, key, key),
+            )
     return JobRequest(
         id=job_id or new_job_id(spec.name),
         name=spec.name,
@@ -190,6 +199,7 @@ def resolve(
         plan=spec.plan.model_dump() if spec.plan else None,
         planned=planned,
         processes=processes,
+        secrets=list(spec.secrets),
         spec_file=spec_file,
         submit_dir=str(submit_dir) if submit_dir else None,
     )

@@ -10,11 +10,12 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from raystack.launch import PIN_DIR, SUBMIT_DIR_ENV
+from raystack.launch import PIN_DIR, SECRET_NAMES_ENV, SECRETS_ENV, SUBMIT_DIR_ENV
 from raystack.spec.planning import PlanSpec, occupied, substitute
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRequest
+from raystack.store.secrets import file as secrets_file
 
 # NOTE: Ray's job supervisor gives the driver RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 (so
 # that a driver without GPUs of its own still sees the node's). Frameworks that forward the
@@ -37,14 +38,23 @@ def run_dir(request: JobRequest) -> str | None:
     return None if request.working_dir else request.submit_dir
 
 
-def driver_entrypoint(entrypoint: str, folder: str | None = None) -> str:
+# A job with secrets: its driver reads them from their file (store/secrets.py) before anything
+# else; a file that is gone ends it at once with the reason (never a run without them).
+SECRETS_PREFIX = (
+    '[ -r "$RAYSTACK_SECRETS" ] || { echo "raystack: this job\'s secrets file $RAYSTACK_SECRETS is gone '
+    '(removed when the job ends): submit it again" >&2; exit 1; }; . "$RAYSTACK_SECRETS"; '
+)
+
+
+def driver_entrypoint(entrypoint: str, folder: str | None = None, secrets: bool = False) -> str:
     """The shell command Ray runs for the driver: the user's, verbatim, after the prefix (and a
     `cd` into `folder`; where the node cannot enter it, the shell's error and where the job runs
     instead are in the job's log, as SLURM goes on in /tmp for a --chdir the node lacks)."""
+    prefix = DRIVER_PREFIX + (SECRETS_PREFIX if secrets else "")
     if not folder:
-        return DRIVER_PREFIX + entrypoint
+        return prefix + entrypoint
     enter = f'cd -- {shlex.quote(folder)} || echo "raystack: warning: the job runs in $PWD instead" >&2; '
-    return DRIVER_PREFIX + enter + entrypoint
+    return prefix + enter + entrypoint
 
 
 # PyTorch's own evidence of a stuck collective (read in torch 2.11 and 2.13; older names in
@@ -114,6 +124,9 @@ def job_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -> di
         env["RAYSTACK_RESUME_COUNT"] = str(resumes)
     if folder := run_dir(request):  # (SPMD ranks start there too: raystack.launch.spmd)
         env[SUBMIT_DIR_ENV] = folder
+    if request.secrets:  # (the file's path and the names: the values are read by the driver)
+        env[SECRETS_ENV] = str(secrets_file(cluster.name, request.nonce))
+        env[SECRET_NAMES_ENV] = ",".join(request.secrets)
     for key, path in request.outputs.items():
         env[f"RAYSTACK_OUTPUT_{key.upper()}"] = path
     env.update(torch_env(request, cluster.name))
@@ -143,7 +156,7 @@ def submit_options(request: JobRequest, cluster: ClusterRecord, resumes: int = 0
         mine = occupied(cluster, request.needs)
         entrypoint = substitute(entrypoint, plan, mine, f"job {request.id}", request.processes)
     return {
-        "entrypoint": driver_entrypoint(entrypoint, run_dir(request)),
+        "entrypoint": driver_entrypoint(entrypoint, run_dir(request), bool(request.secrets)),
         "runtime_env": runtime_env(request, cluster, resumes),
         "entrypoint_num_cpus": request.entrypoint_num_cpus or None,
         "entrypoint_num_gpus": request.entrypoint_num_gpus or None,

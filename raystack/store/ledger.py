@@ -7,7 +7,7 @@ Both live here, at the bottom, because the allocation and the client both read t
 from __future__ import annotations
 
 import logging
-import secrets
+import secrets as random_tokens
 import time
 from enum import Enum
 from functools import partial
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raystack.errors import ClusterError
 from raystack.store import paths
+from raystack.store import secrets as job_secrets
 from raystack.store.cluster import apply_changes, unknown_member
 from raystack.store.files import append_line, atomic_write, create_exclusive, locked, quarantined
 
@@ -86,10 +87,11 @@ class JobRequest(BaseModel):
     plan: dict[str, Any] | None = None  # the spec's plan: the entrypoint's {plan.*} are filled at start
     planned: str | None = None  # the entrypoint as planned at submit, for the cluster as it was then
     processes: int | None = None  # an SPMD job's processes in all (for a batch plan)
+    secrets: list[str] = Field(default_factory=list)  # names only: the values are in secrets/<nonce>.env
     queued_at: float = Field(default_factory=time.time)
     # Travels in the Ray job's metadata: a Ray job with our submission id but another nonce
     # is not ours (an id reused after a ledger was lost), so its state is never inherited.
-    nonce: str = Field(default_factory=partial(secrets.token_hex, 8))
+    nonce: str = Field(default_factory=partial(random_tokens.token_hex, 8))
 
 
 class Attempt(BaseModel):
@@ -185,6 +187,9 @@ def change_job(name: str, job_id: str, attempt: dict[str, Any] | None = None, **
     write_job(name, record)
     if record.state.is_terminal() and "state" in changes:
         append_line(paths.cluster(name).finished, f"{time.time():.3f} {record.id} {record.state.value}")
+        for request in (record.request, record.resume_request):  # (its secrets go with it)
+            if request is not None and request.secrets:
+                job_secrets.forget(name, request.nonce)
     return record
 
 

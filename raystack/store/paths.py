@@ -26,6 +26,7 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   logs/jobs/<id>/      the worker logs of a job's actors, gathered when it ends (actors.json indexes them)
   corrupt/             files moved aside because they could not be read
   tls/                 with `up --tls`: the cluster's CA and each node's certificate (store/tls.py)
+  secrets/<nonce>.env  a queued or running job's secrets (0600), removed when it ends (store/secrets.py)
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class ClusterPaths:
     heartbeat: Path = field(init=False)
     runner_lease: Path = field(init=False)
     tls: Path = field(init=False)
+    secrets: Path = field(init=False)
 
     def __post_init__(self) -> None:
         root, logs = self.root, self.root / LOGS
@@ -133,6 +135,7 @@ class ClusterPaths:
             "heartbeat": root / "head.beat",
             "runner_lease": root / "runner.lease",
             "tls": root / "tls",
+            "secrets": root / "secrets",
         }
         for key, path in named.items():
             object.__setattr__(self, key, path)

@@ -11,7 +11,10 @@ signal in the message. The job queued behind each fault runs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.client import Job
+from raystack.store import paths
 from raystack.store.ledger import JobState
 
 from ..conftest import module_home
@@ -158,3 +162,42 @@ def test_a_rank_that_dies_fails_the_job_within_30s_naming_it(fl: dict, mode: str
     assert took <= 30, (took, record.message)
     assert after.wait(timeout=300).state is JobState.SUCCEEDED
     assert launched(cluster.record().allocation_id or "") == []
+
+
+SECRET = "s3cr3t-Value 'with' $pace\"s"  # (what a shell would mangle unquoted)
+
+
+def test_a_jobs_secrets_reach_its_driver_and_ranks_and_are_written_nowhere(fl: dict) -> None:
+    """`submit --secret NAME`: the value, from the submitter's environment, reaches the driver and
+    every SPMD rank on every node; afterwards nothing in the cluster folder (ledgers, logs, Ray's
+    copied logs with their runtime_env), nor the `--json` output of submit, job and queue, holds it."""
+    env = {"RAYSTACK_TEST_TOKEN": SECRET, "RAYSTACK_CLUSTER": "fl"}
+    name = "RAYSTACK_TEST_TOKEN"
+    driver = raystack(
+        "submit", "--secret", name, "--working-dir", str(DEBUG), "--json",
+        "--", "python", "envcheck.py", name, env=env,
+    )  # fmt: skip
+    ranks = raystack(
+        "submit", str(DEBUG / "rankfault.yaml"), "--secret", name, "--set", "procs_per_node=1",
+        "--set", f"command=envcheck.py {name}", "--set", "name=secret-ranks", "--json", env=env,
+    )  # fmt: skip
+    assert driver.returncode == 0 and ranks.returncode == 0, driver.stderr + ranks.stderr
+    jobs = [Job("fl", json.loads(out.stdout)["id"]) for out in (driver, ranks)]  # (one job: one object)
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()[:16]
+    for job, count in zip(jobs, (1, 2), strict=True):
+        record = job.wait(timeout=300)
+        assert record.state is JobState.SUCCEEDED, job.logs()[-2000:]
+        assert record.request.secrets == [name]
+        seen = [
+            json.loads(ln.split("ENV_SEEN ", 1)[1]) for ln in job.logs().splitlines() if "ENV_SEEN " in ln
+        ]
+        assert [s["seen"] for s in seen] == [{name: digest}] * count, seen
+    assert len({s["host"] for s in seen}) == 2  # (the ranks: one on each node)
+    shown = (
+        raystack("job", jobs[0].id, "--json", env=env).stdout
+        + raystack("queue", "--all", "--json", env=env).stdout
+    )
+    root = paths.cluster("fl").root
+    found = subprocess.run(["grep", "-rlF", SECRET, str(root)], capture_output=True, text=True)
+    assert found.stdout == "" and SECRET not in shown + driver.stdout + ranks.stdout
+    assert not list((root / "secrets").glob("*"))  # (each job's file went when it ended)
