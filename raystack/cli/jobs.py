@@ -255,10 +255,10 @@ def stacks(
         raise typer.Exit(1)
 
 
-@app.command(short_help="Stop a running job (SIGTERM, then kill), cancel a queued one; or a whole sweep.")
-def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
-    """Stop a running job: SIGTERM, then kill after its stop_grace (STOPPED). A queued job is
-    cancelled; a sweep's id stops all of it (its queued jobs cancelled, its running ones stopped)."""
+@app.command(short_help="Cancel a job, as scancel does: a queued one leaves the queue, a running one stops.")
+def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Cancel a job as scancel does: one not started leaves the queue (CANCELLED), a running one is
+    stopped (SIGTERM, then kill after its stop_grace: STOPPED). A sweep's id cancels all of it."""
     target = _job_or_sweep(job_id, cluster)
     if isinstance(target, Sweep):
         sweep = target
@@ -266,39 +266,28 @@ def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
         if as_json:
             print_json([r.model_dump(mode="json") for r in ended])
             return
-        said = f"{len(ended)} job(s) stopped or cancelled" if ended else "every job of it had ended"
-        out.print(f"sweep {sweep.id}: {said}", markup=False)
+        cancelled = sum(1 for r in ended if r.state is JobState.CANCELLED)
+        gone = len(sweep.job_ids) - len(ended)
+        out.print(
+            f"sweep {sweep.id}: {cancelled} job(s) cancelled"
+            + (f", {len(ended) - cancelled} stopped" if len(ended) > cancelled else "")
+            + (f", {gone} had ended" if gone else ""),
+            markup=False,
+        )
         for record in ended:
             _print_job(record, as_json)
         return
+    record = target.record()
+    if record.state.is_terminal():
+        raise ClusterError(f"job {record.id} has ended ({record.state.value}): nothing to cancel")
     _print_job(target.stop(), as_json)
 
 
-@app.command(short_help="Remove a queued job (or the rest of a sweep) from the queue.")
-def cancel(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
-    """Remove a job that has not started from the queue (CANCELLED); a sweep's id cancels every
-    job of it that has not started (those running go on: `raystack stop ID`)."""
-    target = _job_or_sweep(job_id, cluster)
-    if isinstance(target, Sweep):
-        sweep = target
-        cancelled, left = sweep.cancel()
-        if as_json:
-            print_json({"sweep": sweep.id, "cancelled": [r.id for r in cancelled], "not_cancelled": left})
-            return
-        ended = len(sweep.job_ids) - len(cancelled) - len(left)
-        out.print(
-            f"sweep {sweep.id}: {len(cancelled)} job(s) cancelled"
-            + (f", {ended} had ended" if ended else ""),
-            markup=False,
-        )
-        if left:
-            out.print(
-                f"  started already (raystack stop ID; all of the sweep: raystack stop {sweep.id}): "
-                f"{', '.join(left)}",
-                markup=False,
-            )
-        return
-    _print_job(target.cancel(), as_json)
+@app.command(short_help="The same as cancel (a queued job leaves the queue, a running one stops).")
+def stop(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """The same as `raystack cancel`: a job not started leaves the queue, a running one is stopped
+    (SIGTERM, then kill after its stop_grace); a sweep's id stops all of it."""
+    cancel(job_id, cluster, as_json)
 
 
 def _job_or_sweep(job_id: str, cluster: str | None) -> Job | Sweep:

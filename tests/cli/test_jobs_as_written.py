@@ -234,11 +234,11 @@ def test_after_a_name_is_answered_with_its_ids(capsys: pytest.CaptureFixture[str
 
 def test_stop_of_a_queued_sweep_cancels_it_and_says_so_once_ended(capsys: pytest.CaptureFixture[str]) -> None:
     sweep = request(submitted(capsys, "--sweep", "env.LR=1,2", "--", "python", "t.py")[0]["id"]).sweep
-    code, out, err = run(capsys, "stop", str(sweep))
-    assert code == 0 and f"sweep {sweep}: 2 job(s) stopped or cancelled" in out, out + err
+    code, out, err = run(capsys, "stop", str(sweep))  # (stop: the same as cancel)
+    assert code == 0 and f"sweep {sweep}: 2 job(s) cancelled" in out, out + err
     assert out.count("CANCELLED (cancelled before it started)") == 2 and queue.waiting("c4") == []
-    code, out, _ = run(capsys, "stop", str(sweep))
-    assert code == 0 and f"sweep {sweep}: every job of it had ended" in out, out
+    code, out, _ = run(capsys, "cancel", str(sweep))
+    assert code == 0 and f"sweep {sweep}: 0 job(s) cancelled, 2 had ended" in out, out
 
 
 def test_after_a_job_of_another_cluster_says_where_it_is(capsys: pytest.CaptureFixture[str]) -> None:
