@@ -43,9 +43,9 @@ def _root(
 def main() -> None:
     try:
         code = app(standalone_mode=False)
-    except click.NoArgsIsHelpError as exc:
+    except click.NoArgsIsHelpError as exc:  # (bare `raystack`, a group without its verb: usage)
         print(exc.format_message())
-        code = 0
+        code = 2
     except typer.Exit as exc:
         code = exc.exit_code
     except click.UsageError as exc:

@@ -681,3 +681,11 @@ def test_a_follow_keeps_a_character_split_between_reads_and_ends_an_open_line(
     writer.join()
     assert record.state is JobState.SUCCEEDED
     assert out.getvalue() == "step 1 █\nstep 2 █\n"
+
+
+def test_bare_raystack_is_usage_not_success() -> None:
+    """`raystack` alone printed the help and exited 0, as if a command had run (a script's `&&`
+    went on); it is usage (exit 2), as `raystack plan` without its verb; `--help` is 0."""
+    for argv, code in (([], 2), (["plan"], 2), (["--help"], 0)):
+        done = subprocess.run([sys.executable, "-m", "raystack.cli", *argv], capture_output=True, text=True)
+        assert done.returncode == code and "Usage" in done.stdout, (argv, done)

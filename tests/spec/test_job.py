@@ -697,3 +697,19 @@ def test_one_exclude_pattern_and_a_line_of_launcher_args_are_taken_as_written() 
         ValueError, match=r"4 is not a mapping: needs takes gpus, .* e\.g\. needs: \{gpus: 4\}"
     ):
         JobSpec.model_validate({"name": "t", "entrypoint": "x", "needs": 4})
+
+
+def test_one_quoted_word_after_dashes_is_a_shell_line_as_ray_job_submit_runs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`raystack submit -- 'echo LR=$LR'` failed only at run time with exit 127 (the shell looked
+    for a program named `echo LR=$LR`); ray job submit joins its words into one shell line."""
+    spec = command_spec(["echo LR=$LR && echo done"])
+    assert spec.entrypoint == "echo LR=$LR && echo done" and spec.name == "echo"
+    assert "run by the shell as a command line" in caplog.text
+    ran = subprocess.run(
+        ["sh", "-c", jobs.driver_entrypoint(spec.entrypoint)], env={"LR": "3e-6", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.split() == ["LR=3e-6", "done"], ran
+    assert command_spec(["python", "train.py", "--name", "a b"]).entrypoint == "python train.py --name 'a b'"
