@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import math
 import re
 import shlex
@@ -41,7 +40,9 @@ from raystack.spec.values import (
     parse_yaml,
     quote,
     refuse_yes_no,
+    shell_line,
     size_to_mb,
+    split_or,
     validate_env,
 )
 from raystack.store.paths import NAME
@@ -67,8 +68,6 @@ RUNTIME_ENV_KEYS = (
 MAX_SWEEP = 1000  # jobs in one sweep
 AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name
-
-log = logging.getLogger("raystack")
 
 
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
@@ -523,27 +522,6 @@ def command_name(argv: list[str]) -> str:
     return clean or "job"
 
 
-def shell_line(argv: list[str]) -> str | None:
-    """One word after `--` that holds a space (`-- 'echo LR=$LR'`) is a shell command line, as
-    `ray job submit` runs it (it joins the words with spaces); quoted as one word, a shell would
-    look for a program of that whole name (exit 127). None for a command of several words."""
-    if len(argv) != 1 or not any(c.isspace() for c in argv[0]):
-        return None
-    log.warning(
-        "raystack: note: the one word after -- is run by the shell as a command line, as ray job "
-        "submit runs it: %s",
-        argv[0],
-    )
-    return argv[0]
-
-
-def _split_or(line: str, argv: list[str]) -> list[str]:
-    try:
-        return shlex.split(line) or argv
-    except ValueError:
-        return argv
-
-
 def command_spec(argv: list[str], sets: list[str] | None = None, name: str | None = None) -> JobSpec:
     """A spec for a bare command: `raystack submit -- python train.py --lr 1e-6`."""
     if not argv:
@@ -551,7 +529,7 @@ def command_spec(argv: list[str], sets: list[str] | None = None, name: str | Non
             "submit: give a spec file or a command after --, e.g. raystack submit -- python x.py"
         )
     line = shell_line(argv)
-    words = argv if line is None else _split_or(line, argv)
+    words = argv if line is None else split_or(line, argv)
     data = {"name": name or command_name(words), "entrypoint": line or shlex.join(argv)}
     data = apply_sets(data, sets or [])
     if data.get("kind") == "spmd" or data.get("launcher"):  # `raystack submit --launcher torchrun -- x.py`

@@ -6,7 +6,9 @@ line naming the file, the field and the fix.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
+import shlex
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ from raystack.slurmtime import (  # noqa: F401 (the durations, read where values
     validate_time,
 )
 
+log = logging.getLogger("raystack")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?", re.IGNORECASE)
 
@@ -352,3 +355,24 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+def shell_line(argv: list[str]) -> str | None:
+    """One word after `--` that holds a space (`-- 'echo LR=$LR'`) is a shell command line, as
+    `ray job submit` runs it (it joins the words with spaces); quoted as one word, a shell would
+    look for a program of that whole name (exit 127). None for a command of several words."""
+    if len(argv) != 1 or not any(c.isspace() for c in argv[0]):
+        return None
+    log.warning(
+        "raystack: note: the one word after -- is run by the shell as a command line, as ray job "
+        "submit runs it: %s",
+        argv[0],
+    )
+    return argv[0]
+
+
+def split_or(line: str, argv: list[str]) -> list[str]:
+    try:
+        return shlex.split(line) or argv
+    except ValueError:
+        return argv
