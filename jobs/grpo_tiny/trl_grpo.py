@@ -11,9 +11,11 @@ used (its per-device batch x gradient accumulation x processes, read from the tr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -82,22 +84,37 @@ def main() -> int:
     # save_pretrained writes on the main process only, and the other nodes' models stay empty.
     folder = model_dir(ours.dir, ours.model_seed)
     config = config_from(trl_flags, Path(ours.dir) / "out")
+    ends: list[float] = []
     trainer = GRPOTrainer(
         model=str(folder),
         reward_funcs=say_reward,
         args=config,
         train_dataset=dataset(ours.prompts, config.seed),
+        callbacks=[step_clock(ends)],
     )
     t0 = time.time()
     trainer.train()
     if trainer.accelerator.is_main_process:
-        print("TRL_GRPO " + json.dumps(summary(trainer, time.time() - t0)), flush=True)
+        print("TRL_GRPO " + json.dumps(summary(trainer, time.time() - t0, ends)), flush=True)
     return 0
 
 
-def summary(trainer, seconds: float) -> dict:  # (trainer: a trl.GRPOTrainer)
-    """What TRL really ran: its batch as the trainer holds it, and what it logged."""
+def step_clock(ends: list[float]):  # (a transformers.TrainerCallback)
+    """Notes when each optimizer step ends: the per-step time, beside a run started another way."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            ends.append(time.monotonic())
+
+    return StepClock()
+
+
+def summary(trainer, seconds: float, ends: list[float]) -> dict:  # (trainer: a trl.GRPOTrainer)
+    """What TRL really ran: its batch as the trainer holds it, what it logged, and the median
+    time of a step after the first (the first pays for compilation and warm-up)."""
     logged = [h for h in trainer.state.log_history if "reward" in h]
+    steps = [b - a for a, b in itertools.pairwise(ends)]
     args, acc = trainer.args, trainer.accelerator
     plugin = acc.state.deepspeed_plugin
     return {
@@ -113,6 +130,9 @@ def summary(trainer, seconds: float) -> dict:  # (trainer: a trl.GRPOTrainer)
         "zero_stage": plugin.zero_stage if plugin else None,
         "rewards": [round(h["reward"], 4) for h in logged],
         "losses": [round(h["loss"], 6) for h in logged if "loss" in h],
+        "use_vllm": args.use_vllm,
+        "vllm_mode": args.vllm_mode if args.use_vllm else None,
+        "step_s_median": round(statistics.median(steps), 4) if steps else None,
         "seconds": round(seconds, 1),
     }
 

@@ -83,3 +83,22 @@ def test_trl_takes_every_flag_the_trl_job_and_its_batch_plan_give_it() -> None:
     assert {"per_device_train_batch_size", "gradient_accumulation_steps"} <= set(given), given
     assert given and not [f for f in given if f not in fields], given
     assert len(fields) > 100  # (the real config, not an empty class)
+
+
+def test_the_verl_job_sets_only_keys_of_the_released_verl_config() -> None:
+    """jobs/grpo_tiny/verl_grpo.yaml hands verl's main_ppo Hydra overrides: each key is one of the
+    released trainer config's (a `+key` adds to a mapping that must exist), so verl's struct
+    config takes every one of them."""
+    config = yaml.safe_load(found("verl/trainer/config/_generated_ppo_trainer.yaml").read_text())
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "jobs/grpo_tiny/verl_grpo.yaml").read_text())
+    overrides = spec["entrypoint"].split("verl.trainer.main_ppo", 1)[1].split()
+    keys = [o.split("=", 1)[0] for o in overrides if "=" in o]
+    assert "{plan.flags}" in overrides and len(keys) > 20
+    for key in keys:
+        adds = key.startswith("+")
+        parts = key.removeprefix("+").split(".")
+        node = config
+        for part in parts[:-1] if adds else parts:
+            assert isinstance(node, dict) and part in node, f"verl has no {key}"
+            node = node[part]
+        assert not adds or isinstance(node, dict), f"{key}: verl's {'.'.join(parts[:-1])} is no mapping"
