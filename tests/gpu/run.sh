@@ -12,6 +12,10 @@ cd "$(dirname "$0")/../.."
 if [ -d /tmp/site ]; then
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site/bin:$PATH"
 fi
+# The frameworks (TRL, verl, verl's transformers pin) where stage.py --set frameworks put them.
+if [ -d /tmp/site-frameworks ]; then
+    export PYTHONPATH="/tmp/site-frameworks${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site-frameworks/bin:$PATH"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export RAYSTACK_HOME="${RAYSTACK_HOME:-/tmp/rs-gpu-$$}" RAY_USAGE_STATS_ENABLED=0
 # vLLM 0.22 samples through flashinfer by default; tests/gpu/stage.py does not stage it.

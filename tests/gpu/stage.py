@@ -14,6 +14,12 @@ What is left out of vLLM: FlashAttention 2's kernels (H100/H200 run FA3), the Mo
 optional GPU-kernel packages (flashinfer, tilelang, cutlass-dsl, quack, tokenspeed, humming) and
 what the machine has (torch, torchvision, torchaudio, transformers, numba, ...). The manifest
 records every file of every part with its sha256, and what was left out.
+
+The frameworks (`--set frameworks`: TRL, verl and what they need beyond the above, with verl's
+pins transformers 5.9 and the tokenizers it allows) are a set of their own, in .stage/frameworks/,
+unpacked into /tmp/site-frameworks (tests/gpu/run.sh puts it before /tmp/site):
+    python tests/gpu/stage.py prepare --set frameworks      # here: one part
+    python tests/gpu/stage.py install --set frameworks      # there, in the run that carries it
 """
 
 from __future__ import annotations
@@ -68,6 +74,22 @@ VLLM = [
     "httpx2", "httpcore2", "truststore", "apache-tvm-ffi", "pydantic-extra-types", "hjson",
 ]  # fmt: skip
 DEEPSPEED = "deepspeed>=0.19,<0.20"
+# TRL and verl as released, with what the machine lacks or has in a version they refuse:
+# datasets 4.7 (5.x fails on pyarrow 22-26) wants dill<0.4.1 and fsspec<=2026.2; verl 0.9.1 pins
+# transformers<5.11 (its vllm extra: 5.9.0), which wants tokenizers<=0.23.0 (0.22.2: no 0.23.0 was
+# released; the machine has 0.23.2), and its v1 trainer (the default) imports TransferQueue.
+FRAMEWORKS = [
+    "trl==1.16.0", "datasets==4.7.0", "dill==0.4.0", "multiprocess==0.70.18", "fsspec==2026.2.0",
+    "verl==0.9.1", "transformers==5.9.0", "tokenizers==0.22.2", "hydra-core==1.3.2", "omegaconf==2.3.0",
+    "tensordict==0.10.0", "pyvers<0.2", "orjson", "codetiming",
+    "pylatexenc", "torchdata", "transferqueue==0.1.11",
+]  # fmt: skip
+# A job that needs one of these puts its folder first on its PYTHONPATH (env): verl 0.9.1 imports
+# trl.AutoModelForCausalLMWithValueHead whenever trl is importable
+# (verl/models/transformers/monkey_patch.py:352), which TRL 1.16 no longer has.
+APART = {"trl-env": "trl-"}
+BUILT = {"frameworks": ["antlr4-python3-runtime==4.9.3"]}  # hydra 1.3's pin: an sdist only (pure Python)
+SETS = {"base": (STAGE, SITE), "frameworks": (STAGE / "frameworks", Path("/tmp/site-frameworks"))}
 # Members of the vLLM wheel a small dense model on sm90 does not load.
 STRIP = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm-rs"]
 STRIP_GLOBS = ["vllm/third_party/**/*.cpython-3*.so"]  # (but the 3.12 build)
@@ -85,16 +107,29 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def prepare() -> int:
-    wheels, site = STAGE / "wheels", STAGE / "site"
-    shutil.rmtree(STAGE, ignore_errors=True)
+def prepare(which: str) -> int:
+    stage, _ = SETS[which]
+    wheels, site = stage / "wheels", stage / "site"
+    for old in [*stage.glob("part-*"), stage / "MANIFEST.json", wheels, site]:
+        shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
     wheels.mkdir(parents=True)
     pip = [sys.executable, "-m", "pip", "-q"]
-    run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *RAY, *RAYSTACK, *VLLM)
-    build = {**os.environ, "DS_BUILD_OPS": "0"}  # (DeepSpeed builds its ops at run time, if ever)
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), DEEPSPEED], check=True, env=build)
+    if which == "frameworks":
+        run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *FRAMEWORKS)
+        run(*pip, "wheel", "--no-deps", "-w", str(wheels), *BUILT[which])
+    else:
+        run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *RAY, *RAYSTACK, *VLLM)
+        build = {**os.environ, "DS_BUILD_OPS": "0"}  # (DeepSpeed builds its ops at run time, if ever)
+        subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), DEEPSPEED], check=True, env=build)
     found = sorted(str(w) for w in wheels.glob("*.whl"))
-    run(*pip, "install", "--no-deps", "--no-compile", *PLATFORM, "--target", str(site), *found)
+    apart = {
+        folder: [w for w in found if Path(w).name.startswith(prefix)] for folder, prefix in APART.items()
+    }
+    rest = [w for w in found if not any(w in ws for ws in apart.values())]
+    run(*pip, "install", "--no-deps", "--no-compile", *PLATFORM, "--target", str(site), *rest)
+    for folder, ws in apart.items():
+        if ws:
+            run(*pip, "install", "--no-deps", "--no-compile", *PLATFORM, "--target", str(site / folder), *ws)
     removed = []
     for rel in STRIP:
         path = site / rel
@@ -106,82 +141,91 @@ def prepare() -> int:
             if "cpython-312" not in path.name:
                 removed.append(str(path.relative_to(site)))
                 path.unlink()
-    archive = STAGE / "site.tar.gz"
+    archive = stage / "site.tar.gz"
     with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
         tar.add(site, arcname=".")
-    parts = split(archive)
+    parts = split(archive, stage)
     manifest = {
+        "set": which,
         "archive_sha256": sha256(archive),
         "parts": {p.name: sha256(p) for p in parts},
         "wheels": sorted(p.name for p in wheels.glob("*.whl")),
         "left_out": removed,
     }
-    (STAGE / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (stage / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(site)
     shutil.rmtree(wheels)
     archive.unlink()
     size = sum(p.stat().st_size for p in parts) / 2**20
-    print(f"{len(parts)} parts, {size:.0f} MiB in all, in {STAGE} (manifest: {STAGE / 'MANIFEST.json'})")
+    print(f"{len(parts)} parts, {size:.0f} MiB in all, in {stage} (manifest: {stage / 'MANIFEST.json'})")
     return 0
 
 
-def split(archive: Path) -> list[Path]:
+def split(archive: Path, stage: Path) -> list[Path]:
     parts = []
     with open(archive, "rb") as fh:
         while chunk := fh.read(PART_MB * 2**20):
-            part = STAGE / f"part-{len(parts):02d}"
+            part = stage / f"part-{len(parts):02d}"
             part.write_bytes(chunk)
             parts.append(part)
     return parts
 
 
-def receive() -> int:
+def inbox(which: str) -> Path:
+    return INBOX if which == "base" else INBOX / which
+
+
+def receive(which: str) -> int:
     """Keep the parts this run carried (under .stage/ in the run's working tree) in /tmp/stage."""
-    INBOX.mkdir(parents=True, exist_ok=True)
-    got = sorted(STAGE.glob("part-*"))
+    stage, box = SETS[which][0], inbox(which)
+    box.mkdir(parents=True, exist_ok=True)
+    got = sorted(stage.glob("part-*"))
     for part in got:
-        shutil.copy(part, INBOX / part.name)
-    shutil.copy(STAGE / "MANIFEST.json", INBOX / "MANIFEST.json")
-    print(f"received {[p.name for p in got]}; in {INBOX}: {sorted(p.name for p in INBOX.glob('part-*'))}")
+        shutil.copy(part, box / part.name)
+    shutil.copy(stage / "MANIFEST.json", box / "MANIFEST.json")
+    print(f"received {[p.name for p in got]}; in {box}: {sorted(p.name for p in box.glob('part-*'))}")
     return 0
 
 
-def install() -> int:
-    receive()
-    manifest = json.loads((INBOX / "MANIFEST.json").read_text())
-    missing = [name for name in manifest["parts"] if not (INBOX / name).exists()]
+def install(which: str) -> int:
+    receive(which)
+    site, box = SETS[which][1], inbox(which)
+    manifest = json.loads((box / "MANIFEST.json").read_text())
+    missing = [name for name in manifest["parts"] if not (box / name).exists()]
     if missing:
         print(f"missing parts: {missing} (the machine went cold? send them again)", file=sys.stderr)
         return 1
-    bad = [name for name, digest in manifest["parts"].items() if sha256(INBOX / name) != digest]
+    bad = [name for name, digest in manifest["parts"].items() if sha256(box / name) != digest]
     if bad:
         print(f"parts that do not match the manifest: {bad}", file=sys.stderr)
         return 1
-    archive = INBOX / "site.tar.gz"
+    archive = box / "site.tar.gz"
     with open(archive, "wb") as out:
         for name in sorted(manifest["parts"]):
-            out.write((INBOX / name).read_bytes())
+            out.write((box / name).read_bytes())
     if sha256(archive) != manifest["archive_sha256"]:
         print("the joined archive does not match the manifest", file=sys.stderr)
         return 1
-    SITE.mkdir(parents=True, exist_ok=True)
+    site.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as tar:
-        tar.extractall(SITE, filter="data")
+        tar.extractall(site, filter="data")
     archive.unlink()
     # NOTE: pip --target wrote the console scripts (ray, deepspeed, ...) with the preparing
     # machine's interpreter in their first line: this machine's python3 runs them here.
-    for script in (SITE / "bin").glob("*"):
+    for script in (site / "bin").glob("*"):
         text = script.read_bytes()
         if text.startswith(b"#!") and b"python" in text.split(b"\n", 1)[0]:
             script.write_bytes(f"#!{sys.executable}".encode() + text[text.index(b"\n") :])
-    print(f"installed into {SITE}: use PYTHONPATH={SITE} PATH={SITE}/bin:$PATH")
+    print(f"installed into {site}: use PYTHONPATH={site} PATH={site}/bin:$PATH")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=["prepare", "receive", "install"])
-    return {"prepare": prepare, "receive": receive, "install": install}[parser.parse_args().step]()
+    parser.add_argument("--set", dest="which", choices=sorted(SETS), default="base")
+    args = parser.parse_args()
+    return {"prepare": prepare, "receive": receive, "install": install}[args.step](args.which)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from raystack.client import Job  # noqa: E402
 from raystack.plan.memory import Model, learner_memory  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 from tests.gpu.faults import run_faults  # noqa: E402
+from tests.gpu.frameworks import native, run_frameworks  # noqa: E402
 
 DEBUG = REPO / "jobs" / "debug"
 GRPO = REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
@@ -65,6 +66,7 @@ PARTS = [
     "grpo",
     "monitor",
     "faults",
+    "frameworks",
 ]  # in the order a full run takes them
 checks: dict[str, bool] = {}
 figures: dict[str, Any] = {}
@@ -338,6 +340,13 @@ def faults_part(cluster: Cluster, ngpu: int) -> None:
     skipped.update(skip)
 
 
+def frameworks_part(cluster: Cluster, ngpu: int) -> None:
+    found, ok, skip = run_frameworks(cluster, ngpu, say)
+    figures["frameworks"] = found
+    checks.update(ok)
+    skipped.update(skip)
+
+
 def up(name: str, *args: str) -> tuple[Cluster, float]:
     t0 = time.monotonic()
     cli("up", "--local", "--name", name, *args)
@@ -404,12 +413,17 @@ def main() -> int:
                 guarded("grpo_tiny gpu", grpo, gpu, "gpu", ngpu)
             elif part == "faults":
                 guarded("faults", faults_part, gpu, ngpu)
+            elif part == "frameworks":
+                guarded("frameworks", frameworks_part, gpu, ngpu)
             else:
                 guarded("monitor", monitor, gpu, ngpu)
     finally:
         down(gpu)
     held = gpu_processes()
     checks["no process holds a GPU after down"] = not held
+    natives = os.environ.get("FRAMEWORKS_NATIVE") != "no"
+    if "frameworks" in (only or PARTS) and figures.get("frameworks") and natives:
+        checks.update(guarded("frameworks native", native, figures["frameworks"], ngpu, say) or {})
     result = {
         "benchmark": "gpu_suite",
         **context(ngpu),
