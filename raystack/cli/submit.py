@@ -138,6 +138,26 @@ NameOpt = Annotated[
 SubmissionIdOpt = Annotated[
     str | None, typer.Option("--submission-id", metavar="ID", help="The job's id (default: <name>-<8 hex>).")
 ]
+# sbatch's letters, as a SLURM user types them at submit: each means a spec field, or is the cluster's.
+SbatchNodesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nodes", "-N", min=1, metavar="N", help="As sbatch -N: nodes (kind spmd), else needs.nodes."
+    ),
+]
+SbatchTimeOpt = Annotated[
+    str | None,
+    typer.Option("--time", "-t", metavar="TIME", help="As sbatch -t: the job's timeout (10 = 10 min)."),
+]
+SbatchGpusOpt = Annotated[
+    int | None, typer.Option("--gpus", "-G", min=0, metavar="N", help="As sbatch --gpus: needs.gpus.")
+]
+SbatchPartitionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--partition", "-p", metavar="NAME", hidden=True, help="Refused: the partition is the cluster's."
+    ),
+]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once queued (the default).")]
 SecretOpt = Annotated[
     list[str] | None,
@@ -173,6 +193,10 @@ def submit(
     runtime_env_json: RuntimeEnvJsonOpt = None,
     submission_id: SubmissionIdOpt = None,
     secret: SecretOpt = None,
+    nodes: SbatchNodesOpt = None,
+    time: SbatchTimeOpt = None,
+    gpus: SbatchGpusOpt = None,
+    partition: SbatchPartitionOpt = None,
     no_wait: NoWaitOpt = False,
     follow: FollowOpt = False,
     now: NowOpt = False,
@@ -181,9 +205,15 @@ def submit(
     """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in
     SLURM. ray job submit's flags add to the spec (--working-dir, --entrypoint-num-cpus/-gpus/
     -memory, --entrypoint-resources, --metadata-json, --runtime-env[-json], --submission-id);
+    sbatch's -N, -t and --gpus set the spec's nodes (needs.nodes), timeout and needs.gpus;
     --sweep makes one job per value, --after makes it wait for other jobs, --secret NAME gives it a
     variable of this environment without writing its value down."""
     job_input = job_argument(ctx, list(args or []))
+    if partition is not None:
+        raise ConfigError(
+            f"-p/--partition {partition}: a job runs on its cluster's nodes, and the partition is the "
+            f"cluster's: raystack up -p {partition} (or a profile's partition:), then submit to that cluster"
+        )
     if name is not None and (why := name_problem(name)):
         raise ConfigError(f"--name {why}")
     flags = {
@@ -197,6 +227,7 @@ def submit(
     }
     extra = [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
     extra += runtime_env_sets(runtime_env, runtime_env_json)
+    extra += sbatch_sets(job_input, nodes, time, gpus)
     target = Cluster.get(cluster)
     given: dict[str, Any] = {
         "now": now,
@@ -210,6 +241,31 @@ def submit(
     if follow:
         with on_interrupt(lambda: still(jobs)):
             exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
+
+
+def sbatch_sets(
+    job_input: str | list[str], nodes: int | None, time: str | None, gpus: int | None
+) -> list[str]:
+    """sbatch's -N, -t and --gpus as --set overrides of the fields that mean them: -N is the
+    launcher's node count of a kind: spmd job (`nodes`), else the nodes it occupies
+    (`needs.nodes`); -t the job's `timeout` (SLURM's forms: 10 is 10 minutes); --gpus `needs.gpus`."""
+    sets = []
+    if nodes is not None:
+        spmd = isinstance(job_input, str) and _kind(Path(job_input)) == "spmd"
+        sets.append(f"{'nodes' if spmd else 'needs.nodes'}={nodes}")
+    if time is not None:
+        sets.append(f"timeout={json.dumps(time)}")
+    if gpus is not None:
+        sets.append(f"needs.gpus={gpus}")
+    return sets
+
+
+def _kind(spec: Path) -> str:
+    try:
+        data = yaml.safe_load(spec.read_text())
+    except (OSError, yaml.YAMLError):
+        return "ray"  # (the spec's own reading says what is wrong with it)
+    return str(data.get("kind", "ray")) if isinstance(data, dict) else "ray"
 
 
 def still(jobs: list[Job]) -> str:

@@ -689,3 +689,36 @@ def test_bare_raystack_is_usage_not_success() -> None:
     for argv, code in (([], 2), (["plan"], 2), (["--help"], 0)):
         done = subprocess.run([sys.executable, "-m", "raystack.cli", *argv], capture_output=True, text=True)
         assert done.returncode == code and "Usage" in done.stdout, (argv, done)
+
+
+def test_sbatch_letters_on_submit_set_the_fields_they_mean(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SLURM user's `submit -N 2 -t 10 --gpus 1`: -N is a Ray job's needs.nodes and an SPMD job's
+    nodes, -t its timeout in SLURM's forms (10 = 10 minutes), --gpus needs.gpus; -p is refused
+    with where a partition goes, and nothing is queued by it."""
+    from raystack.store.ledger import read_job
+
+    code, _, err = run(
+        capsys, "submit", "ok.yaml", "-c", "c4", "-N", "2", "-t", "10", "--gpus", "1", "--json"
+    )
+    assert code == 0, err
+    request = read_job("c4", read_job_ids("c4")[-1]).request
+    assert request.needs == {"nodes": 2, "gpus": 1} and request.timeout == 600, request
+    trl = REPO / "jobs" / "grpo_tiny" / "trl_grpo.yaml"  # (kind: spmd)
+    code, _, err = run(capsys, "submit", str(trl), "-c", "c4", "-N", "2", "-t", "1:30:00")
+    assert code == 0, err
+    request = read_job("c4", read_job_ids("c4")[-1]).request
+    assert "--nodes=2 " in request.entrypoint and request.timeout == 5400 and not request.needs.get("nodes")
+    before = queued()
+    code, _, err = run(capsys, "submit", "ok.yaml", "-c", "c4", "-p", "gpu")
+    assert code == 1 and queued() == before
+    assert (
+        "-p/--partition gpu: " in err and "raystack up -p gpu" in err and len(err.strip().splitlines()) == 1
+    )
+
+
+def read_job_ids(name: str) -> list[str]:
+    from raystack.store.ledger import all_jobs
+
+    return [r.id for r in sorted(all_jobs(name), key=lambda r: r.request.queued_at or 0)]
