@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 from rich.console import Console
+from rich.text import Text
 
 from raystack.errors import ConfigError
 
@@ -49,8 +51,28 @@ app = typer.Typer(
 _WIDTH = None if sys.stdout.isatty() else 200
 # NOTE: markup off: everything printed holds data (a job's last log line `[rank0]: saved to
 # [/scratch/ckpt]` would be read as rich markup: lost, or a MarkupError). Style with Text.
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+# A terminal's escape sequences (CSI `ESC[2J`, OSC titles and links, two-character escapes).
+ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """Text that came from a job or a user (a log's last line in a message, a name, an env value)
+    as raystack renders it: terminal escape sequences removed, other control characters written
+    escaped (`\\x07`), so nothing shown can clear, move or recolour the screen. `logs` is not
+    rendered: it prints the log's bytes as they are, like cat."""
+    return CONTROLS.sub(lambda m: repr(m.group(0))[1:-1], ESCAPES.sub("", text))
+
+
+class Screen(Console):
+    """A console whose every string (printed, or in a table's cell) goes through `shown`."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(shown(text), **kwargs)
+
+
+out = Screen(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
+err = Screen(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 CLUSTER_HELP = "Cluster name.  [default: $RAYSTACK_CLUSTER, else the only live cluster]"
 NameArg = Annotated[str | None, typer.Argument(metavar="CLUSTER", show_default=False, help=CLUSTER_HELP)]

@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json, shown
 from raystack.client import Cluster
 from raystack.client import report as reports
 from raystack.client.top import snapshot
@@ -54,9 +54,9 @@ def render(view: dict[str, Any]) -> Group:
         )
     parts: list[Any] = [head, nodes]
     if view.get("ended"):
-        parts.append(Text(f"ended: {view['message']}"))
+        parts.append(Text(f"ended: {shown(view['message'])}"))
     elif view["ray_error"]:
-        parts.append(Text(f"ray: {view['ray_error']}", style="red"))
+        parts.append(Text(f"ray: {shown(view['ray_error'])}", style="red"))
     elif len(view["nodes"]) < view["nodes_expected"] and view["state"] == "READY":
         parts.append(Text(f"{len(view['nodes'])}/{view['nodes_expected']} nodes alive", style="red"))
     jobs = Table("job", "name", "state", "elapsed", box=None)

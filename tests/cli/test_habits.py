@@ -722,3 +722,24 @@ def read_job_ids(name: str) -> list[str]:
     from raystack.store.ledger import all_jobs
 
     return [r.id for r in sorted(all_jobs(name), key=lambda r: r.request.queued_at or 0)]
+
+
+def test_what_a_job_wrote_cannot_clear_the_screen_of_queue_or_job(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job whose last stderr line is `ESC[2J` (clear screen) and a sweep value holding ESC: queue
+    and job render them without the escape (control characters escaped), --json keeps the text
+    as it is (JSON escapes it), and logs stays byte-exact."""
+    from raystack.store.ledger import JobState, update_job
+
+    running, _ = queue_two(capsys)
+    update_job("c4", running, state=JobState.FAILED, ended=2.0, message="boom\x1b[2J\x1b[31mred\x07")
+    code, out, err = run(capsys, "submit", "-c", "c4", "--sweep", "env.X=a\x1b[1mb", "--", "echo", "$X")
+    assert code == 0, err
+    for argv in (("queue", "c4", "--all"), ("job", running, "-c", "c4")):
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        assert "\x1b" not in out + err and "\x07" not in out + err, (argv, out)
+        assert "boomred" in out.replace("\\x07", ""), out
+    code, out, _ = run(capsys, "job", running, "-c", "c4", "--json")
+    assert json.loads(out)["message"] == "boom\x1b[2J\x1b[31mred\x07"
