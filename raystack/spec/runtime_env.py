@@ -46,8 +46,8 @@ def remote(value: str) -> bool:
 
 
 def local_folder(value: str, base: Path, excludes: list[str], source: str, what: str) -> workdir.Upload:
-    """A folder uploaded to every node: absolute, existing, within Ray's limits, not holding
-    RAYSTACK_HOME (the clusters' tokens)."""
+    """A folder uploaded to every node: absolute, existing, within Ray's limits, neither holding
+    RAYSTACK_HOME nor inside its clusters' folders (their tokens, ledgers and queues)."""
     folder = (base / expand(value)).resolve()
     if not folder.is_dir():
         start = "" if Path(expand(value)).is_absolute() else f": relative paths start at {base}"
@@ -58,6 +58,12 @@ def local_folder(value: str, base: Path, excludes: list[str], source: str, what:
         raise ConfigError(
             f"{source}: {what} {folder} holds RAYSTACK_HOME ({home}), the clusters' tokens among "
             "it: choose a folder that does not, or move RAYSTACK_HOME out of it"
+        )
+    kept = paths.clusters_dir().resolve()
+    if folder == kept or kept in folder.parents:
+        raise ConfigError(
+            f"{source}: {what} {folder} is in RAYSTACK_HOME's clusters folder ({kept}), where the "
+            "clusters' tokens, ledgers and queues are: give your project's folder"
         )
     return workdir.check(folder, excludes, source)
 

@@ -31,6 +31,16 @@ def test_a_working_dir_holding_raystack_home_is_refused(
     spec = command_spec(["python", "x.py"], sets=[f"working_dir={home}"])
     with pytest.raises(ConfigError, match="holds RAYSTACK_HOME"):
         resolve(spec, CLUSTER, tmp_path, "command")
+    # A cluster's own folder (or the folder of them all): refused, naming where it is; another
+    # folder kept in RAYSTACK_HOME is the user's.
+    (home / "clusters" / "c" / "logs").mkdir()
+    for inside in (home / "clusters" / "c", home / "clusters", home / "clusters" / "c" / "logs"):
+        spec = command_spec(["python", "x.py"], sets=[f"working_dir={inside}"])
+        with pytest.raises(ConfigError, match="is in RAYSTACK_HOME's clusters folder"):
+            resolve(spec, CLUSTER, tmp_path, "command")
+    (home / "lib").mkdir()
+    spec = command_spec(["python", "x.py"], sets=[f"working_dir={home / 'lib'}"])
+    assert resolve(spec, CLUSTER, tmp_path, "command").working_dir == str(home / "lib")
     (tmp_path / "other").mkdir()
     spec = command_spec(["python", "x.py"], sets=[f"working_dir={tmp_path / 'other'}"])
     assert resolve(spec, CLUSTER, tmp_path, "command").working_dir == str(tmp_path / "other")
