@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, register
+from raystack.store import files
 
 PREFIX = "local-"
 ENV_ID = "RAYSTACK_LOCAL_ID"
@@ -99,7 +100,7 @@ def alive(alloc_id: str, confirm: int = 3) -> bool | None:
 
 def start(alloc_id: str, script: Path, log: Path) -> None:
     """Run a launch script detached (its own session: the terminal may close), named `alloc_id`."""
-    with open(log, "ab") as out:
+    with open(log, "ab", opener=files.private) as out:
         subprocess.Popen(
             [LAUNCHER, str(script)],
             executable=shutil.which("bash") or "/bin/bash",

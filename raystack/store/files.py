@@ -92,9 +92,15 @@ def touch(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
+def private(path: str, flags: int) -> int:
+    """An opener for open(): a file it creates is 0600 whatever the umask (the cluster folder's
+    lock, journal and logs are the user's only, as its 0700 folders are)."""
+    return os.open(path, flags, 0o600)
+
+
 def append_line(path: Path, line: str) -> None:
     """Append one line (call under the folder lock: NFS has no atomic O_APPEND across hosts)."""
-    with naming(path), open(path, "a") as fh:
+    with naming(path), open(path, "a", opener=private) as fh:
         fh.write(line.rstrip("\n") + "\n")
         fh.flush()
 
@@ -118,7 +124,7 @@ def locked(paths: ClusterPaths) -> Iterator[None]:
         with link_lock(paths.link_lock):
             yield
         return
-    with open(paths.lock, "a") as fh:
+    with open(paths.lock, "a", opener=private) as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX)
         except OSError as exc:

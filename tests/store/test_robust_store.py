@@ -477,3 +477,24 @@ def test_how_messages_name_a_cluster_is_never_written(home: Path) -> None:
         record.called == "the cluster of profile testbed" and ClusterRecord(name="c").called == "cluster 'c'"
     )
     assert "described" not in record.model_dump() and "described" not in record.model_dump_json()
+
+
+def test_every_file_of_the_cluster_folder_is_the_users_only(home: Path) -> None:
+    """With a login shell's umask (022) a submit and a local allocation's start leave nothing
+    0644 in the 0700 cluster folder: the lock, the queue's journal, a node log are 0600."""
+    from raystack.adapters import local
+
+    old = os.umask(0o022)
+    try:
+        submit()
+        log = paths.cluster("c").logs / "node-test.log"
+        local.start("local-test", Path("/nonexistent/script"), log)
+    finally:
+        os.umask(old)
+    root = paths.cluster("c").root
+    made = [p for p in root.rglob("*") if p.is_file()]
+    loose = [
+        f"{p.relative_to(root)} {oct(p.stat().st_mode & 0o777)}" for p in made if p.stat().st_mode & 0o077
+    ]
+    assert {".lock", "queue/journal", "logs/node-test.log"} <= {str(p.relative_to(root)) for p in made}
+    assert loose == [], loose
