@@ -122,7 +122,7 @@ def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
 
 
 def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:
-    end = r.ended or (time.time() if r.started else None)
+    end = _ran_until(r)
     return {
         "id": r.id,
         "name": r.name,
@@ -143,6 +143,16 @@ def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, An
         "sweep_values": r.request.sweep_values,
         "after": r.request.after,
     }
+
+
+def _ran_until(r: JobRecord) -> float | None:
+    """When its run ended (now, for a running job): an INTERRUPTED job stopped running when it was
+    interrupted, and its duration stays what it ran until it starts again."""
+    if r.ended or not r.started:
+        return r.ended
+    if r.state is JobState.INTERRUPTED:
+        return next((h["time"] for h in reversed(r.history) if h["state"] == r.state.value), r.started)
+    return time.time()
 
 
 @app.command(short_help="A job's log (-f: follow; --all: its workers' errors).")

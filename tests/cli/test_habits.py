@@ -743,3 +743,21 @@ def test_what_a_job_wrote_cannot_clear_the_screen_of_queue_or_job(
         assert "boomred" in out.replace("\\x07", ""), out
     code, out, _ = run(capsys, "job", running, "-c", "c4", "--json")
     assert json.loads(out)["message"] == "boom\x1b[2J\x1b[31mred\x07"
+
+
+def test_an_interrupted_jobs_duration_is_what_it_ran(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job INTERRUPTED at its allocation's end waits for the next one: its duration is the time
+    it ran until then, not a clock that keeps going while it waits."""
+    import time
+
+    from raystack.store.ledger import JobState, read_job, update_job
+
+    running, _ = queue_two(capsys)
+    update_job("c4", running, started=time.time() - 50)
+    update_job("c4", running, state=JobState.INTERRUPTED)
+    stopped = read_job("c4", running).time_in(JobState.INTERRUPTED) or 0
+    ran = stopped - (read_job("c4", running).started or 0)
+    time.sleep(1.5)
+    code, out, _ = run(capsys, "queue", "c4", "--all", "--json")
+    row = next(r for r in json.loads(out) if r["id"] == running)
+    assert code == 0 and row["state"] == "INTERRUPTED" and abs(row["duration_s"] - ran) < 0.01, (row, ran)
