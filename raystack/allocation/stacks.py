@@ -149,6 +149,7 @@ def dump_job(cluster: str, host: str, job_id: str, asked: float) -> int:
     with ThreadPoolExecutor(max_workers=8) as pool:
         texts = list(pool.map(lambda p: (p.pid, dump(p, exe)), procs))
     for pid, text in texts:
+        store.keep_earlier(where / f"{host}-{pid}.txt")
         (where / f"{host}-{pid}.txt").write_text(text)
     flights = wait_for_files(recorders, poked, FLIGHT_WAIT) if recorders else 0
     store.answer(cluster, job_id, host, asked, len(texts))

@@ -6,11 +6,14 @@ runner before it stops a hung job).
                                        processes on its node (allocation/stacks.py)
     logs/jobs/<id>/stacks/<host>-<pid>.txt   one process's dump (py-spy), with a header line
     logs/jobs/<id>/stacks/.done-<host>       the node's answer: {"asked": t, "count": n}
+    logs/jobs/<id>/stacks/earlier/<host>-<pid>-<time>.txt   a dump a later request replaced (a
+                                       manual `raystack stacks` before the watchdog's own)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +69,19 @@ class Dumps:
     late: list[str] = field(default_factory=list)  # hosts that did not within the time given
     summary: str = ""  # what they show (store/diagnosis.py): ranks, collectives, flight recorders
     kept: bool = False  # the dumps taken before an ended job was stopped (nothing asked now)
+
+
+def keep_earlier(dump: Path) -> None:
+    """Before a process's dump is written again: the one there goes to earlier/, named by when it
+    was taken (nothing is overwritten: the stacks a user asked for outlive the watchdog's)."""
+    try:
+        taken = dump.stat().st_mtime
+    except FileNotFoundError:
+        return
+    earlier = dump.parent / "earlier"
+    earlier.mkdir(exist_ok=True, mode=0o700)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(taken)) + f".{int(taken * 1000) % 1000:03d}"
+    os.replace(dump, earlier / f"{dump.stem}-{stamp}.txt")
 
 
 def answer(cluster: str, job_id: str, host: str, asked: float, count: int) -> None:
