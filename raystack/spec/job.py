@@ -45,7 +45,7 @@ from raystack.spec.values import (
     split_or,
     validate_env,
 )
-from raystack.store.paths import NAME
+from raystack.store import paths
 
 # The keys of Ray's runtime_env (ray.runtime_env.RuntimeEnv) a job may give.
 RUNTIME_ENV_KEYS = (
@@ -151,14 +151,8 @@ ELSEWHERE = {
 
 def name_problem(value: str) -> str | None:
     """Why `value` cannot be a job's name (it starts the job's id and file names), else None."""
-    if NAME.fullmatch(value):
-        return None
-    return (
-        f"{quote(value)}"
-        + (f" ({len(value)} characters)" if len(value) > 63 else "")
-        + " is not a job name; use at most 63 letters, digits, '.', '_' and '-', "
-        "starting with a letter or digit"
-    )
+    fault = paths.name_fault(value)
+    return f"{quote(value)} is not a job name: {fault}" if fault else None
 
 
 class JobSpec(SpecModel):

@@ -58,21 +58,36 @@ def clusters_dir() -> Path:
     return home() / "clusters"
 
 
+def name_fault(value: object) -> str:
+    """What keeps `value` from being a name raystack writes files by (a cluster's, a job's id),
+    said exactly: its length, the characters it may not hold, how it starts. '' when it is one."""
+    if not isinstance(value, str):
+        return f"{value!r} is not text"
+    if NAME.fullmatch(value):
+        return ""
+    if not value:
+        return "it is empty"
+    if len(value) > 63:
+        return f"it has {len(value)} characters; at most 63"
+    bad = sorted(set(c for c in value if not (c.isascii() and (c.isalnum() or c in "._-"))))
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:5])
+        return f"it holds {shown}: only ASCII letters, digits, '.', '_' and '-'"
+    return f"it starts with {value[0]!r}: start with a letter or digit"
+
+
 def validate_name(name: str, field: str = "--name") -> str:
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ConfigError(
-            f"{field}: {name!r} is not a valid cluster name; use letters, digits, '.', '_' and '-' "
-            "(at most 63, starting with a letter or digit)"
-        )
+    if fault := name_fault(name):
+        raise ConfigError(f"{field}: {name!r} is not a valid cluster name: {fault}")
     return name
 
 
 def validate_job_id(job_id: str) -> str:
     """A job id names files in the cluster folder: never a path (`../cluster`), never empty."""
-    if not isinstance(job_id, str) or not NAME.fullmatch(job_id):
+    if fault := name_fault(job_id):
         raise ConfigError(
-            f"{job_id!r} is not a job id: ids are letters, digits, '.', '_' and '-' (as printed by "
-            "`raystack submit`; list them with `raystack queue`)"
+            f"{job_id!r} is not a job id: {fault} (ids are as printed by `raystack submit`; list them "
+            "with `raystack queue`)"
         )
     return job_id
 

@@ -112,6 +112,9 @@ def test_ray_job_submit_flags_mean_what_they_mean_there(capsys: pytest.CaptureFi
     ("argv", "says"),
     [
         (["--submission-id", "../x"], "--submission-id: '../x' is not a job id"),
+        (["--submission-id", "a" * 64], "is not a job id: it has 64 characters; at most 63"),
+        (["--submission-id", "jöb"], "is not a job id: it holds 'ö': only ASCII letters, digits"),
+        (["--name", "jöb"], "--name 'jöb' is not a job name: it holds 'ö': only ASCII letters"),
         (["--entrypoint-resources", "{nope"], "--entrypoint-resources: not JSON"),
         (["--metadata-json", "[1]"], "--metadata-json: give a JSON object"),
         (

@@ -308,7 +308,11 @@ BAD = [
     ("name: t\nentrypoint: x\nretries: yes\n", [], r"field 'retries': true is a yes/no \(YAML reads"),
     ("name: t\nentrypoint: x\nneeds: {gpus: on}\n", [], r"field 'needs.gpus': true is a yes/no"),
     ("name: t\nentrypoint: x\ntimeout: yes\n", [], r"field 'timeout': true is a yes/no, not a duration"),
-    ("name: " + "a" * 300 + "\nentrypoint: x\n", [], r"'a+\.\.\. \(300 characters\) is not a job name"),
+    (
+        "name: " + "a" * 300 + "\nentrypoint: x\n",
+        [],
+        r"'a+\.\.\. is not a job name: it has 300 characters; at most 63",
+    ),
     (GOOD + "entrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\); valid keys: "),
     ("name: t\nentrypint: x\n", [], r"unknown key 'entrypint' \(did you mean 'entrypoint'\?\)"),
     (
