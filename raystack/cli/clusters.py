@@ -18,6 +18,7 @@ from raystack.cli.common import (
     NameArg,
     app,
     cluster_name,
+    complete_profile,
     err,
     on_interrupt,
     out,
@@ -37,7 +38,14 @@ from raystack.spec.values import duration_text, off_or_duration
 # they mean in sbatch (-N -t -p -A -J -q -C -c); the profile is -P.
 NodesOpt = Annotated[int, typer.Option("--nodes", "-N", min=1, metavar="N", help="Nodes.")]
 ProfileOpt = Annotated[
-    str, typer.Option("--profile", "-P", metavar="NAME", help="Cluster profile (raystack profiles).")
+    str,
+    typer.Option(
+        "--profile",
+        "-P",
+        metavar="NAME",
+        help="Cluster profile (raystack profiles).",
+        autocompletion=complete_profile,
+    ),
 ]
 NameOpt = Annotated[
     str | None,

@@ -74,12 +74,64 @@ class Screen(Console):
 out = Screen(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
 err = Screen(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
+
+# Shell completion (`raystack --install-completion`: bash, zsh, fish): what a word can be, read
+# from RAYSTACK_HOME and the profile folders; nothing is asked of SLURM or Ray.
+def complete_cluster(incomplete: str) -> list[str]:
+    """Cluster names in RAYSTACK_HOME."""
+    from raystack.client import Cluster
+
+    try:
+        return [n for n in Cluster.names() if n.startswith(incomplete)]
+    except Exception:  # (completion must never print a traceback into the user's line)
+        return []
+
+
+def complete_job(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Job and sweep ids of the cluster named on the line (-c NAME), else of every cluster, newest
+    first."""
+    from raystack.client import Cluster
+
+    given = ctx.params.get("cluster")
+    ids: list[str] = []
+    for name in [given] if given else complete_cluster(""):
+        try:
+            records = Cluster(name).jobs()
+        except Exception:
+            continue
+        for r in reversed(records):
+            ids += [i for i in (r.id, r.request.sweep) if i and i not in ids]
+    return [i for i in ids if i.startswith(incomplete)]
+
+
+def complete_profile(incomplete: str) -> list[str]:
+    from raystack.spec.profile import available_profiles
+
+    return [p for p in available_profiles() if p.startswith(incomplete)]
+
+
 CLUSTER_HELP = "Cluster name.  [default: $RAYSTACK_CLUSTER, else the only live cluster]"
-NameArg = Annotated[str | None, typer.Argument(metavar="CLUSTER", show_default=False, help=CLUSTER_HELP)]
-ClusterOpt = Annotated[
-    str | None, typer.Option("--cluster", "-c", metavar="NAME", show_default=False, help=CLUSTER_HELP)
+NameArg = Annotated[
+    str | None,
+    typer.Argument(metavar="CLUSTER", show_default=False, help=CLUSTER_HELP, autocompletion=complete_cluster),
 ]
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job id, as printed by `raystack submit`.")]
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        "-c",
+        metavar="NAME",
+        show_default=False,
+        help=CLUSTER_HELP,
+        autocompletion=complete_cluster,
+    ),
+]
+JobArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="JOB", help="Job id, as printed by `raystack submit`.", autocompletion=complete_job
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 

@@ -9,7 +9,7 @@ import yaml
 from rich.table import Table
 from typer.core import TyperGroup
 
-from raystack.cli.common import ClusterOpt, JsonOpt, app, err, out, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, app, complete_profile, err, out, print_json
 from raystack.cli.submit import AfterOpt, SweepOpt, TakesCommand, job_argument
 from raystack.client import check as checking
 from raystack.spec.planning import plan_line
@@ -19,7 +19,13 @@ from raystack.spec.workdir import left_out_note
 
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", "-P", metavar="NAME", help="Check against the cluster this profile makes."),
+    typer.Option(
+        "--profile",
+        "-P",
+        metavar="NAME",
+        help="Check against the cluster this profile makes.",
+        autocompletion=complete_profile,
+    ),
 ]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", "-N", min=1, metavar="N", help="With --profile.")]
 GpusOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=0, metavar="N", help="With --profile.")]

@@ -127,6 +127,12 @@ class Cluster:
         return records.no_clusters()
 
     @classmethod
+    def names(cls) -> list[str]:
+        """The clusters' names in RAYSTACK_HOME, from their folders alone (no record read, no SLURM:
+        what shell completion offers)."""
+        return sorted(records.list_names())
+
+    @classmethod
     def list(cls) -> list[ClusterRecord]:
         """Every cluster's record in SLURM's light. One that cannot be read is named on stderr and
         left out: one bad file (a full disk, a hand edit) must not hide the other clusters."""
