@@ -209,11 +209,6 @@ def submit(
     --sweep makes one job per value, --after makes it wait for other jobs, --secret NAME gives it a
     variable of this environment without writing its value down."""
     job_input = job_argument(ctx, list(args or []))
-    if partition is not None:
-        raise ConfigError(
-            f"-p/--partition {partition}: a job runs on its cluster's nodes, and the partition is the "
-            f"cluster's: raystack up -p {partition} (or a profile's partition:), then submit to that cluster"
-        )
     if name is not None and (why := name_problem(name)):
         raise ConfigError(f"--name {why}")
     flags = {
@@ -227,16 +222,10 @@ def submit(
     }
     extra = [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
     extra += runtime_env_sets(runtime_env, runtime_env_json)
-    extra += sbatch_sets(job_input, nodes, time, gpus)
+    extra += sbatch_sets(job_input, nodes, time, gpus, partition)
     target = Cluster.get(cluster)
-    given: dict[str, Any] = {
-        "now": now,
-        "sweeps": sweep,
-        "after": after,
-        "job_id": submission_id,
-        "secrets": secret,
-    }
-    jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], **given)
+    given: dict[str, Any] = {"now": now, "sweeps": sweep, "after": after, "job_id": submission_id}
+    jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], secrets=secret, **given)
     _tell(target, jobs, follow, as_json)
     if follow:
         with on_interrupt(lambda: still(jobs)):
@@ -244,11 +233,17 @@ def submit(
 
 
 def sbatch_sets(
-    job_input: str | list[str], nodes: int | None, time: str | None, gpus: int | None
+    job_input: str | list[str], nodes: int | None, time: str | None, gpus: int | None, partition: str | None
 ) -> list[str]:
     """sbatch's -N, -t and --gpus as --set overrides of the fields that mean them: -N is the
     launcher's node count of a kind: spmd job (`nodes`), else the nodes it occupies
-    (`needs.nodes`); -t the job's `timeout` (SLURM's forms: 10 is 10 minutes); --gpus `needs.gpus`."""
+    (`needs.nodes`); -t the job's `timeout` (SLURM's forms: 10 is 10 minutes); --gpus `needs.gpus`.
+    -p is refused: the partition is the cluster's."""
+    if partition is not None:
+        raise ConfigError(
+            f"-p/--partition {partition}: a job runs on its cluster's nodes, and the partition is the "
+            f"cluster's: raystack up -p {partition} (or a profile's partition:), then submit to that cluster"
+        )
     sets = []
     if nodes is not None:
         spmd = isinstance(job_input, str) and _kind(Path(job_input)) == "spmd"
