@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import shlex
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,7 +50,7 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
         raise ConfigError(f"give a job spec or a command after --: {verb} job.yaml, {verb} -- python x.py")
     if before[0].lower().endswith((".yaml", ".yml")):
         if not Path(before[0]).is_file():
-            raise ConfigError(f"no job spec {before[0]!r} (no such file){_nearest_spec(before[0])}")
+            raise ConfigError(_not_a_spec(before[0]))
         if len(before) > 1 and before[1].lower().endswith((".yaml", ".yml")):
             raise ConfigError(f"one job spec per submit: {before[0]}, then {before[1]} on its own")
         if len(before) > 1:  # (an option's value split by a space: --set env.LR 1e-6)
@@ -68,6 +69,22 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
     fix = shlex.join([*verb.split(), *raw[:i], "--", *run, *raw[i:]])  # (raystack submit, raystack check)
     near = _nearest_spec(before[0]) if len(before) == 1 else ""
     raise ConfigError(f"{before[0]!r} is not a job spec (.yaml); a command goes after --: {fix}{near}")
+
+
+def _not_a_spec(given: str) -> str:
+    """Why a .yaml path given as the job spec cannot be read as one: missing, or not a file."""
+    path = Path(given)
+    if not path.exists():
+        return f"no job spec {given!r} (no such file){_nearest_spec(given)}"
+    mode = path.stat().st_mode
+    what = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "not a regular file"
+    )
+    return f"job spec {given!r} is {what}: give a YAML file"
 
 
 def _one_word_pairs(raw: list[str], after: int) -> None:

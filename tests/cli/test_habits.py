@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,6 +44,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (work / "specs").mkdir()
     (work / "specs" / "a.yaml").write_text(HELLO.read_text())
     (work / "ok2.YAML").write_text(HELLO.read_text())
+    (tmp_path / "odd" / "dir.yaml").mkdir(parents=True)  # (beside the work folder: its specs upload it)
+    os.mkfifo(tmp_path / "odd" / "pipe.yaml")
     return work
 
 
@@ -64,6 +67,8 @@ def queued(name: str = "c4") -> int:
         (["ok.yaml", "--folow"], 2, "No such option: --folow"),
         (["hello.yam"], 1, "'hello.yam' is not a job spec (.yaml); a command goes after --"),
         (["nope.yaml"], 1, "no job spec 'nope.yaml' (no such file)"),
+        (["../odd/dir.yaml"], 1, "job spec '../odd/dir.yaml' is a folder: give a YAML file"),
+        (["../odd/pipe.yaml"], 1, "job spec '../odd/pipe.yaml' is a FIFO (named pipe): give a YAML file"),
         (["specs"], 1, "'specs' is a folder, not a job spec: give a .yaml file in it (e.g. specs/a.yaml)"),
         (["train.py"], 1, "a command goes after --: raystack submit -c c4 -- python train.py"),
         (["okk.yaml"], 1, "did you mean ok.yaml?"),
