@@ -296,7 +296,13 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
     # (a value holding a comma is double-quoted: "--a 1,--b 2",x; as a CSV field)
-    found = [v.strip() for v in next(csv.reader([text], skipinitialspace=True), []) if v.strip()]
+    try:
+        row = next(csv.reader([text], skipinitialspace=True, strict=True), [])
+    except csv.Error:
+        raise ConfigError(
+            f'--sweep {item!r}: a quote (") is not closed; a value holding a comma is written "V,1"'
+        ) from None
+    found = [v.strip() for v in row if v.strip()]
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
     # (a key that is no field of the spec: named now)

@@ -126,6 +126,7 @@ def test_ray_job_submit_flags_mean_what_they_mean_there(capsys: pytest.CaptureFi
             "--after 'x:maybe': give a job or sweep id, optionally with :ok, :any or :notok",
         ),
         (["--sweep", "env.LR"], "--sweep 'env.LR': give KEY=V1,V2"),
+        (["--sweep", 'env.A="x,1,2'], """--sweep 'env.A="x,1,2': a quote (") is not closed"""),
         (["--sweep", "nope.x=1,2"], "'nope' is not a field of the spec"),
     ],
 )
