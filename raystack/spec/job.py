@@ -497,9 +497,11 @@ NESTED: dict[str, dict[str, Any]] = {
 
 
 def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
-    """Load and validate a spec file; --set overrides are applied first."""
+    """Load and validate a spec file; --set overrides are applied first. Top-level keys starting
+    with `x-` are the user's (YAML anchors for `<<:` merge keys, as docker-compose files keep
+    them) and are left out."""
     file = Path(path)
-    data = load_yaml(file)
+    data = {k: v for k, v in load_yaml(file).items() if not str(k).startswith("x-")}
     data.setdefault("name", file.stem)
     return validate(apply_sets(data, sets or []), f"job spec {file}")
 

@@ -167,6 +167,8 @@ def one_line_error(
         close = difflib.get_close_matches(key, valid, n=1)
         moved = alias(key, elsewhere or {}, close) if len(err["loc"]) == 1 else None
         hint = f" ({moved})" if moved else f" (did you mean '{close[0]}'?)" if close else ""
+        if not hint and len(err["loc"]) == 1 and isinstance(err.get("input"), dict) and "job spec" in source:
+            hint = " (a key that holds YAML anchors for `<<:` merge keys: name it x-" + key + ")"
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:
@@ -213,7 +215,8 @@ RAW_TEXT_LISTS = (("sweep",),)
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML, stricter: duplicate keys are refused (YAML would keep the last silently), and
+    """Safe YAML, stricter: duplicate keys are refused (YAML would keep the last silently; a merge
+    key's `<<: *anchor` keys are defaults the mapping's own override, as YAML says), and
     `24:00:00` or `1:30` is text, as YAML 1.2 reads it: YAML 1.1 (PyYAML) makes such a time a
     base-60 number (86400), which no duration field could tell from minutes."""
 
@@ -225,12 +228,15 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys yield to ours
+                continue
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, str | int | float | bool) and key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {quote(key)}", key_node.start_mark
                 )
             seen.add(key)
+        self.flatten_mapping(node)
         return super().construct_mapping(node, deep)
 
 

@@ -717,3 +717,21 @@ def test_one_quoted_word_after_dashes_is_a_shell_line_as_ray_job_submit_runs_it(
     )  # fmt: skip
     assert ran.returncode == 0 and ran.stdout.split() == ["LR=3e-6", "done"], ran
     assert command_spec(["python", "train.py", "--name", "a b"]).entrypoint == "python train.py --name 'a b'"
+
+
+def test_yaml_merge_keys_work_and_their_anchors_live_under_x_keys(home: Path) -> None:
+    """`<<: *defaults` (YAML's merge key) fills a mapping, its own keys winning; the anchors'
+    holder is a top-level x- key, which raystack leaves out; a mapping under an unknown key says
+    so; a duplicate key is still refused."""
+    text = (
+        "x-env: &common\n  LR: '1e-6'\n  SEED: '1'\n"
+        "name: t\nentrypoint: x\nenv:\n  <<: *common\n  SEED: '2'\n"
+    )
+    spec = load_spec(write(home, text), [])
+    assert spec.env == {"LR": "1e-6", "SEED": "2"}
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'defaults' \(a key that holds YAML anchors .* name it x-defaults\)"
+    ):
+        load_spec(write(home, text.replace("x-env", "defaults")), [])
+    with pytest.raises(ConfigError, match="duplicate key"):
+        load_spec(write(home, text + "  SEED: '3'\n"), [])
