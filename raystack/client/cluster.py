@@ -105,7 +105,7 @@ class Cluster:
     """A handle on one named cluster in $RAYSTACK_HOME."""
 
     def __init__(self, name: str, record: ClusterRecord | None = None, raw: ClusterRecord | None = None):
-        self.name = paths.validate_name(name)
+        self.name = paths.validate_name(name, "the cluster")
         self.seen = record  # the record as this handle last read it, in SLURM's light
         self.raw = raw  # the record as read from the file (not yet shown to SLURM)
         self.pending: PendingEnd | None = None  # an end SLURM reported that the record lacks

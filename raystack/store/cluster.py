@@ -347,10 +347,10 @@ def resolve(name: str | None, ended: Callable[[ClusterRecord], bool] | None = No
     job has), else the only live cluster, else the only cluster at all. `ended`: whether a record
     has ended (default: as it says; the client also asks SLURM about the live-looking ones)."""
     if name:
-        return paths.validate_name(name)
+        return paths.validate_name(name, "the cluster (CLUSTER, --cluster/-c)")
     name = os.environ.get("RAYSTACK_CLUSTER") or None
     if name:
-        if not exists(paths.validate_name(name)):
+        if not exists(paths.validate_name(name, "$RAYSTACK_CLUSTER")):
             raise ClusterError(
                 f"no cluster named '{name}' (from $RAYSTACK_CLUSTER) in {paths.clusters_dir()}: "
                 "name another with --cluster, or `unset RAYSTACK_CLUSTER`"

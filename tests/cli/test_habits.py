@@ -766,3 +766,14 @@ def test_an_interrupted_jobs_duration_is_what_it_ran(home: Path, capsys: pytest.
     code, out, _ = run(capsys, "queue", "c4", "--all", "--json")
     row = next(r for r in json.loads(out) if r["id"] == running)
     assert code == 0 and row["state"] == "INTERRUPTED" and abs(row["duration_s"] - ran) < 0.01, (row, ran)
+
+
+def test_a_bad_cluster_name_is_blamed_on_what_was_typed(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-c is --cluster on job verbs (and --cpus-per-task on up): a bad name given with -c is not
+    called --name; one from $RAYSTACK_CLUSTER names the variable."""
+    code, _, err = run(capsys, "queue", "-c", "bad name")
+    assert code == 1 and "--cluster/-c" in err and "--name" not in err, err
+    code, _, err = run(capsys, "logs", "x-1", "-c", "jöb")
+    assert code == 1 and "--cluster/-c" in err and "it holds 'ö'" in err, err
