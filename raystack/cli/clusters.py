@@ -509,7 +509,7 @@ def list_(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([r.model_dump(mode="json") for r in records])
         return
-    table = Table("name", "state", "slurm job", "nodes", "GPUs/node", "dashboard", "message")
+    table = Table("name", "state", "allocation", "nodes", "GPUs/node", "dashboard", "message")
     for r in records:
         table.add_row(
             r.name,

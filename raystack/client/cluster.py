@@ -101,6 +101,17 @@ def after_option(items: list[str] | None) -> list[str]:
     return list(items or [])
 
 
+def tunnel_line(record: ClusterRecord, local_ip: str, port: int, host: str) -> str:
+    """The ssh tunnel to a cluster's dashboard from a laptop; a local cluster's head is this
+    machine, where none is needed (its dashboard is open here at the cluster's URL)."""
+    ssh = f"ssh -N -L {local_ip}:{port}:{record.head_ip}:{port} {host}"
+    return (
+        f"none on this machine ({record.dashboard_url}); from another: {ssh}"
+        if record.backend == "local"
+        else ssh
+    )
+
+
 class Cluster:
     """A handle on one named cluster in $RAYSTACK_HOME."""
 
@@ -348,7 +359,7 @@ class Cluster:
         host = login_host or socket.gethostname()
         info = {
             "url": f"{'https' if record.tls else 'http'}://{local_ip}:{port}",
-            "tunnel": f"ssh -N -L {local_ip}:{port}:{record.head_ip}:{port} {host}",
+            "tunnel": tunnel_line(record, local_ip, port, host),
             "login": f'eval "$(raystack env {self.name})" && ray get-auth-token',
         }
         if record.tls:  # the certificate names the head's address, not the tunnel's

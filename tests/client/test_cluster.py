@@ -448,3 +448,18 @@ def test_a_local_cluster_of_another_host_is_not_downed_from_here(home: Path) -> 
     )
     after = clusters.read("loc")
     assert after.state is ClusterState.READY and after.ending is None and after.chain_ended is None
+
+
+def test_a_local_clusters_dashboard_needs_no_tunnel_on_its_own_machine() -> None:
+    """A SLURM cluster's head is a compute node: the tunnel goes through the login host. A local
+    cluster's head is this machine: its dashboard opens here, a tunnel only from another one."""
+    from raystack.client.cluster import tunnel_line
+    from raystack.store.cluster import ClusterRecord
+
+    slurm = ClusterRecord(name="s", head_ip="10.0.0.7", dashboard_url="http://10.0.0.7:8265")
+    assert tunnel_line(slurm, "127.0.0.9", 8265, "login1") == "ssh -N -L 127.0.0.9:8265:10.0.0.7:8265 login1"
+    local = slurm.model_copy(
+        update={"backend": "local", "head_ip": "127.0.0.1", "dashboard_url": "http://127.0.0.1:8265"}
+    )
+    line = tunnel_line(local, "127.0.0.9", 8265, "ws3")
+    assert line.startswith("none on this machine (http://127.0.0.1:8265); from another: ssh -N -L "), line
