@@ -158,6 +158,8 @@ def wait_ready(
             if joined >= ctx.num_nodes and gpus >= want_gpus and cpus >= want_cpus:
                 problem = dashboard.probe()
                 if problem is None:
+                    memory = min((int(n.resources.get("memory", 0)) for n in nodes), default=0)
+                    records.update(ctx.cluster, memory_per_node=memory)  # (what a driver may ask)
                     return
                 why = problem
             else:

@@ -102,6 +102,12 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
         raise ConfigError(
             f"{source}: entrypoint_num_cpus={spec.entrypoint_num_cpus:g} but nodes have {cpn} CPUs"
         )
+    memory = cluster.memory_per_node
+    if memory and spec.entrypoint_memory > memory:
+        raise ConfigError(
+            f"{source}: entrypoint_memory={spec.entrypoint_memory / 2**30:.1f} GiB but a node of "
+            f"{cluster.called} gives Ray {memory / 2**30:.1f} GiB (its memory resource); lower it"
+        )
 
 
 # The resources Ray's nodes in a raystack cluster have (none are added by raystack), besides the

@@ -116,6 +116,7 @@ class ClusterRecord(BaseModel):
     nodes_expected: int = 0
     gpus_per_node: int = 0
     cpus_per_node: int = 0
+    memory_per_node: int = 0  # bytes of Ray's `memory` resource on the smallest node (0: not known)
     nodes: list[str] = Field(default_factory=list)  # host names, head first
     nodes_joined: int = 0
     head_host: str | None = None
