@@ -76,6 +76,7 @@ def test_up_local_is_ready_with_what_was_asked_and_nothing_public(lc: dict) -> N
     assert rec["state"] == "READY" and rec["backend"] == "local"
     assert local.host_of(rec["allocation_id"]) == local.this_host()
     assert rec["nodes_expected"] == 1 and rec["gpus_per_node"] == 2 and rec["cpus_per_node"] == 2
+    assert rec["memory_per_node"] > 2**28  # (Ray's memory resource of the node: what a driver may ask)
     assert rec["dashboard_url"].startswith("http://127.0.0.1:")
     token = lc["home"] / "clusters" / "local" / "token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
