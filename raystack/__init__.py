@@ -6,7 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 try:
-    __version__ = version("raystack")
+    __version__ = version("raystack-slurm")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 

@@ -31,7 +31,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(tmp),
     ]
     subprocess.run(build, check=True, cwd=tmp)
-    [wheel] = tmp.glob("raystack-*.whl")
+    [wheel] = tmp.glob("raystack_slurm-*.whl")
     site = tmp / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
@@ -88,5 +88,10 @@ def test_installed_cli_plans_an_allocation(installed: Path, tmp_path: Path) -> N
 def test_python_dash_m_raystack_is_the_command(installed: Path, tmp_path: Path) -> None:
     done = run(installed, tmp_path, "-m", "raystack", "--version")
     assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    # The distribution is raystack-slurm (`raystack` on the registry is another project); its
+    # version comes from git (a tag, else 0.1.devN+g<commit>), never the source tree's 0.0.0.
+    [meta] = installed.glob("raystack_slurm-*.dist-info")
+    version = meta.name.removeprefix("raystack_slurm-").removesuffix(".dist-info")
+    assert done.stdout.strip() == f"raystack {version}" and not version.startswith("0.0.0"), done.stdout
     bad = run(installed, tmp_path, "-m", "raystack", "logs", "../cluster")
     assert bad.returncode == 1 and bad.stderr.startswith("raystack: error: ") and bad.stderr.count("\n") == 1

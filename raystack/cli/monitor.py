@@ -129,11 +129,15 @@ def report(
     record, jobs = handle.record(), handle.jobs()
     figures = reports.summarize(record, jobs, job)
     default = handle.paths.reports / f"{handle.name}{'-' + job if job else ''}.png"
+    figures["png"] = None
     try:
         figures["png"] = str(reports.plot(figures, record, png or default))
-    except ImportError:  # (a dependency of raystack; a hand-made environment may lack it)
-        figures["png"] = None
-        err.print("raystack: no plot: matplotlib is not installed (pip install matplotlib)", markup=False)
+    except ImportError:  # (the report extra: matplotlib)
+        err.print("raystack: no plot: matplotlib is not installed (pip install 'raystack-slurm[report]')")
+    except OSError as exc:  # (a full disk, a read-only folder: the figures are whole, the plot is not)
+        err.print(
+            f"raystack: no plot: could not write {exc.filename or png or default}: {exc.strerror or exc}"
+        )
     if as_json:
         print_json(figures)
         return

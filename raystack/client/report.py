@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
 import statistics
 import time
 from collections.abc import Iterable
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack.errors import ClusterError
-from raystack.store import paths
+from raystack.store import files, paths
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRecord, JobState
 from raystack.store.usage import read_samples
@@ -322,8 +323,16 @@ def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | 
     fig.suptitle(_title(report, gpus), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    part = out.with_name(f".{out.name}.part")
+    try:  # (whole or not at all: a full disk leaves no empty PNG behind)
+        with open(part, "wb", opener=files.private) as fh:
+            fig.savefig(fh, dpi=110, format="png")
+        os.replace(part, out)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return out
 
 

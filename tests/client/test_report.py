@@ -167,3 +167,29 @@ def test_nothing_started_is_an_error(home: Path) -> None:
 def test_merge_and_clip() -> None:
     assert report.merge([(5, 6), (1, 3), (2, 4), (7, 7)]) == [(1, 4), (5, 6)]
     assert report.clip([(0, 10), (20, 30)], (5, 25)) == [(5, 10), (20, 25)]
+
+
+def test_a_plot_on_a_full_disk_leaves_nothing_behind(home: Path, tmp_path: Path) -> None:
+    """A full filesystem: the plot raises OSError (which `raystack report` says in one line, the
+    figures whole), and leaves neither an empty PNG nor its part file; a written PNG is 0600."""
+    import subprocess
+
+    rec = record({"alloc_id": "101", "started": T0, "ready": T0 + 100, "ended": T0 + 1000, "nodes": 1})
+    jobs = [job("a-1", ("QUEUED", 0), ("SUBMITTED", 200), ("RUNNING", 210), ("SUCCEEDED", 400))]
+    samples("n1", "101", 0, 1000, {(200, 400): 80.0}, head=True)
+    figures = report.summarize(rec, jobs, now=T0 + 5000)
+    ok = report.plot(figures, rec, home / "out" / "ok.png")
+    assert ok.stat().st_mode & 0o777 == 0o600
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True
+    ).returncode:
+        pytest.skip("no tmpfs can be mounted here")
+    try:
+        (full / "filler").write_bytes(b"\0" * 60_000)
+        with pytest.raises(OSError):
+            report.plot(figures, rec, full / "r.png")
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=False)
