@@ -25,7 +25,7 @@ from raystack.cli.common import (
     print_json,
 )
 from raystack.client import Cluster, ClusterRecord, allocate
-from raystack.client.cluster import where
+from raystack.client.cluster import up_again, where
 from raystack.client.pending import expected_start
 from raystack.client.status import interconnect
 from raystack.errors import ClusterError, ConfigError, SlurmMissing, SlurmUnavailable
@@ -572,7 +572,7 @@ def down(
             err.print(f"  stopped with it (STOPPED): {', '.join(running[record.name])}", markup=False)
         if waiting := len(handle.positions()):
             err.print(
-                f"  {waiting} queued job(s) stay queued: `raystack up --name {record.name} ...` runs them",
+                f"  {waiting} queued job(s) stay queued: `{up_again(record)}` runs them",
                 markup=False,
             )
 

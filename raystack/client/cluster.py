@@ -33,6 +33,7 @@ from raystack.spec.resolve import new_job_id, prepare_jobs
 from raystack.store import cluster as records
 from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
+from raystack.store.cluster import up_again as up_again  # (for the CLI: how to start one again)
 from raystack.store.ledger import JobRecord, JobRequest, all_jobs
 from raystack.store.paths import ClusterPaths
 from raystack.store.queue import (

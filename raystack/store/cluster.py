@@ -314,10 +314,16 @@ def check_open(name: str) -> str | None:
     if record.state is ClusterState.STOPPING or record.state.is_terminal():
         why = f" ({record.message})" if record.message else ""
         raise ClusterError(
-            f"cluster {name} is {record.state.value}{why}: start it again with "
-            f"`raystack up --name {name} ...`, then submit"
+            f"cluster {name} is {record.state.value}{why}: start it again with `{up_again(record)}`, "
+            "then submit"
         )
     return ending_note(record)
+
+
+def up_again(record: ClusterRecord) -> str:
+    """The command that starts a cluster of this name again, the way it was made (a local one with
+    --local: typed without it, it would go to SLURM)."""
+    return f"raystack up --name {record.name}{' --local' if record.backend == 'local' else ''} ..."
 
 
 def ending_note(record: ClusterRecord) -> str | None:
@@ -328,7 +334,7 @@ def ending_note(record: ClusterRecord) -> str | None:
     if record.next_allocation_id and not record.chain_ended:
         then = f"queued jobs start in the next one ({record.next_allocation_id}, pending)"
     else:
-        then = f"no allocation follows: `raystack up --name {record.name} ...` runs the queue again"
+        then = f"no allocation follows: `{up_again(record)}` runs the queue again"
     which = f"allocation {record.allocation_id}" if record.allocation_id else "the allocation"
     return f"{which} is ending ({record.ending.value}): nothing more starts in it; {then}"
 

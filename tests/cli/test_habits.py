@@ -777,3 +777,17 @@ def test_a_bad_cluster_name_is_blamed_on_what_was_typed(
     assert code == 1 and "--cluster/-c" in err and "--name" not in err, err
     code, _, err = run(capsys, "logs", "x-1", "-c", "jöb")
     assert code == 1 and "--cluster/-c" in err and "it holds 'ö'" in err, err
+
+
+def test_hints_start_a_local_cluster_again_with_local(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hint on a stopped cluster says how it was made: a local one's `raystack up` has --local
+    (typed without it, it would go to SLURM); a SLURM one's has none."""
+    for name, backend in (("loc", "local"), ("c4", "slurm")):
+        if name == "loc":
+            clusters.create(name)
+        record = clusters.read(name) if name == "c4" else ClusterRecord(name=name, nodes_expected=1)
+        clusters.write(record.model_copy(update={"state": ClusterState.STOPPED, "backend": backend}))
+    code, _, err = run(capsys, "submit", "-c", "loc", "--", "true")
+    assert code == 1 and "`raystack up --name loc --local ...`" in err, err
+    code, _, err = run(capsys, "submit", "-c", "c4", "--", "true")
+    assert code == 1 and "`raystack up --name c4 ...`" in err and "--local" not in err, err
