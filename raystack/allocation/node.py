@@ -73,7 +73,23 @@ def announce(ctx: NodeContext) -> None:
     )
 
 
+# What `raystack env OTHER` exports for Ray's clients. A shell that ran it hands them on to the
+# allocation `raystack up` starts there (sbatch exports the environment; local mode inherits it):
+# they name the other cluster (its address, its token), and Ray's clients in this program read
+# them before the headers it is given, so this cluster's head never saw its node join. This
+# cluster's own are set where they are needed (raystart.ray_env).
+OTHER_CLUSTERS = (
+    "RAY_ADDRESS",
+    "RAY_API_SERVER_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_AUTH_TOKEN",
+)
+
+
 def main() -> None:
+    for name in OTHER_CLUSTERS:
+        os.environ.pop(name, None)
     setup_process()
     ctx = None
     try:

@@ -26,11 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 DEBUG = REPO / "jobs" / "debug"
 
 
-def rs(home: Path, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+def rs(
+    home: Path, *args: str, check: bool = True, timeout: float = 300, shell: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RAY_"))}
     env.update(
         RAYSTACK_HOME=str(home), SLURM_JOB_ID="4242", SLURM_NODELIST="elsewhere"
     )  # a stray SLURM shell
+    env.update(shell or {})
     proc = subprocess.run(
         [sys.executable, "-m", "raystack.cli", *args],
         env=env,
@@ -205,3 +208,21 @@ def test_a_tls_local_cluster_runs_jobs_and_serves_ray_status(
     finally:
         rs(home, "down", "t")
     assert not Path(f"/dev/shm/rs-tls-{os.getuid()}-{rec['allocation_id']}").exists()
+
+
+def test_up_in_a_shell_that_has_another_clusters_env_gets_ready(tmp_path: Path) -> None:
+    """`eval "$(raystack env other)"`, then `raystack up` in the same shell: the new cluster's
+    node program must not use the other cluster's address and token (it never saw its own node
+    join, and failed after the join timeout)."""
+    home, token = tmp_path / "home", tmp_path / "other-token"
+    token.write_text("another-clusters-token-0123456789\n")
+    token.chmod(0o600)
+    other = {
+        "RAY_ADDRESS": "127.0.0.1:9", "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
+        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAYSTACK_CLUSTER": "other",
+    }  # fmt: skip
+    up = rs(home, "up", "--local", "--name", "fresh", "--cpus", "1", "--json", timeout=180, shell=other)
+    try:
+        assert json.loads(up.stdout)["state"] == "READY", up.stderr[-2000:]
+    finally:
+        rs(home, "down", "fresh", check=False)
