@@ -36,7 +36,7 @@ from .test_cluster import ray_job_submit, raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-NAME, IDLE_TIMEOUT, GAP, PLAIN_JOB = "mon", 30, 10, 45  # (a plain job longer than the timeout)
+NAME, IDLE_TIMEOUT, GAP, PLAIN_JOB = "mon", 60, 20, 75
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 PROFILE = f"""\
 description: testbed with metrics, fast usage samples and a short idle timeout
