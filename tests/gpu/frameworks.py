@@ -13,7 +13,14 @@ over the native one is the figure (target: native / raystack >= 0.97).
 Needs the frameworks set staged (tests/gpu/stage.py --set frameworks: /tmp/site-frameworks).
 FRAMEWORKS=verl,trl picks the cases (default: both, verl twice). One device run lasts 10 minutes:
 FRAMEWORKS_NATIVE=no leaves the native runs out, and a later run on the same warm machine with
-FRAMEWORKS_NATIVE=only runs them against the figures the first one kept (SAVED).
+FRAMEWORKS_NATIVE=only runs them against the figures the first one kept (SAVED). With
+GPU_SUITE_KEEP=1 (suite.py) the cluster and the figures carry over from run to run, one device
+run each (a verl run takes 5-6 minutes here):
+    export GPU_SUITE_KEEP=1 FRAMEWORKS_NATIVE=no FRAMEWORKS_VERL_RUNS=1
+    FRAMEWORKS=verl bash tests/gpu/run.sh --only frameworks     # twice: verl-0, verl-1
+    FRAMEWORKS=trl bash tests/gpu/run.sh --only frameworks      # trl-2, on the same cluster
+then `RAYSTACK_HOME=/tmp/rs-gpu-kept raystack down gpu` and, without GPU_SUITE_KEEP,
+`FRAMEWORKS_NATIVE=only bash tests/gpu/run.sh --only frameworks` for the natives.
 """
 
 from __future__ import annotations
@@ -109,11 +116,14 @@ def run_frameworks(
     cases = os.environ.get("FRAMEWORKS", "verl,trl").split(",")
     figures: dict[str, Any] = {}
     checks: dict[str, bool] = {}
+    if os.environ.get("GPU_SUITE_KEEP") == "1" and SAVED.exists():  # (runs before, on the kept cluster)
+        kept = json.loads(SAVED.read_text())
+        figures, checks = kept["figures"], kept["checks"]
     out = Path(f"/tmp/frameworks-{os.getpid()}")
     verl_runs = int(os.environ.get("FRAMEWORKS_VERL_RUNS", "2"))
     runs = (["verl"] * verl_runs if "verl" in cases else []) + (["trl"] if "trl" in cases else [])
     previous_end = 0.0
-    for i, case in enumerate(runs):
+    for i, case in enumerate(runs, start=len(figures)):
         name = f"{case}-{i}"
         if case == "verl":
             job = cluster.submit(VERL, sets=[f"outputs.run={out / name}", f"name={name}"])

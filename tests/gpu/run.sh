@@ -17,7 +17,10 @@ if [ -d /tmp/site-frameworks ]; then
     export PYTHONPATH="/tmp/site-frameworks${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site-frameworks/bin:$PATH"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export RAYSTACK_HOME="${RAYSTACK_HOME:-/tmp/rs-gpu-$$}" RAY_USAGE_STATS_ENABLED=0
+# (GPU_SUITE_KEEP=1: one home for every run, where the kept cluster lives)
+home=/tmp/rs-gpu-$$
+[ "${GPU_SUITE_KEEP:-}" = 1 ] && home=/tmp/rs-gpu-kept
+export RAYSTACK_HOME="${RAYSTACK_HOME:-$home}" RAY_USAGE_STATS_ENABLED=0
 # vLLM 0.22 samples through flashinfer by default; tests/gpu/stage.py does not stage it.
 python3 -c 'import flashinfer' 2>/dev/null || export VLLM_USE_FLASHINFER_SAMPLER=0
 exec python3 tests/gpu/suite.py "$@"

@@ -355,6 +355,15 @@ def up(name: str, *args: str) -> tuple[Cluster, float]:
     return Cluster(name), took
 
 
+def kept_cluster(name: str) -> Cluster | None:
+    """A READY cluster a run with GPU_SUITE_KEEP=1 left (None if there is none)."""
+    try:
+        cluster = Cluster(name)
+        return cluster if cluster.record().state.value == "READY" else None
+    except Exception:
+        return None
+
+
 def down(cluster: Cluster) -> None:
     job_id = str(cluster.record().allocation_id)
     cli("down", cluster.name)
@@ -397,7 +406,14 @@ def main() -> int:
     if only and (unknown := set(only) - set(PARTS)):
         raise SystemExit(f"--only {','.join(sorted(unknown))}: not a part; the parts: {','.join(PARTS)}")
     os.environ.setdefault("RAYSTACK_SAMPLE_EVERY", "2")  # usage samples for the monitor figures
-    gpu, figures["ready_s"] = up("gpu")
+    # GPU_SUITE_KEEP=1: the cluster outlives this run (its node program runs in a session of its
+    # own, which the device tool leaves running on a warm machine), and the next run with it set
+    # takes it up again: parts longer than one 10-minute device run go over several.
+    keep = os.environ.get("GPU_SUITE_KEEP") == "1"
+    if keep and (kept := kept_cluster("gpu")) is not None:
+        gpu, figures["ready_s"] = kept, None
+    else:
+        gpu, figures["ready_s"] = up("gpu")
     canary(gpu, ngpu)
     try:
         for part in only or PARTS:
@@ -418,8 +434,9 @@ def main() -> int:
             else:
                 guarded("monitor", monitor, gpu, ngpu)
     finally:
-        down(gpu)
-    held = gpu_processes()
+        if not keep:
+            down(gpu)
+    held = gpu_processes() if not keep else []
     checks["no process holds a GPU after down"] = not held
     natives = os.environ.get("FRAMEWORKS_NATIVE") != "no"
     if "frameworks" in (only or PARTS) and figures.get("frameworks") and natives:
