@@ -142,7 +142,7 @@ class Cluster:
     def names(cls) -> list[str]:
         """The clusters' names in RAYSTACK_HOME, from their folders alone (no record read, no SLURM:
         what shell completion offers)."""
-        return sorted(records.list_names())
+        return records.list_names()  # (sorted)
 
     @classmethod
     def list(cls) -> list[ClusterRecord]:

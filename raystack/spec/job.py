@@ -67,7 +67,6 @@ RUNTIME_ENV_KEYS = (
 )
 MAX_SWEEP = 1000  # jobs in one sweep
 AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
-SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable's name
 
 
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
@@ -348,7 +347,7 @@ class JobSpec(SpecModel):
         if not isinstance(items, list):
             raise ValueError("give a list of environment variable names, e.g. [WANDB_API_KEY, HF_TOKEN]")
         for item in items:
-            if not isinstance(item, str) or not SECRET_NAME.fullmatch(item):
+            if not isinstance(item, str) or not ENV_NAME.fullmatch(item):
                 raise ValueError(
                     f"{item!r} is not an environment variable name (letters, digits, '_'), e.g. HF_TOKEN"
                 )

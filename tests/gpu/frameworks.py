@@ -99,6 +99,7 @@ def trl_path() -> str:
 
 
 def marker(text: str, tag: str) -> dict:
+    """The JSON after `tag ` on the last line that has it (a `[node r] ` prefix allowed)."""
     lines = [ln.split(tag + " ", 1)[1] for ln in text.splitlines() if tag + " " in ln]
     if not lines:
         raise KeyError(f"no {tag} line")

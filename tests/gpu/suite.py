@@ -51,7 +51,7 @@ from raystack.client import Job  # noqa: E402
 from raystack.plan.memory import Model, learner_memory  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 from tests.gpu.faults import run_faults  # noqa: E402
-from tests.gpu.frameworks import native, run_frameworks  # noqa: E402
+from tests.gpu.frameworks import marker, native, run_frameworks  # noqa: E402
 
 DEBUG = REPO / "jobs" / "debug"
 GRPO = REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
@@ -82,14 +82,6 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode:
         raise SystemExit(f"raystack {' '.join(args)}: {proc.stderr[-2000:]}")
     return proc
-
-
-def marker(text: str, tag: str) -> dict:
-    """The JSON after `tag ` on the last line that has it (a `[node r] ` prefix allowed)."""
-    lines = [ln.split(tag + " ", 1)[1] for ln in text.splitlines() if tag + " " in ln]
-    if not lines:
-        raise KeyError(f"no {tag} line")
-    return json.loads(lines[-1])
 
 
 def run(cluster: Cluster, spec: Any, sets: list[str] | None = None, timeout: float = 900) -> tuple[Job, str]:
