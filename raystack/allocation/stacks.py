@@ -30,6 +30,7 @@ from raystack.waiting import REAL, Clock, Every
 
 log = logging.getLogger("raystack.node")
 DUMP_TIMEOUT = 20.0  # seconds one py-spy dump may take
+TRIES, RETRY_AFTER = 3, 1.0  # py-spy dumps of one process, and seconds between them
 FLIGHT_WAIT = 15.0  # seconds the ranks' flight recorders may take to write their dumps (~6 s seen)
 MAX_PROCESSES = 64  # per node and request
 POLL = 5.0  # seconds between looks at the request file (one stat per node: O(N) in all)
@@ -71,9 +72,11 @@ def uses_gpu(pid: int) -> bool:
         return False
 
 
-def dump(proc: psutil.Process, exe: str | None) -> str:
+def dump(proc: psutil.Process, exe: str | None, tries: int = TRIES) -> str:
     """One process's stacks (py-spy dump; with its native frames where it uses a GPU, to show a
-    wait inside CUDA or NCCL), or why there are none."""
+    wait inside CUDA or NCCL), or why there are none. A dump that failed or came back without a
+    thread is tried again (seen once in CI on a loaded 2-core machine: a sleeping rank's dump held
+    no thread); the last try's reason is kept after the header, and the one-line cause says it."""
     try:
         head = header(proc)
     except psutil.Error as exc:
@@ -81,18 +84,26 @@ def dump(proc: psutil.Process, exe: str | None) -> str:
     if exe is None:
         return head + "py-spy not found (it comes with ray[default]): no stacks\n"
     base = [exe, "dump", "--full-filenames", "--pid", str(proc.pid)]
-    out = None
-    for argv in ([*base, "--native"], base) if uses_gpu(proc.pid) else (base,):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
-        except OSError as exc:
-            return head + f"py-spy could not run: {exc}\n"
-        if out.returncode == 0:
-            break  # (--native can fail where the unwinder cannot: then without it)
-    assert out is not None
-    return head + (out.stdout or "") + (f"[py-spy: {out.stderr.strip()}]\n" if out.returncode else "")
+    why = "py-spy gave no thread"
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(RETRY_AFTER)
+        if not proc.is_running():
+            return head + "gone before py-spy could read it\n"
+        for argv in ([*base, "--native"], base) if uses_gpu(proc.pid) else (base,):
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
+            except subprocess.TimeoutExpired:  # (not tried again: the job's end waits for it)
+                return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
+            except OSError as exc:
+                return head + f"py-spy could not run: {exc}\n"
+            if out.returncode == 0 and "\nThread " in f"\n{out.stdout}":
+                return head + out.stdout
+            # (--native can fail where the unwinder cannot: then without it)
+            why = f"[py-spy: {(out.stderr or out.stdout).strip()[:300] or f'exit code {out.returncode}'}]"
+            if "python version" in why:  # (not a Python process: no try will find a stack)
+                return head + why + "\n"
+    return head + why + "\n"
 
 
 def ask_flight_recorders(procs: list[psutil.Process]) -> list[Path]:

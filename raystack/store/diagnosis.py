@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 HEADER = re.compile(r"^# pid (\d+)(?: rank (\d+)/(\d+|\?))? (.*?): (.*)$")
-THREAD = re.compile(r'^Thread (\S+) \(([\w+]+)\): "(.*)"$')
+THREAD = re.compile(r'^Thread (\S+) \(([\w+]+)\)(?:: "(.*)")?$')  # (no name where py-spy cannot read it)
 FRAME = re.compile(r"^\s+(.+?) \((.+?)(?::(\d+))?\)$")
 # torch.distributed's collectives and point-to-point calls as their Python frames are named
 COLLECTIVES = {
@@ -35,6 +35,7 @@ COLLECTIVES = {
 GPU_WAITS = ("synchronize",)  # torch.cuda.synchronize, Event/Stream.synchronize
 NATIVE_GPU = re.compile(r"^(cu\w*Synchronize\w*|cuda\w*Synchronize|cuMemcpy\w*|cudaMemcpy\w*)$")
 NATIVE_NCCL = re.compile(r"^(nccl\w+)$")
+NOTE = 100  # characters of py-spy's reason for no stack, in a one-line cause
 MOST = 6  # parts of a summary (ranks or processes in one place): the rest is in the stacks
 LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3[\d.]*/|^<frozen |^threading\.py$|^\w+\.py$)")
 
@@ -64,6 +65,7 @@ class Process:
     name: str
     command: str
     threads: list[tuple[str, str, list[Frame]]] = field(default_factory=list)  # (name, state, frames)
+    note: str = ""  # why there is no stack (py-spy's error), where the dump says
 
     @property
     def label(self) -> str:
@@ -81,9 +83,12 @@ def parse_dump(text: str, host: str = "?") -> Process | None:
     proc = Process(host, int(head[1]), rank, world, head[4].strip(), head[5])
     for line in lines[1:]:
         if m := THREAD.match(line):
-            proc.threads.append((m[3], m[2], []))
+            name = m[3] if m[3] is not None else "MainThread" if m[1] == str(proc.pid) else ""
+            proc.threads.append((name, m[2], []))  # (the main thread's OS id is the pid)
         elif proc.threads and (m := FRAME.match(line)):
             proc.threads[-1][2].append(Frame(m[1], m[2], int(m[3]) if m[3] else None))
+        elif not proc.threads and not proc.note and line.strip():
+            proc.note = line.strip().removeprefix("[py-spy: ").removesuffix("]")
     return proc
 
 
@@ -111,7 +116,8 @@ def state_of(proc: Process) -> tuple[str, str]:
     'asleep in <module> (train.py:17)')."""
     main = next((t for t in proc.threads if t[0] == "MainThread"), proc.threads[0] if proc.threads else None)
     if main is None:
-        return "unknown", "no Python stack"
+        why = proc.note.splitlines()[0][:NOTE] if proc.note else ""
+        return "unknown", f"no Python stack: {why}" if why else "no Python stack"
     frames = main[2]
     mine = user_frame(frames)
     at = f" at {Path(mine.file).name}:{mine.line}" if mine else ""

@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from raystack.allocation.stacks import dump_job
+from raystack.allocation.stacks import dump, dump_job, py_spy
 from raystack.store import cluster as clusters
 from raystack.store import stacks as store
 
@@ -33,3 +34,30 @@ def test_a_later_dump_keeps_the_earlier_one(tmp_path: Path, monkeypatch: pytest.
     assert len(kept) == 1 and "the user's own request" in kept[0].read_text()
     assert mine.exists() and "the user's own request" not in mine.read_text()
     assert [p.name for p in store.kept("c", "j-1").files] == [mine.name]  # (the latest is what is shown)
+
+
+def test_a_failed_py_spy_dump_is_tried_again_and_a_last_failure_says_why(tmp_path: Path) -> None:
+    """py-spy reads another process's memory while it runs: a try that fails (here, a wrapper that
+    fails the first call, as py-spy once did in CI) is followed by another; one that always fails
+    leaves its reason after the header, for the one-line cause."""
+    exe = py_spy()
+    assert exe is not None
+    calls = tmp_path / "calls"
+    flaky = tmp_path / "flaky-py-spy"
+    flaky.write_text(
+        f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -gt 1 ] && exec {exe} "$@"\n'
+        'echo "Error: Failed to copy PyCodeObject" >&2; exit 1\n'
+    )
+    flaky.chmod(0o755)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        text = dump(psutil.Process(child.pid), str(flaky))
+        assert text.startswith(f"# pid {child.pid} ") and f"\nThread {child.pid} (idle)" in text, text
+        assert calls.read_text().count("x") == 2
+        broken = tmp_path / "broken-py-spy"
+        broken.write_text('#!/bin/sh\necho "Error: Failed to copy PyCodeObject" >&2; exit 1\n')
+        broken.chmod(0o755)
+        text = dump(psutil.Process(child.pid), str(broken), tries=2)
+        assert text.splitlines()[1] == "[py-spy: Error: Failed to copy PyCodeObject]", text
+    finally:
+        child.kill()

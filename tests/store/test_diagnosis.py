@@ -133,3 +133,36 @@ def test_ray_jobs_are_described_by_their_busy_processes_only(tmp_path: Path) -> 
     assert said.startswith("python pid 3 on node1 asleep in get_objects at faults.py:82; ")
     assert "JobSupervisor" not in said and "pid 2 " not in said
     assert said.endswith("; and 3 more (the stacks)") and said.count("ray::Worker.run pid") == 5
+
+
+def test_a_rank_without_a_stack_says_why(tmp_path: Path) -> None:
+    """CI once saw a sleeping rank's dump come back without a thread: the cause says py-spy's reason."""
+    (tmp_path / "n1-5.txt").write_text(
+        '# pid 5 rank 0/2 python: python g.py\nThread 5 (idle): "MainThread"\n'
+        "    all_reduce (/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3068)\n"
+        "    main (/work/g.py:12)\n"
+    )
+    (tmp_path / "n2-6.txt").write_text(
+        "# pid 6 rank 1/2 python: python g.py\n[py-spy: Error: Failed to copy PyCodeObject\n\nReason: x]\n"
+    )
+    assert diagnosis.stacks_summary(diagnosis.read_dumps(tmp_path)) == (
+        "rank 0 waits in all_reduce at g.py:12; rank 1 never arrived (no Python stack: Error: Failed to copy "
+        "PyCodeObject)"
+    )
+
+
+def test_a_thread_without_a_name_is_read(tmp_path: Path) -> None:
+    """py-spy prints `Thread 6 (idle)` without the name where it cannot read threading's names (a
+    process that never imported threading; CI once had a rank's dump read as having no stack)."""
+    (tmp_path / "n1-5.txt").write_text(
+        '# pid 5 rank 0/2 python: python g.py\nThread 5 (idle): "MainThread"\n'
+        "    all_reduce (/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3068)\n"
+        "    main (/work/g.py:12)\n"
+    )
+    (tmp_path / "n2-6.txt").write_text(
+        "# pid 6 rank 1/2 python: python g.py\nProcess 6: python g.py\nPython v3.11.7 (/usr/bin/python3)\n\n"
+        "Thread 61 (idle)\n    worker (/work/g.py:3)\nThread 6 (idle)\n    main (/work/g.py:7)\n"
+    )
+    assert diagnosis.stacks_summary(diagnosis.read_dumps(tmp_path)) == (
+        "rank 0 waits in all_reduce at g.py:12; rank 1 never arrived (asleep in main (g.py:7))"
+    )
