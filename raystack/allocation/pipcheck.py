@@ -9,7 +9,8 @@ fails in seconds with that reason instead of after Ray's setup timeout (10 minut
 A `conda` runtime_env needs a conda where the cluster runs (Ray looks for it as the raylet starts
 the job, in the node program's environment): without one the job fails with a traceback, so it
 fails here with the fix instead. So does a `py_executable` that is not there (Ray would keep the
-job PENDING for 15 minutes).
+job PENDING for 15 minutes), and one, or a conda environment, with another Ray than the cluster's
+(spec/rayenv.py: the submitter checks what it can see).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 from typing import Any
 from urllib.parse import urlsplit
+
+from raystack.spec import rayenv
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 CONNECT_TIMEOUT = 5.0  # seconds for the index to accept a connection
@@ -69,19 +72,24 @@ def runnable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
+def conda_exe(env: dict[str, str]) -> tuple[str | None, str]:
+    """The conda executable where Ray looks for one ($RAY_CONDA_HOME/bin/conda, else beside
+    $CONDA_EXE, else `conda` on the PATH), and those words."""
+    if env.get("RAY_CONDA_HOME"):
+        exe = os.path.join(env["RAY_CONDA_HOME"], "bin", "conda")
+        return exe, f"$RAY_CONDA_HOME/bin/conda, {exe}"
+    if env.get("CONDA_EXE"):
+        exe = os.path.join(os.path.dirname(env["CONDA_EXE"]), "conda")
+        return exe, f"beside $CONDA_EXE, {exe}"
+    return shutil.which("conda", path=env.get("PATH")), "`conda` on the PATH"
+
+
 def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     """Why a `conda` runtime_env cannot be set up here: no conda executable where Ray looks for
-    one ($RAY_CONDA_HOME/bin/conda, else beside $CONDA_EXE, else `conda` on the PATH); or None."""
+    one; or None."""
     if not renv.get("conda"):
         return None
-    if env.get("RAY_CONDA_HOME"):
-        exe: str | None = os.path.join(env["RAY_CONDA_HOME"], "bin", "conda")
-        where = f"$RAY_CONDA_HOME/bin/conda, {exe}"
-    elif env.get("CONDA_EXE"):
-        exe = os.path.join(os.path.dirname(env["CONDA_EXE"]), "conda")
-        where = f"beside $CONDA_EXE, {exe}"
-    else:
-        exe, where = shutil.which("conda", path=env.get("PATH")), "`conda` on the PATH"
+    exe, where = conda_exe(env)
     if exe and runnable(exe):
         return None
     return (
@@ -113,13 +121,24 @@ def executable_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     )
 
 
+def other_ray(renv: dict[str, Any], env: dict[str, str]) -> str | None:
+    """Why the job's py_executable or conda environment runs another Ray than this (the
+    cluster's), asked here where the submitter could not (spec/rayenv.py), or None."""
+    if not renv.get("py_executable") and not isinstance(renv.get("conda"), str):
+        return None
+    version = rayenv.installed()
+    return rayenv.executable_fault(
+        renv.get("py_executable"), version, False, env.get("PATH")
+    ) or rayenv.conda_fault(renv.get("conda"), conda_exe(env)[0], version)
+
+
 def check(
     renv: dict[str, Any], python: str = sys.executable, env: dict[str, str] | None = None
 ) -> str | None:
     """Why this runtime_env cannot be set up on the nodes (its packages, conda, its python), or
     None."""
     env = dict(os.environ if env is None else env)
-    if why := conda_missing(renv, env) or executable_missing(renv, env):
+    if why := conda_missing(renv, env) or executable_missing(renv, env) or other_ray(renv, env):
         return why
     found = packages_and_options(renv)
     if found is None or not found[1]:

@@ -20,7 +20,7 @@ from raystack import slurmtime
 from raystack.errors import ConfigError
 from raystack.plan.topology import plural
 from raystack.slurmtime import duration_text
-from raystack.spec import runtime_env
+from raystack.spec import rayenv, runtime_env
 from raystack.spec.job import (
     MAX_SWEEP,
     JobSpec,
@@ -167,6 +167,13 @@ def resolve(
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
     )
+    local = joined.working_dir if joined.working_dir and "://" not in joined.working_dir else None
+    folder = Path(local) if local else submit_dir
+    why = rayenv.submit_fault(
+        joined.runtime_env, spec.entrypoint, spec.uv, folder, cluster.ray_version or rayenv.installed()
+    )
+    if why:
+        raise ConfigError(f"{source}: {why}")
     outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
     for key in looks_secret(joined.env):
         if key not in spec.secrets:
