@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -120,15 +121,33 @@ def stop(alloc_id: str, sig: int = signal.SIGTERM) -> None:
             os.kill(pid, sig)
 
 
-def sweep(alloc_id: str) -> list[int]:
+def temp_prefix(alloc_id: str, scratch: Path) -> Path:
+    """The start of the name of Ray's temp folder of a local allocation (allocation/context.py
+    adds mkdtemp's random part): short, as Ray's Unix socket paths inside it are limited."""
+    return scratch / f"rs-local-{alloc_id.rsplit('-', 1)[-1]}"
+
+
+def scratch(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    return Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
+
+
+def sweep(alloc_id: str, ended: bool = False) -> list[int]:
     """Once the node program is gone: SIGKILL whatever it left (a SIGKILLed node program cannot
-    stop its Ray; SLURM would kill the step's cgroup, here nothing else will). The pids killed."""
-    if alive(alloc_id):
+    stop its Ray; SLURM would kill the step's cgroup, here nothing else will) and remove Ray's
+    temp folder it left (this user's only). The pids killed. `ended`: the caller just saw it gone."""
+    if not ended and alive(alloc_id):
         return []
     left = pids(alloc_id, everything=True) or []
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    prefix = temp_prefix(alloc_id, scratch())
+    for folder in prefix.parent.glob(f"{prefix.name}-*"):
+        with contextlib.suppress(OSError):
+            st = folder.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                shutil.rmtree(folder, ignore_errors=True)
     return left
 
 
@@ -149,14 +168,20 @@ class LocalAllocator(Allocator):
         return alloc_id
 
     def info(self, alloc_id: str) -> JobInfo | None:
-        """RUNNING while its node program lives, COMPLETED once it has gone; None from another
-        host (it cannot be asked)."""
+        """RUNNING while its node program lives, COMPLETED once it has gone (and what it left swept);
+        None from another host (it cannot be asked)."""
         living = alive(alloc_id)
         if living is None:
             return None
         host = host_of(alloc_id)
         if living:
             return JobInfo(alloc_id, SlurmState.RUNNING, name="raystack-local", nodes=host, node_count=1)
+        # NOTE: as SLURM ends every process of an allocation that ended, whatever its node program
+        # left (it was SIGKILLed: an orphaned driver, Ray's daemons, the temp folder) goes as soon
+        # as a command first sees it ended, not only at `raystack down`. (Never from inside it:
+        # the node program does not count itself when it asks about its own allocation.)
+        if os.environ.get(ENV_ID) != alloc_id:
+            sweep(alloc_id, ended=True)
         return JobInfo(alloc_id, SlurmState.COMPLETED, reason=LOCAL_ENDED, nodes=host, node_count=1)
 
     def cancel(self, alloc_id: str) -> None:

@@ -194,7 +194,6 @@ def local_context(env: dict[str, str]) -> NodeContext:
     127.0.0.1 unless RAYSTACK_NODE_IP says otherwise: nothing is reachable from elsewhere."""
     alloc_id = env[local.ENV_ID]
     host = local.this_host()
-    scratch = Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
     store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
     return NodeContext(
         cluster=env["RAYSTACK_CLUSTER"],
@@ -206,7 +205,7 @@ def local_context(env: dict[str, str]) -> NodeContext:
         ip=env.get("RAYSTACK_NODE_IP") or "127.0.0.1",
         gpus=int(env.get("RAYSTACK_LOCAL_GPUS") or 0),
         cpus=int(env.get("RAYSTACK_LOCAL_CPUS") or local.cpu_count()),
-        temp_dir=scratch / f"rs-local-{alloc_id.rsplit('-', 1)[-1]}",
+        temp_dir=local.temp_prefix(alloc_id, local.scratch(env)),
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,

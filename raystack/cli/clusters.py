@@ -33,6 +33,7 @@ from raystack.plan.topology import plural
 from raystack.spec.profile import CANARY_MODES, Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
 from raystack.spec.values import duration_text, off_or_duration
+from raystack.store.ledger import read_job
 
 # The options of `up`, one alias each (the signature stays readable). sbatch's letters mean what
 # they mean in sbatch (-N -t -p -A -J -q -C -c); the profile is -P.
@@ -455,10 +456,10 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             ("cluster", st.name),
             ("state", f"{st.state}  {st.message}"),
             (
-                "slurm",
+                "slurm" if st.backend == "slurm" else "allocation",
                 "-"  # (none yet: its `up` is submitting it, or stopped before it had one)
                 if not st.allocation_id
-                else f"job {st.allocation_id} {st.slurm_state or '?'}"
+                else f"{'job ' if st.backend == 'slurm' else ''}{st.allocation_id} {st.slurm_state or '?'}"
                 + (
                     f" ({st.slurm_reason}){expected_start(st.slurm_expected_start, time.time())}"
                     if st.slurm_state == "PENDING"
@@ -539,6 +540,23 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
+def ended_with(handle: Cluster, ids: list[str]) -> str:
+    """The jobs that were in flight as `down` began, by the state their ledgers now hold:
+    `stopped with it (STOPPED): a, b; ended before it (FAILED): c` (a local cluster whose node
+    program was killed had failed its jobs already)."""
+    by_state: dict[str, list[str]] = {}
+    for job_id in ids:
+        try:
+            state = read_job(handle.name, job_id).state.value
+        except ClusterError:
+            state = "?"
+        by_state.setdefault(state, []).append(job_id)
+    return "; ".join(
+        f"{'stopped with it' if state == 'STOPPED' else 'ended before it'} ({state}): {', '.join(jobs)}"
+        for state, jobs in by_state.items()
+    )
+
+
 @app.command(short_help="Stop a cluster (or --all) and release its nodes.")
 def down(
     name: NameArg = None,
@@ -569,7 +587,7 @@ def down(
     for handle, record in zip(handles, done, strict=True):
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
         if running[record.name]:
-            err.print(f"  stopped with it (STOPPED): {', '.join(running[record.name])}", markup=False)
+            err.print(f"  {ended_with(handle, running[record.name])}", markup=False)
         if waiting := len(handle.positions()):
             err.print(
                 f"  {waiting} queued job(s) stay queued: `{up_again(record)}` runs them",

@@ -36,6 +36,7 @@ class ClusterStatus:
     cpus: float | None
     dashboard_url: str | None
     ray_error: str | None = None
+    backend: str = "slurm"  # where the allocation runs: slurm, or local (this machine)
     running_job: str | None = None
     queued_jobs: int = 0
     chain_index: int = 1
@@ -79,7 +80,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
             ray_error = str(exc)
         except ClusterError as exc:  # (SLURM says it ended, or did not answer: no token sent)
             ray_error = str(exc)
-    running = active(name)
+    running = [] if record.state.is_terminal() else active(name)  # (an ended cluster runs nothing)
     nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
     state, message = said(name, record, info)
     if state == ClusterState.READY.value and nodes is not None and nodes < record.nodes_expected:
@@ -92,6 +93,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         state=state,
         message=message,
         allocation_id=record.allocation_id,
+        backend=record.backend,
         slurm_state=info.state.value if info else None,
         slurm_reason=info.reason if info else None,
         slurm_expected_start=info.start_time or None if info and info.state is SlurmState.PENDING else None,

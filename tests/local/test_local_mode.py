@@ -141,11 +141,29 @@ def test_bad_local_requests_are_refused_before_anything_starts(tmp_path: Path) -
 def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    """A SIGKILLed node program (it cannot stop its Ray): the first command that sees it gone
+    settles and sweeps it as SLURM would an ended allocation: its running job's driver is killed
+    (it ran on as an orphan until `down`), Ray's temp folder removed, `status` says FAILED with no
+    job running, and `down` says the job FAILED (it said STOPPED while the ledger said FAILED)."""
     home = tmp_path_factory.mktemp("kill")
     rec = json.loads(rs(home, "up", "--local", "--cpus", "1", "--name", "k", "--json").stdout)
     job_id = rec["allocation_id"]
     assert left_behind(job_id)
-    # SIGKILL: the node program cannot stop its Ray. The next command finds it ended...
+    temp = list(
+        local.temp_prefix(job_id, local.scratch()).parent.glob(
+            f"{local.temp_prefix(job_id, local.scratch()).name}-*"
+        )
+    )
+    assert len(temp) == 1 and temp[0].is_dir(), temp
+    sleeper = "import time; print('SLEEPING', flush=True); time.sleep(600)"
+    job = json.loads(rs(home, "submit", "-c", "k", "--json", "--", "python", "-c", sleeper).stdout)["id"]
+    deadline = time.monotonic() + 120
+    while (
+        b"SLEEPING" not in b"".join(cmdline(p) for p in left_behind(job_id)) and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    drivers = [p for p in left_behind(job_id) if b"SLEEPING" in cmdline(p)]
+    assert drivers
     for pid in local.pids(job_id) or []:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -153,8 +171,12 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
         time.sleep(0.2)
     status = json.loads(rs(home, "status", "k", "--json", check=False).stdout)
     assert status["state"] == "FAILED" and "no longer running" in status["message"], status
-    # What a killed node program may leave (Ray's daemons, or a job's orphaned driver: whether
-    # Ray's own outlive it depends on timing): one such process for certain.
+    assert status["running_job"] is None, status
+    assert not [p for p in drivers if cmdline(p)], "the job's driver outlived its cluster"
+    assert not temp[0].exists(), "Ray's temp folder was left"
+    text = rs(home, "status", "k", check=False).stdout
+    assert "slurm" not in text and f"{job_id} COMPLETED" in text, text
+    # What may be left after that (a process that inherited the id later): `down` sweeps it too...
     orphan = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, local.ENV_ID: job_id}
     )
@@ -164,13 +186,16 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     assert orphan.pid in left_behind(job_id)
     # ... but not its queue runner, which would go on taking jobs off the queue.
     assert not [pid for pid in left_behind(job_id) if b"raystack.allocation.runner" in cmdline(pid)]
-    # ... and `down` leaves nothing of it.
-    rs(home, "down", "k")
+    # ... and `down` leaves nothing of it, and says what became of the job.
+    down = rs(home, "down", "k")
+    assert f"ended before it (FAILED): {job}" in down.stderr and "STOPPED" not in down.stderr, down.stderr
     deadline = time.monotonic() + 30
     while left_behind(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left_behind(job_id)
     assert orphan.wait(timeout=10) == -signal.SIGKILL
+    ledger = json.loads(rs(home, "job", job, "--json").stdout)
+    assert ledger["state"] == "FAILED", ledger
 
 
 def test_local_ids_and_hosts() -> None:
