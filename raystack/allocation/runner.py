@@ -67,6 +67,41 @@ RAY_STATES = {
 }
 
 
+class Repeats:
+    """The runner's failed passes in its log: the first of a kind at once, the same again at most
+    once a minute with how many there were (a full filesystem failed every pass, a second apart:
+    19 lines in 40 s into a log on that same filesystem), and the end of a run of failures."""
+
+    EVERY = 60.0  # seconds between two lines of the same failure
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.last: str | None = None
+        self.count = 0  # failures since the last line said
+        self.said_at = 0.0
+
+    def failed(self, why: str) -> None:
+        now = self.clock()
+        if why != self.last:
+            log.warning("runner pass failed, retrying: %s", why)
+            self.last, self.count, self.said_at = why, 0, now
+        elif now - self.said_at >= self.EVERY:
+            log.warning(
+                "runner pass failed %d more time(s) in %.0fs, retrying: %s",
+                self.count + 1,
+                now - self.said_at,
+                why,
+            )
+            self.count, self.said_at = 0, now
+        else:
+            self.count += 1
+
+    def over(self) -> None:
+        if self.last is not None:
+            log.info("runner passes succeed again (the last failure: %s)", self.last)
+            self.last, self.count = None, 0
+
+
 class Runner:
     """Feeds the queue to the Jobs API, one job at a time (plus --now jobs at once)."""
 
@@ -123,12 +158,14 @@ class Runner:
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
+        said = Repeats(self.clock)
         while not self.leaving:
             failed = None
             try:
                 self.tick()
+                said.over()
             except (RayApiError, OSError, RuntimeError, ClusterError) as exc:
-                log.warning("runner pass failed, retrying: %s", exc)
+                said.failed(str(exc))
                 failed = str(exc)
                 self.sleep(1)
             if lease is not None:

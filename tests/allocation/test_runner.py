@@ -7,6 +7,7 @@ The same behaviour against the real Jobs API on the testbed: tests/testbed/test_
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation.drain import Drain
-from raystack.allocation.runner import TICK, Runner
+from raystack.allocation.runner import TICK, Repeats, Runner
 from raystack.errors import AlreadyExists, RayApiError
 from raystack.spec.planning import PlanSpec, substitute
 from raystack.store import cluster as clusters
@@ -550,3 +551,25 @@ def test_the_loop_survives_a_failing_pass_and_leaves_on_sigterm(home: Path) -> N
     r.run_forever()
     assert len(passes) == 4 and slept.count(1) == 1 and slept.count(TICK) == 4
     assert api.submitted == [job]
+
+
+def test_a_failure_of_every_pass_is_logged_once_a_minute_with_its_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full filesystem failed every runner pass, a second apart: 19 log lines in 40 s (into a log
+    on that same filesystem). Now: the first at once, then one a minute saying how many."""
+    now = [0.0]
+    said = Repeats(lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="raystack.runner"):
+        for _ in range(130):  # 130 passes, a second apart
+            said.failed("[Errno 28] No space left on device: '/shared/rs/clusters/c/ledger/x'")
+            now[0] += 1.0
+        said.failed("another")
+        said.over()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5, lines
+    assert lines[0].startswith("runner pass failed, retrying: [Errno 28]")
+    assert lines[1].startswith("runner pass failed 60 more time(s) in 60s, retrying: [Errno 28]")
+    assert lines[2].startswith("runner pass failed 60 more time(s) in 60s")
+    assert lines[3] == "runner pass failed, retrying: another"
+    assert lines[4].startswith("runner passes succeed again")

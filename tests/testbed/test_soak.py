@@ -1,5 +1,5 @@
-"""A queue that runs all night: 40+ jobs on one cluster while faults are injected (the scenario:
-tests/testbed/soak.py; the longer run with figures: bench/soak.py).
+"""A queue that runs all night: 28 jobs on one cluster while faults are injected (the scenario:
+tests/testbed/soak.py at half its ok jobs; the longer run with figures, 97 jobs: bench/soak.py).
 
 Pass: every job reaches exactly one terminal state, none runs twice, none is lost; the readers
 never fail; the allocation of a SIGKILLed head is released within a minute; nothing is left in
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 @pytest.mark.timeout(1800)
 def test_a_queue_survives_a_night_of_faults(testbed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    soak = prepare(testbed / f"soak-{os.getpid()}", setenv=monkeypatch.setenv)
+    soak = prepare(testbed / f"soak-{os.getpid()}", scale=0.5, setenv=monkeypatch.setenv)
     try:
         figures = soak.run()
     finally:
@@ -39,4 +39,4 @@ def test_a_queue_survives_a_night_of_faults(testbed: Path, monkeypatch: pytest.M
     assert "stacks in" in messages["hang"], messages
     assert "FIFO" in messages["fifo"], messages
     states = figures["by_state"]
-    assert states["SUCCEEDED"] >= 30 and states["FAILED"] >= 9, states
+    assert states["SUCCEEDED"] >= 15 and states["FAILED"] >= 9, states
