@@ -498,3 +498,20 @@ def test_every_file_of_the_cluster_folder_is_the_users_only(home: Path) -> None:
     ]
     assert {".lock", "queue/journal", "logs/node-test.log"} <= {str(p.relative_to(root)) for p in made}
     assert loose == [], loose
+
+
+def _enqueue_one(i: int) -> int:
+    request = JobRequest(id=f"race-{i}-{os.getpid()}", name="race", cluster="c", entrypoint="true")
+    return queue.enqueue_all([(request, None)])[0].place
+
+
+def test_racing_submits_are_each_told_a_place_of_their_own(home: Path) -> None:
+    """A new user's racing submits (20 at once) reported two jobs at the same queue position. With
+    no job started between them (nothing runs here), 16 processes submitting at once are told
+    1..16, each once: the place is read in the same transaction, under the lock, as the queueing.
+    (Where the runner starts a job between two submits, both may be told "position 2": each was
+    right when it was told.)"""
+    with multiprocessing.get_context("fork").Pool(16) as pool:
+        places = pool.map(_enqueue_one, range(16))
+    assert sorted(places) == list(range(1, 17)), places
+    assert len(queue.waiting("c")) == 16
