@@ -123,7 +123,8 @@ class Soak:
         return job
 
     def oks(self, n: int) -> list[Job]:
-        return [self.submit("ok", "python -c 'print(\"soak ok\")'") for _ in range(max(1, round(n * self.scale)))]
+        count = max(1, round(n * self.scale))
+        return [self.submit("ok", "python -c 'print(\"soak ok\")'") for _ in range(count)]
 
     def state(self, job: Job) -> JobState:
         return read_job(NAME, job.id).state
