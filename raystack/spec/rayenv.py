@@ -138,6 +138,15 @@ def python_ray(argv: list[str], timeout: float = ASK_TIMEOUT) -> tuple[str | Non
     return None, f"fails: {last[:200]}"
 
 
+def other_ray(argv: list[str], version: str) -> str | None:
+    """`has Ray 2.55.0` (or why it cannot say) where the Python `argv` starts has another Ray than
+    `version`; None where it has that one."""
+    found, why = python_ray(argv)
+    if found is not None and same(found, version):
+        return None
+    return f"has Ray {found}" if found is not None else why
+
+
 def interpreter(value: Any) -> list[str] | None:
     """py_executable as a command to ask, where it names a Python (`/env/bin/python3 -X ...`);
     None for a launcher such as `uv run` or `nsys profile python`, which Ray starts otherwise."""
@@ -162,10 +171,9 @@ def executable_fault(value: Any, version: str, here: bool, path: str | None = No
     program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=path)
     if program is None:
         return None  # (pipcheck says it is missing)
-    found, why = python_ray([program, *argv[1:]])
-    if found is not None and same(found, version):
+    has = other_ray([program, *argv[1:]], version)
+    if has is None:
         return None
-    has = f"has Ray {found}" if found is not None else why
     return (
         f"runtime_env.py_executable: {argv[0]} {has} and the cluster runs Ray {version}: Ray's "
         f"workers need the cluster's Ray; install ray[default]=={version} there, or start the cluster "
@@ -198,10 +206,9 @@ def conda_fault(name: Any, conda_exe: str | None, version: str) -> str | None:
     python = prefix / "bin" / "python"
     if not python.is_file():
         return None
-    found, why = python_ray([str(python)])
-    if found is not None and same(found, version):
+    has = other_ray([str(python)], version)
+    if has is None:
         return None
-    has = f"has Ray {found}" if found is not None else why
     return (
         f"runtime_env.conda: environment {name} ({prefix}) {has} and the cluster runs Ray {version}: "
         f"Ray's workers need the cluster's Ray; conda install -p {prefix} ray-default={version} (or "
