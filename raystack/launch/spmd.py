@@ -110,14 +110,20 @@ class NodeLauncherImpl:
             bufsize=1,
         )
         # NOTE: the same guard as Ray's own job supervisor: if this actor dies (SIGKILL included),
-        # the launcher's whole process group goes too. PDEATHSIG alone would spare its children.
+        # the launcher's whole process group goes too (PDEATHSIG alone would spare its children),
+        # and so does the rank-log folder with DeepSpeed's hostfile. The watcher is started in the
+        # background of a shell that exits at once, so it is not this actor's child: Ray kills a
+        # worker's children when it exits, and the watcher died before it could clean (every
+        # rs-ranks-* folder and hostfile was left in /tmp).
         watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
-        subprocess.Popen(
-            f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}",
+        clean = f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}"
+        subprocess.run(
+            f"( {clean} ) </dev/null >/dev/null 2>&1 &",
             shell=True,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            check=False,
         )
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._follow_ranks, daemon=True).start()
@@ -248,14 +254,14 @@ def main(args: list[str] | None = None) -> int:
     ]
     places = ray.get([a.where.remote() for a in actors])
     hosts = tuple(p["host"] for p in places)
-    work = tempfile.gettempdir()
     starts = []
     for r, actor in enumerate(actors):
         rdv = Rendezvous(nodes, r, procs, places[0]["ip"], places[0]["port"], hosts, bool(gpus_per_node))
         files = {}
         hf = ""
         if ns.launcher == "deepspeed":
-            hf = os.path.join(work, f"raystack-hostfile-{os.getpid()}-{r}")
+            # (in the node's rank-log folder, which goes with its launcher actor: it was left in /tmp)
+            hf = os.path.join(places[r]["logdir"], "hostfile")
             files[hf] = hostfile(rdv)
         line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
         print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)

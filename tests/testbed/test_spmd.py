@@ -4,6 +4,8 @@ accelerate across nodes, a rank that fails, a stop — and nothing left behind o
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +96,10 @@ def test_deepspeed_launcher_no_ssh_zero3_matches_reference(sp: dict) -> None:
     assert (
         "--no_ssh --node_rank=1 --num_nodes=2 --num_gpus=2" in job.logs()
     )  # no ssh: each node starts itself
+    # DeepSpeed's hostfile of each node goes with the job (one per run was left in /tmp)
+    hostfiles = set(re.findall(r"--hostfile[= ](\S+)", job.logs()))
+    assert len(hostfiles) == 2, job.logs()[-3000:]
+    wait_until(lambda: not any(os.path.exists(h) for h in hostfiles), 30, "the hostfiles to go")
 
 
 def test_accelerate_with_a_deepspeed_config_across_two_nodes(sp: dict) -> None:
