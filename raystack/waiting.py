@@ -166,3 +166,35 @@ def within(timeout: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     if "error" in box:
         raise box["error"]
     return True
+
+
+class Repeats:
+    """A failure that comes back on every pass of a loop, in its log: the first of a kind at once,
+    the same again at most once a minute with how many there were, and the end of the run of
+    failures. (A full filesystem failed every runner pass, a second apart: 19 lines in 40 s into
+    a log on that same filesystem.)"""
+
+    EVERY = 60.0  # seconds between two lines of the same failure
+
+    def __init__(self, clock: Callable[[], float], log: logging.Logger, what: str):
+        self.clock, self.log, self.what = clock, log, what
+        self.last: str | None = None
+        self.count = 0  # failures since the last line said
+        self.said_at = 0.0
+
+    def failed(self, why: str) -> None:
+        now = self.clock()
+        if why != self.last:
+            self.log.warning("%s failed, retrying: %s", self.what, why)
+            self.last, self.count, self.said_at = why, 0, now
+        elif now - self.said_at >= self.EVERY:
+            n, took = self.count + 1, now - self.said_at
+            self.log.warning("%s failed %d more time(s) in %.0fs, retrying: %s", self.what, n, took, why)
+            self.count, self.said_at = 0, now
+        else:
+            self.count += 1
+
+    def over(self) -> None:
+        if self.last is not None:
+            self.log.info("%s succeeds again (the last failure: %s)", self.what, self.last)
+            self.last, self.count = None, 0

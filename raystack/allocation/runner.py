@@ -45,7 +45,7 @@ from raystack.store.diagnosis import flight_summary, read_flight
 from raystack.store.files import make_private_dirs
 from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
 from raystack.store.queue import Entry
-from raystack.waiting import Clock, within
+from raystack.waiting import Clock, Repeats, within
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
@@ -65,41 +65,6 @@ RAY_STATES = {
     "FAILED": JobState.FAILED,
     "STOPPED": JobState.STOPPED,
 }
-
-
-class Repeats:
-    """The runner's failed passes in its log: the first of a kind at once, the same again at most
-    once a minute with how many there were (a full filesystem failed every pass, a second apart:
-    19 lines in 40 s into a log on that same filesystem), and the end of a run of failures."""
-
-    EVERY = 60.0  # seconds between two lines of the same failure
-
-    def __init__(self, clock: Callable[[], float]):
-        self.clock = clock
-        self.last: str | None = None
-        self.count = 0  # failures since the last line said
-        self.said_at = 0.0
-
-    def failed(self, why: str) -> None:
-        now = self.clock()
-        if why != self.last:
-            log.warning("runner pass failed, retrying: %s", why)
-            self.last, self.count, self.said_at = why, 0, now
-        elif now - self.said_at >= self.EVERY:
-            log.warning(
-                "runner pass failed %d more time(s) in %.0fs, retrying: %s",
-                self.count + 1,
-                now - self.said_at,
-                why,
-            )
-            self.count, self.said_at = 0, now
-        else:
-            self.count += 1
-
-    def over(self) -> None:
-        if self.last is not None:
-            log.info("runner passes succeed again (the last failure: %s)", self.last)
-            self.last, self.count = None, 0
 
 
 class Runner:
@@ -158,7 +123,7 @@ class Runner:
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
-        said = Repeats(self.clock)
+        said = Repeats(self.clock, log, "runner pass")
         while not self.leaving:
             failed = None
             try:

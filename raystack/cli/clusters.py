@@ -33,7 +33,6 @@ from raystack.plan.topology import plural
 from raystack.spec.profile import CANARY_MODES, Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
 from raystack.spec.values import duration_text, off_or_duration
-from raystack.store.ledger import read_job
 
 # The options of `up`, one alias each (the signature stays readable). sbatch's letters mean what
 # they mean in sbatch (-N -t -p -A -J -q -C -c); the profile is -P.
@@ -540,21 +539,7 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def ended_with(handle: Cluster, ids: list[str]) -> str:
-    """The jobs that were in flight as `down` began, by the state their ledgers now hold:
-    `stopped with it (STOPPED): a, b; ended before it (FAILED): c` (a local cluster whose node
-    program was killed had failed its jobs already)."""
-    by_state: dict[str, list[str]] = {}
-    for job_id in ids:
-        try:
-            state = read_job(handle.name, job_id).state.value
-        except ClusterError:
-            state = "?"
-        by_state.setdefault(state, []).append(job_id)
-    return "; ".join(
-        f"{'stopped with it' if state == 'STOPPED' else 'ended before it'} ({state}): {', '.join(jobs)}"
-        for state, jobs in by_state.items()
-    )
+WITH = {"STOPPED": "stopped with it"}  # down's words for a job in flight, by its state after
 
 
 @app.command(short_help="Stop a cluster (or --all) and release its nodes.")
@@ -586,8 +571,12 @@ def down(
         return
     for handle, record in zip(handles, done, strict=True):
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
-        if running[record.name]:
-            err.print(f"  {ended_with(handle, running[record.name])}", markup=False)
+        if ids := running[record.name]:  # (a local cluster whose node program was killed failed them)
+            said = ((s, ", ".join(j)) for s, j in handle.states_of(ids).items())
+            err.print(
+                "  " + "; ".join(f"{WITH.get(s, 'ended before it')} ({s}): {j}" for s, j in said),
+                markup=False,
+            )
         if waiting := len(handle.positions()):
             err.print(
                 f"  {waiting} queued job(s) stay queued: `{up_again(record)}` runs them",

@@ -34,7 +34,7 @@ from raystack.store import cluster as records
 from raystack.store import deps, files, paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.store.cluster import up_again as up_again  # (for the CLI: how to start one again)
-from raystack.store.ledger import JobRecord, JobRequest, all_jobs
+from raystack.store.ledger import JobRecord, JobRequest, all_jobs, read_job
 from raystack.store.paths import ClusterPaths
 from raystack.store.queue import (
     QueueView,
@@ -452,6 +452,17 @@ class Cluster:
     def in_flight(self) -> Argv:
         """Ids of the jobs given to Ray and not yet ended."""
         return active(self.name)
+
+    def states_of(self, ids: Argv) -> dict[str, Argv]:
+        """Job ids grouped by the state their ledgers hold now ('?' where one cannot be read)."""
+        found: dict[str, Argv] = {}
+        for job_id in ids:
+            try:
+                state = read_job(self.name, job_id).state.value
+            except ClusterError:
+                state = "?"
+            found.setdefault(state, []).append(job_id)
+        return found
 
     def positions(self) -> dict[str, int]:
         """Each queued job's 1-based place in the queue, from one listing of it."""

@@ -150,6 +150,18 @@ def cluster_walltime(cluster: ClusterRecord) -> float | None:
     return None
 
 
+def check_ray(
+    spec: JobSpec, cluster: ClusterRecord, joined: runtime_env.Resolved, submit_dir: Path | None, source: str
+) -> None:
+    """The job's own Python environment has the cluster's Ray (spec/rayenv.py), or ConfigError."""
+    local = joined.working_dir if joined.working_dir and "://" not in joined.working_dir else None
+    folder = Path(local) if local else submit_dir  # (where `uv run` finds the project)
+    version = cluster.ray_version or rayenv.installed()
+    why = rayenv.submit_fault(joined.runtime_env, spec.entrypoint, spec.uv, folder, version)
+    if why:
+        raise ConfigError(f"{source}: {why}")
+
+
 def resolve(
     spec: JobSpec,
     cluster: ClusterRecord,
@@ -167,13 +179,7 @@ def resolve(
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
     )
-    local = joined.working_dir if joined.working_dir and "://" not in joined.working_dir else None
-    folder = Path(local) if local else submit_dir
-    why = rayenv.submit_fault(
-        joined.runtime_env, spec.entrypoint, spec.uv, folder, cluster.ray_version or rayenv.installed()
-    )
-    if why:
-        raise ConfigError(f"{source}: {why}")
+    check_ray(spec, cluster, joined, submit_dir, source)
     outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
     for key in looks_secret(joined.env):
         if key not in spec.secrets:

@@ -17,7 +17,7 @@ import pytest
 
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation.drain import Drain
-from raystack.allocation.runner import TICK, Repeats, Runner
+from raystack.allocation.runner import TICK, Runner
 from raystack.errors import AlreadyExists, RayApiError
 from raystack.spec.planning import PlanSpec, substitute
 from raystack.store import cluster as clusters
@@ -25,6 +25,7 @@ from raystack.store import paths, queue, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, read_job
 from raystack.store.raylogs import last_line
+from raystack.waiting import Repeats
 
 
 @dataclass
@@ -559,7 +560,7 @@ def test_a_failure_of_every_pass_is_logged_once_a_minute_with_its_count(
     """A full filesystem failed every runner pass, a second apart: 19 log lines in 40 s (into a log
     on that same filesystem). Now: the first at once, then one a minute saying how many."""
     now = [0.0]
-    said = Repeats(lambda: now[0])
+    said = Repeats(lambda: now[0], logging.getLogger("raystack.runner"), "runner pass")
     with caplog.at_level(logging.INFO, logger="raystack.runner"):
         for _ in range(130):  # 130 passes, a second apart
             said.failed("[Errno 28] No space left on device: '/shared/rs/clusters/c/ledger/x'")
@@ -572,4 +573,4 @@ def test_a_failure_of_every_pass_is_logged_once_a_minute_with_its_count(
     assert lines[1].startswith("runner pass failed 60 more time(s) in 60s, retrying: [Errno 28]")
     assert lines[2].startswith("runner pass failed 60 more time(s) in 60s")
     assert lines[3] == "runner pass failed, retrying: another"
-    assert lines[4].startswith("runner passes succeed again")
+    assert lines[4].startswith("runner pass succeeds again")
