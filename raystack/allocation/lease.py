@@ -69,9 +69,14 @@ class Lease:
         (what an ended job still holds while the queue waits for it: {job, held, until}) once
         the queue has waited WAITING seconds."""
         now = time.time()
+        # (a wait or a failure that just ended is written at once: `status` said "the next job
+        # waits for job X" for up to BEAT seconds after that job had started, and run)
+        ended = (self.failing is not None and failed is None) or (
+            self.waiting_since is not None and held is None
+        )
         self.failing = None if failed is None else ((self.failing or (now, ""))[0], failed)
         self.waiting_since = None if held is None else (self.waiting_since or now)
-        if self.fh is None or (not force and time.monotonic() - self.beaten < BEAT):
+        if self.fh is None or (not force and not ended and time.monotonic() - self.beaten < BEAT):
             return
         self.beaten = time.monotonic()
         info: dict[str, object] = {

@@ -574,3 +574,20 @@ def test_a_failure_of_every_pass_is_logged_once_a_minute_with_its_count(
     assert lines[2].startswith("runner pass failed 60 more time(s) in 60s")
     assert lines[3] == "runner pass failed, retrying: another"
     assert lines[4].startswith("runner pass succeeds again")
+
+
+def test_a_wait_that_ends_leaves_the_lease_at_once(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: `status` still said "the next job waits for job X" after the next job had run, until
+    the next heartbeat (BEAT seconds). A wait or a failure that ends is written at once."""
+    from raystack.allocation import lease as leases
+
+    monkeypatch.setattr(leases, "WAITING", 0.0)
+    monkeypatch.setattr(leases, "FAILING", 0.0)
+    held = leases.Lease(paths.cluster("c"), allocation="100")
+    assert held.acquire() is None
+    held.beat(None, {"job": "x", "held": "actor a", "until": 0.0}, force=True)
+    assert held.holder()["waiting"]["job"] == "x"
+    held.beat("boom", {"job": "x", "held": "actor a", "until": 0.0}, force=True)
+    assert "failing" in held.holder()
+    held.beat(None, None)  # (within BEAT of the last write)
+    assert "waiting" not in held.holder() and "failing" not in held.holder()
