@@ -53,7 +53,7 @@ def test_a_failed_py_spy_dump_is_tried_again_and_a_last_failure_says_why(tmp_pat
     try:
         text = dump(psutil.Process(child.pid), str(flaky))
         assert text.startswith(f"# pid {child.pid} ") and f"\nThread {child.pid} (idle)" in text, text
-        assert calls.read_text().count("x") == 2
+        assert calls.read_text().count("x") >= 2  # (the first failed; a real py-spy may fail once too)
         broken = tmp_path / "broken-py-spy"
         broken.write_text('#!/bin/sh\necho "Error: Failed to copy PyCodeObject" >&2; exit 1\n')
         broken.chmod(0o755)
