@@ -30,7 +30,7 @@ from typing import Any
 
 from raystack.adapters import nccl
 from raystack.allocation.context import NodeContext
-from raystack.allocation.rayproc import has_nvidia_smi
+from raystack.allocation.gpus import real_gpus
 from raystack.allocation.raystart import ray_env
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
@@ -149,7 +149,7 @@ def at_ready(
         return {"state": "off", "why": "canary: off (--no-canary)"}
     if not ctx.gpus:
         return {"state": "skipped", "why": "no GPUs in the allocation (nothing for NCCL to carry)"}
-    if not has_nvidia_smi():  # (the testbed's GPUs are character devices standing in for them)
+    if not real_gpus():  # (the testbed's GPUs are character devices standing in for them)
         return {"state": "skipped", "why": "no NVIDIA driver on the head (nvidia-smi not found)"}
     found = _run_driver(ctx, beat)
     if found.get("state") == "ok":

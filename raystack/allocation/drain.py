@@ -17,7 +17,9 @@ from raystack.store import cluster as records
 log = logging.getLogger("raystack.runner")
 
 FREE_TIMEOUT = float(os.environ.get("RAYSTACK_FREE_TIMEOUT", "600"))
-SETTLE = 2.0  # seconds after a job's end by which every node has reported a change of its GPUs
+# A node that asks its GPUs every E seconds (its entry's gpu_every) has reported a change of them
+# SETTLE x E seconds after a job's end at the latest (one check, and the time it takes).
+SETTLE = 2.0
 ALIVE = GPU_REFRESH + 15.0  # a node whose report is older than this does not report: wait
 
 
@@ -34,20 +36,21 @@ class Drain:
 def gpu_memory_held(name: str, since: float, now: float | None = None) -> list[str] | None:
     """GPU memory still held on any node by leftover processes of the cluster's jobs.
 
-    Each node program reports, where nvidia-smi exists, the processes among its descendants that
+    Each node program reports, where it has real GPUs, the processes among its descendants that
     hold GPU memory, written when what it sees changes (and every GPU_REFRESH seconds). So a
     report from after `since` (the job's end) counts, and so does an empty report from before it
-    once SETTLE seconds have passed (nothing changed since: nothing is held). None means wait:
-    a node whose last report held memory, or that has not reported for ALIVE seconds.
+    once SETTLE checks of that node have passed (nothing changed since: nothing is held). None
+    means wait: a node whose last report held memory, or that has not reported for ALIVE seconds.
     """
     now = time.time() if now is None else now
     held = []
     for host, entry in records.read_node_entries(name).items():
         if "gpu_checked" not in entry:
-            continue  # no nvidia-smi on that node: no real GPUs to check
+            continue  # no real GPUs on that node to check
         checked, procs = float(entry["gpu_checked"]), entry.get("gpu_procs") or []
+        settle = SETTLE * float(entry.get("gpu_every", 1.0))  # (a node from before gpu_every: 1 s)
         if checked < since:
-            if procs or now - since < SETTLE or now - checked > ALIVE:
+            if procs or now - since < settle or now - checked > ALIVE:
                 return None
             continue
         held += [f"{host} pid {pid} ({mib} MiB)" for pid, mib in procs]

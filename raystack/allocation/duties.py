@@ -11,7 +11,7 @@ import os
 import time
 
 from raystack.allocation.context import BEAT, BEAT_BYTES, GPU_REFRESH, NodeContext
-from raystack.allocation.rayproc import gpu_processes, has_nvidia_smi
+from raystack.allocation.gpus import CHECK_EVERY, gpu_processes, real_gpus, source
 from raystack.errors import NoSuchCluster, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -50,28 +50,31 @@ class Reaper:
 class GpuReport:
     """Publishes this node's leftover GPU memory in its node entry (read by the queue runner).
 
-    nvidia-smi is asked every `every` seconds; the entry is written only when what it reports
-    changed, or every `refresh` seconds: N nodes cost the shared filesystem N/refresh writes per
-    second, and nothing is read (the node keeps its own entry in memory)."""
+    The GPUs are asked every `every` seconds (gpus.CHECK_EVERY: 0.25 s through NVML, 1 s through
+    nvidia-smi); the entry is written only when what they report changed, or every `refresh`
+    seconds: N nodes cost the shared filesystem N/refresh writes per second, and nothing is read
+    (the node keeps its own entry in memory). The entry says how often the node asks
+    (`gpu_every`): the runner waits that long after a job's end for a node that saw no change."""
 
     def __init__(
-        self, ctx: NodeContext, every: float = 1.0, refresh: float = GPU_REFRESH, clock: Clock = REAL
+        self, ctx: NodeContext, every: float | None = None, refresh: float = GPU_REFRESH, clock: Clock = REAL
     ):
         self.ctx, self.clock = ctx, clock
-        self.gate, self.refresh = Every(every, clock), refresh
+        self.every = every if every is not None else CHECK_EVERY[source() or "nvidia-smi"]
+        self.gate, self.refresh = Every(self.every, clock), refresh
         self.reported: list[tuple[int, int]] | None = None
         self.written = -float("inf")
         self.ended: dict[str, bool] = {}  # job id -> whether it has ended (a leftover's job)
 
     def __call__(self) -> None:
-        if not self.ctx.gpus or not has_nvidia_smi() or not self.gate():
+        if not self.ctx.gpus or not real_gpus() or not self.gate():
             return
         procs = gpu_processes()
         if procs and end_leftovers(self.ctx.cluster, [pid for pid, _ in procs], self.ended):
             procs = gpu_processes()
         if procs == self.reported and self.clock.now() - self.written < self.refresh:
             return
-        self.ctx.entry.update(gpu_procs=procs, gpu_checked=time.time())
+        self.ctx.entry.update(gpu_procs=procs, gpu_checked=time.time(), gpu_every=self.every)
         records.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
         self.reported, self.written = procs, self.clock.now()
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import functools
 import json
 import logging
 import os
 import random
 import re
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -203,75 +201,3 @@ def tcp_open(ip: str, port: int, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
-
-
-@functools.cache
-def has_nvidia_smi() -> bool:
-    """Real GPUs can be inspected here (looked up once per process)."""
-    return shutil.which("nvidia-smi") is not None
-
-
-def gpu_processes() -> list[tuple[int, int]]:
-    """(pid, MiB) of processes descended from this node program that hold GPU memory.
-
-    We are the subreaper of everything our Ray started, so orphans (vLLM's leftovers) count too.
-    Empty without nvidia-smi (no real GPUs).
-    """
-    import psutil
-
-    if not has_nvidia_smi():
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    return [(pid, mib) for pid, mib in parse_compute_apps(out) if pid in ours]
-
-
-def parse_compute_apps(out: str) -> list[tuple[int, int]]:
-    """`nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits` as (pid,
-    MiB). A field nvidia-smi cannot fill reads `[N/A]` (MIG GPUs: the memory of every process)
-    or `[Insufficient Permissions]`: such a process counts with 0 MiB, never as an error."""
-    found = []
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 2 or not fields[0].isdigit():
-            continue
-        found.append((int(fields[0]), int(fields[1]) if fields[1].isdigit() else 0))
-    return found
-
-
-def gpu_usage(visible: str | None = None) -> list[tuple[float, float, float]]:
-    """(utilisation %, memory used MiB, memory total MiB) of each GPU of this node's allocation.
-
-    `visible`: CUDA_VISIBLE_DEVICES as SLURM set it (indices or UUIDs): where nvidia-smi sees
-    more GPUs than that (no device cgroup), only those count. Empty without nvidia-smi."""
-    if not has_nvidia_smi():
-        return []
-    query = "index,uuid,utilization.gpu,memory.used,memory.total"
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    wanted = {v.strip() for v in (visible or "").split(",") if v.strip()}
-    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.count(",") == 4]
-    if wanted and len(rows) > len(wanted):
-        rows = [r for r in rows if r[0] in wanted or r[1] in wanted]
-    usage = []
-    for _index, _uuid, util, used, total in rows:
-        with contextlib.suppress(ValueError):  # "[N/A]" on some boards
-            usage.append((float(util), float(used), float(total)))
-    return usage

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from raystack.allocation.rayproc import gpu_usage
+from raystack.allocation.gpus import gpu_usage
 from raystack.store import paths
 from raystack.waiting import REAL, Clock, Every
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from raystack.allocation.context import NodeContext, Stop, wait_for
+from raystack.allocation.context import POLL, NodeContext, Stop, wait_for
 from raystack.allocation.duties import GpuReport, Reaper
 from raystack.allocation.progress import ProgressProbe
 from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
@@ -209,7 +209,7 @@ class Worker:
                 return 0
             for duty in self.duties:
                 duty()
-            self.clock.sleep(PROBE)
+            self.clock.sleep(POLL)  # (each duty and the head's watch keep their own pace)
 
     def restart(self, tries: Backoff) -> bool:
         """`ray start` exited. While the head still waits for its nodes, try again (NOTE: a GCS

@@ -31,7 +31,7 @@ def ctx(gpus: int) -> NodeContext:
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> list:
     calls: list = []
-    monkeypatch.setattr(canary, "has_nvidia_smi", lambda: True)
+    monkeypatch.setattr(canary, "real_gpus", lambda: True)
     monkeypatch.setattr(canary, "_run_driver", lambda c, beat: calls.append(c) or dict(SOCKETS))
     return calls
 
@@ -47,7 +47,7 @@ def test_sockets_between_nodes_where_the_profile_expects_ofi_warn_or_refuse(ran:
 def test_off_or_no_gpus_skip_it_and_say_why(ran: list, monkeypatch: pytest.MonkeyPatch) -> None:
     assert canary.at_ready(ctx(4), lambda: None, {"RAYSTACK_CANARY": "off"})["state"] == "off"
     assert canary.at_ready(ctx(0), lambda: None, {})["why"].startswith("no GPUs in the allocation")
-    monkeypatch.setattr(canary, "has_nvidia_smi", lambda: False)
+    monkeypatch.setattr(canary, "real_gpus", lambda: False)
     assert (
         canary.at_ready(ctx(4), lambda: None, {})["why"]
         == "no NVIDIA driver on the head (nvidia-smi not found)"

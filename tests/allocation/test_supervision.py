@@ -19,7 +19,8 @@ from raystack.allocation import head as head_mod
 from raystack.allocation import worker
 from raystack.allocation.context import NodeContext
 from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat
-from raystack.allocation.rayproc import parse_compute_apps, why_ray_ended
+from raystack.allocation.gpus import parse_compute_apps
+from raystack.allocation.rayproc import why_ray_ended
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
@@ -165,7 +166,7 @@ def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: p
     from raystack.allocation import duties
 
     writes: list[dict] = []
-    monkeypatch.setattr(duties, "has_nvidia_smi", lambda: True)
+    monkeypatch.setattr(duties, "real_gpus", lambda: True)
     held = [[(11, 500)]]
     monkeypatch.setattr(duties, "gpu_processes", lambda: held[0])
     monkeypatch.setattr(duties.records, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
@@ -181,6 +182,20 @@ def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: p
         clock.advance(1)
     # the first report, the change, one refresh of the unchanged report: never once a second
     assert [w["gpu_procs"] for w in writes] == [[(11, 500)], [], []]
+    assert {w["gpu_every"] for w in writes} == {1}  # (the runner's wait after a job's end)
+
+
+def test_gpus_are_asked_through_nvml_where_it_loads_else_through_nvidia_smi(home: Path) -> None:
+    """No NVIDIA driver here: NVML does not initialise, so nvidia-smi (if any) would be asked once a
+    second; with neither, nothing is asked and nothing is held."""
+    from raystack.allocation import gpus
+
+    assert gpus.nvml() is None  # (the binding is installed; the driver is not)
+    expected = "nvidia-smi" if shutil.which("nvidia-smi") else None
+    assert gpus.source() == expected
+    assert GpuReport(ctx(home)).every == gpus.CHECK_EVERY["nvidia-smi"]
+    if expected is None:
+        assert gpus.compute_apps() == [] and gpus.gpu_processes() == [] and gpus.gpu_usage() == []
 
 
 # ---------------------------------------------------------------------------- workers watch the head
@@ -277,7 +292,7 @@ def test_a_worker_whose_ray_dies_while_the_head_lives_rejoins(
         started.append(clock.now())
         return FakeRay(alive_for=lives)
 
-    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, start_ray=lambda: start(50))
+    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, start_ray=lambda: start(int(50 / worker.POLL)))
     node.watch.beat, node.duties = Beats(), []
     with caplog.at_level(logging.WARNING, "raystack.node"):
         assert node.run() == 0  # dies every ~50 s: REJOINS rejoins, then it leaves
@@ -288,7 +303,7 @@ def test_a_worker_whose_ray_dies_while_the_head_lives_rejoins(
     def seldom() -> FakeRay:  # dies every ~400 s: always rejoins, until the head records the end
         if len(started) == 10:
             clusters.update("c", state=ClusterState.STOPPED)
-        return start(400)
+        return start(int(400 / worker.POLL))  # (alive() is asked once per loop of POLL s)
 
     started.clear()
     caplog.clear()

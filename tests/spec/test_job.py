@@ -564,6 +564,18 @@ def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
     assert gpu_memory_held("c4", since=end) == []
 
 
+def test_a_node_that_asks_its_gpus_through_nvml_settles_sooner(home: Path) -> None:
+    """A node checking every 0.25 s (NVML) has seen a change 0.5 s after the end; one asking
+    nvidia-smi every second (or one from before gpu_every was written) only after 2 s."""
+    end = 1000.0
+    clusters.write_node_entry("c4", "fast", {"gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25})
+    assert gpu_memory_held("c4", since=end, now=end + 0.4) is None
+    assert gpu_memory_held("c4", since=end, now=end + 0.6) == []
+    clusters.write_node_entry("c4", "slow", {"gpu_checked": end - 9, "gpu_procs": []})
+    assert gpu_memory_held("c4", since=end, now=end + 0.6) is None
+    assert gpu_memory_held("c4", since=end, now=end + 2.1) == []
+
+
 def test_numbers_in_env_stay_as_written(home: Path) -> None:
     path = write(home, GOOD + "env: {SEED: 42, LR: 1.0e-6, FLAG: true, EMPTY: , QUOTED: '007'}\n")
     spec = load_spec(path, ["env.LR2=1e-6", "env.N=3", "env.X=1"])

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,14 @@ def venv_with(version: str, wheel: Path) -> Path:
     return root / "bin"
 
 
+@pytest.fixture(scope="module")
+def venvs(wheel: Path) -> dict[str, Path]:
+    """Every version's venv, built side by side (CI builds them fresh: mostly downloads, so two at
+    once take about as long as one)."""
+    with ThreadPoolExecutor(len(VERSIONS)) as pool:
+        return dict(zip(VERSIONS, pool.map(lambda version: venv_with(version, wheel), VERSIONS), strict=True))
+
+
 def user(bin_dir: Path, home: Path) -> dict[str, str]:
     """A shell with that venv first on the PATH and nothing of this suite's Python."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTHON", "VIRTUAL_ENV"))}
@@ -94,8 +103,10 @@ def home(testbed: Path) -> Iterator[Path]:
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_wheel_on_an_older_ray_runs_a_cluster_and_its_jobs(version: str, wheel: Path, home: Path) -> None:
-    env = user(venv_with(version, wheel), home)
+def test_the_wheel_on_an_older_ray_runs_a_cluster_and_its_jobs(
+    version: str, venvs: dict[str, Path], home: Path
+) -> None:
+    env = user(venvs[version], home)
     done = run(env, "raystack", "--version")
     assert done.returncode == 0 and done.stdout.startswith("raystack "), done.stdout + done.stderr
     name = "r" + version.replace(".", "")
