@@ -292,7 +292,8 @@ def test_a_worker_whose_ray_dies_while_the_head_lives_rejoins(
         started.append(clock.now())
         return FakeRay(alive_for=lives)
 
-    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, start_ray=lambda: start(int(50 / worker.POLL)))
+    lives = int(50 / worker.POLL)  # (alive() is asked once per loop of POLL s)
+    node = worker.Worker(ctx(home), clusters.read("c"), clock, lambda h, p: True, lambda: start(lives))
     node.watch.beat, node.duties = Beats(), []
     with caplog.at_level(logging.WARNING, "raystack.node"):
         assert node.run() == 0  # dies every ~50 s: REJOINS rejoins, then it leaves

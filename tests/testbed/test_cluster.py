@@ -20,7 +20,7 @@ from raystack.store import cluster as clusters
 from raystack.store import paths
 from raystack.store.cluster import ClusterState
 
-from ..conftest import NODES, module_home, processes_of_job, slurm_shims
+from ..conftest import NODES, module_home, processes_of_job, slurm_shims, wait_until
 from .listeners import (
     GRPC_METHODS,
     HTTP_PATHS,
@@ -100,6 +100,25 @@ def test_up_reports_ready_with_dashboard_tunnel_and_env(four: dict) -> None:
     assert "whole nodes: 16 CPUs and 4 GPUs per node, all memory, as partition testbed's" in four["up"].stderr
     assert record.nodes == [f"node{i}" for i in range(1, NODES + 1)]
     assert record.walltime_end and record.walltime_end > record.created
+
+
+def test_the_first_jobs_cold_start_is_paid_before_ready_and_leaves_no_job(four: dict) -> None:
+    """The head ran its warm-up job through the Jobs API before READY (allocation/warmup.py) and
+    deleted it: Ray's own job list does not show it."""
+    record = clusters.read("four")
+    log = paths.cluster("four").node_log(record.head_host).read_text()
+    warm, ready = log.find("warm-up job SUCCEEDED in "), log.find("cluster four READY")
+    assert 0 <= warm < ready, log[-3000:]
+    env = {**os.environ, **json.loads(raystack("env", "four", "--json").stdout)}
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+
+    def unlisted() -> bool:
+        listed = subprocess.run([ray_cli, "job", "list"], capture_output=True, text=True, timeout=60, env=env)
+        assert listed.returncode == 0, listed.stderr
+        return "raystack-warmup-" not in listed.stdout
+
+    wait_until(unlisted, 20, "the warm-up job to be deleted (a few seconds after it ended)")
+    assert unlisted()  # (and not written back by Ray's job manager)
 
 
 def test_plain_ray_job_submit_sees_every_node_and_gpu(four: dict, tmp_path: Path) -> None:
