@@ -42,7 +42,7 @@ from raystack.allocation.runner import LEASE_HELD, RAY_LOGS_VAR
 from raystack.allocation.stacks import StackRequests
 from raystack.allocation.tlsfront import TlsFront
 from raystack.allocation.usage import UsageSampler
-from raystack.allocation.warmup import Warmup, overlaps
+from raystack.allocation.warmup import launch, overlaps
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
 from raystack.store import cluster as records
@@ -345,7 +345,7 @@ class Head:
         records.update(ctx.cluster, **fields)
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
         dashboard = Dashboard.of(ctx.cluster, str(fields["dashboard_url"]))  # (HTTPS front with TLS)
-        warm = Warmup(ctx.cluster, dashboard.url, ctx.alloc_id, overlaps(ctx.num_nodes, ctx.gpus)).start()
+        warm = launch(ctx.cluster, dashboard.url, ctx.alloc_id, overlaps(ctx.num_nodes, ctx.gpus))
         wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)
         if self.prometheus_exe:  # (before READY: the dashboard's metrics answer from the start)
             self.start_prometheus(self.prometheus_exe, ports["prometheus"])

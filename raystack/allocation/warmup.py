@@ -4,25 +4,30 @@ A fresh Ray cluster makes its first job pay what later jobs find ready: the dash
 and its first job supervisor actor, the runtime_env agent's first environment, the worker
 processes the raylet starts once a first driver connects, and Ray's modules read from a cold
 disk. Measured on a local cluster (2 CPUs): submit -> the entrypoint's first line 3.9 s for the
-first job against 1.7-2.0 s for the next ones. So the head submits one throwaway job through the
-Jobs API while the worker nodes join and the interconnect canary runs, and waits for it before
-READY (at most FINISH seconds more: a warm-up never fails a start). The job is deleted from Ray's
-list once it ended. Where there is nothing to overlap it with (one node without GPUs: a local CPU
-cluster) it is left out, since it would only move READY later: there the Jobs API answers last,
-and READY came 4-5 s later for a first job 0.6-1 s sooner. RAYSTACK_WARMUP=1 in the environment
-of `raystack up` asks for it anyway, RAYSTACK_WARMUP=0 leaves it out.
+first job against 1.7-2.0 s for the next ones. So the head starts a process (not a thread: two
+threads importing Ray's modules at once failed a start with a circular import) that submits one
+throwaway job through the Jobs API while the worker nodes join and the interconnect canary runs;
+READY waits for it (at most FINISH seconds more: a warm-up never fails a start). The job is
+deleted from Ray's list once it ended. Where there is nothing to overlap it with (one node without
+GPUs: a local CPU cluster) it is left out, since it would only move READY later: there the Jobs
+API answers last, and READY came 4-5 s later for a first job 0.6-1 s sooner. RAYSTACK_WARMUP=1 in
+the environment of `raystack up` asks for it anyway, RAYSTACK_WARMUP=0 leaves it out.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
+import select
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Mapping
 
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.gpus import real_gpus
 from raystack.errors import RaystackError
+from raystack.launch.process import die_with_parent
 from raystack.waiting import REAL, Clock, poll_until
 
 log = logging.getLogger("raystack.node")
@@ -41,41 +46,30 @@ def overlaps(num_nodes: int, gpus: int) -> bool:
 
 
 class Warmup:
-    """One throwaway job through the Jobs API, in a thread of its own."""
+    """One throwaway job through the Jobs API: submitted once the API answers, waited for, then
+    deleted from Ray's list. Says one line when it ended (or why it did not run) through `say`."""
 
-    def __init__(self, cluster: str, url: str, alloc_id: str, overlaps: bool = True, clock: Clock = REAL):
-        self.cluster, self.url, self.clock, self.overlaps = cluster, url, clock, overlaps
+    def __init__(
+        self, cluster: str, url: str, alloc_id: str, clock: Clock = REAL, say: Callable[[str], None] = print
+    ):
+        self.cluster, self.url, self.clock, self.say = cluster, url, clock, say
         self.submission_id = f"{PREFIX}{alloc_id}"
-        self.took: float | None = None  # seconds, once it ended
-        self.why: str | None = None  # why it did not run
-        self.done = threading.Event()  # (it ended, or will not run)
-        self.thread = threading.Thread(target=self.run, name="warm-up", daemon=True)
-
-    def start(self) -> Warmup:
-        self.thread.start()
-        return self
 
     def run(self) -> None:
         t0 = time.monotonic()
-        mode = os.environ.get("RAYSTACK_WARMUP", "auto")
-        if mode == "0" or (mode == "auto" and not self.overlaps):
-            self.why = "RAYSTACK_WARMUP=0" if mode == "0" else "nothing to overlap (one node, no GPUs)"
-            log.info("warm-up job left out: %s", self.why)
-            return
         try:
-            dashboard = Dashboard.of(self.cluster, self.url)  # (its own: the head's is in use)
+            dashboard = Dashboard.of(self.cluster, self.url)
             poll_until(lambda: dashboard.probe() is None, START, "the Jobs API", self.clock, max_interval=0.5)
             dashboard.submit(self.submission_id, ENTRYPOINT, {"env_vars": {"RAYSTACK_WARMUP": "1"}})
             status = poll_until(lambda: self.ended(dashboard), START, "the warm-up job", self.clock)
-            self.took = time.monotonic() - t0
-            log.info("warm-up job %s in %.1fs", status, self.took)
-            self.done.set()
+            self.say(f"{status} in {time.monotonic() - t0:.1f}s")
             self.forget(dashboard)
         except (RaystackError, RuntimeError, OSError) as exc:
-            self.why = str(exc)[:300]
-            log.info("warm-up job skipped: %s", self.why)
-        finally:
-            self.done.set()
+            self.say(f"skipped: {str(exc)[:300]}")
+
+    def ended(self, dashboard: Dashboard) -> str | None:
+        info = dashboard.info(self.submission_id)
+        return str(info.status) if info is not None and info.status.is_terminal() else None
 
     def forget(self, dashboard: Dashboard) -> None:
         """Delete the job from Ray's list once Ray's job manager has stopped watching it: deleted
@@ -86,11 +80,38 @@ class Warmup:
                 return
             dashboard.jobs.delete_job(self.submission_id)
 
-    def ended(self, dashboard: Dashboard) -> str | None:
-        info = dashboard.info(self.submission_id)
-        return str(info.status) if info is not None and info.status.is_terminal() else None
 
-    def finish(self, timeout: float = FINISH) -> None:
-        """Wait for it (before READY), at most `timeout` seconds."""
-        if not self.done.wait(timeout):
-            log.info("warm-up job still running after %.0fs: READY without it", timeout)
+class Started:
+    """The head's side: the warm-up process (None where it was left out, `why`)."""
+
+    def __init__(self, proc: subprocess.Popen[str] | None, why: str | None = None):
+        self.proc, self.why = proc, why
+
+    def finish(self, timeout: float = FINISH) -> str:
+        """Wait for its line (before READY), at most `timeout` seconds; what happened."""
+        if self.proc is None or self.proc.stdout is None:
+            said = f"left out: {self.why}"
+        elif select.select([self.proc.stdout], [], [], timeout)[0]:
+            said = self.proc.stdout.readline().strip() or f"ended without a word (exit {self.proc.poll()})"
+        else:
+            said = f"still running after {timeout:.0f}s: READY without it"
+        log.info("warm-up job %s", said)
+        return said
+
+
+def launch(
+    cluster: str, url: str, alloc_id: str, overlaps: bool, env: Mapping[str, str] = os.environ
+) -> Started:
+    """Start the warm-up (RAYSTACK_WARMUP: auto, 1 or 0) in a process of its own."""
+    mode = env.get("RAYSTACK_WARMUP", "auto")
+    if mode == "0" or (mode == "auto" and not overlaps):
+        return Started(None, "RAYSTACK_WARMUP=0" if mode == "0" else "nothing to overlap (one node, no GPUs)")
+    argv = [sys.executable, "-m", "raystack.allocation.warmup", cluster, url, alloc_id]
+    pipe = subprocess.PIPE
+    return Started(subprocess.Popen(argv, env=dict(env), stdout=pipe, text=True, preexec_fn=die_with_parent))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    cluster, url, alloc_id = sys.argv[1:4]
+    Warmup(cluster, url, alloc_id, say=lambda line: print(line, flush=True)).run()
