@@ -72,19 +72,21 @@ def compute_apps() -> list[tuple[int, int]]:
         except nv.NVMLError:
             return []
         return found
-    if not real_gpus():
-        return []
+    return parse_compute_apps(smi("--query-compute-apps=pid,used_memory")) if real_gpus() else []
+
+
+def smi(query: str) -> str:
+    """nvidia-smi's CSV answer to one `--query-...=` (empty where it fails)."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        return subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
-        return []
-    return parse_compute_apps(out)
+        return ""
 
 
 def parse_compute_apps(out: str) -> list[tuple[int, int]]:
@@ -137,15 +139,5 @@ def nvml_rows() -> list[list[str]]:
 
 
 def smi_rows() -> list[list[str]]:
-    query = "index,uuid,utilization.gpu,memory.used,memory.total"
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
+    out = smi("--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total")
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.count(",") == 4]

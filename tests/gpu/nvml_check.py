@@ -52,13 +52,9 @@ def main() -> int:
     nvml_apps, nvml_s = timed(gpus.compute_apps)
     mine = gpus.gpu_processes()
     nvml_rows, nvml_rows_s = timed(gpus.nvml_rows)
-    smi = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    smi_apps, smi_s = timed(lambda: gpus.parse_compute_apps(subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True).stdout), 5)  # fmt: skip
+    apps_query = "--query-compute-apps=pid,used_memory"
+    smi = gpus.smi(apps_query)
+    smi_apps, smi_s = timed(lambda: gpus.parse_compute_apps(gpus.smi(apps_query)), 5)
     smi_rows, smi_rows_s = timed(gpus.smi_rows, 5)
     child.stdin.close()  # type: ignore[union-attr]
     child.wait()
