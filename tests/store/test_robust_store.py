@@ -29,6 +29,8 @@ from raystack.store import files, paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, Unreadable, all_jobs, read_job, update_job
 
+from ..conftest import wait_until
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -500,9 +502,18 @@ def test_every_file_of_the_cluster_folder_is_the_users_only(home: Path) -> None:
     assert loose == [], loose
 
 
-def _enqueue_one(i: int) -> int:
-    request = JobRequest(id=f"race-{i}-{os.getpid()}", name="race", cluster="c", entrypoint="true")
-    return queue.enqueue_all([(request, None)])[0].place
+RACER = """
+import sys, time
+from pathlib import Path
+from raystack.store import queue
+from raystack.store.ledger import JobRequest
+folder, i = Path(sys.argv[1]), sys.argv[2]
+(folder / f"ready-{i}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.001)
+request = JobRequest(id=f"race-{i}", name="race", cluster="c", entrypoint="true")
+print(queue.enqueue_all([(request, None)])[0].place)
+"""
 
 
 def test_racing_submits_are_each_told_a_place_of_their_own(home: Path) -> None:
@@ -510,8 +521,22 @@ def test_racing_submits_are_each_told_a_place_of_their_own(home: Path) -> None:
     no job started between them (nothing runs here), 16 processes submitting at once are told
     1..16, each once: the place is read in the same transaction, under the lock, as the queueing.
     (Where the runner starts a job between two submits, both may be told "position 2": each was
-    right when it was told.)"""
-    with multiprocessing.get_context("fork").Pool(16) as pool:
-        places = pool.map(_enqueue_one, range(16))
+    right when it was told.) Fresh processes, released together: a forked pool once left a worker
+    waiting on its queue's lock for ever, and pytest waited for it at exit."""
+    folder = home / "race"
+    folder.mkdir()
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(folder), str(i)], stdout=subprocess.PIPE, text=True
+        )
+        for i in range(16)
+    ]
+    try:
+        wait_until(lambda: len(list(folder.glob("ready-*"))) == 16, 60, "the racers to be ready")
+        (folder / "go").touch()
+        places = [int(r.communicate(timeout=60)[0]) for r in racers]
+    finally:
+        for r in racers:
+            r.kill()
     assert sorted(places) == list(range(1, 17)), places
     assert len(queue.waiting("c")) == 16
