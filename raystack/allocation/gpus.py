@@ -43,8 +43,9 @@ def source() -> str | None:
     return "nvml" if nvml() is not None else "nvidia-smi" if real_gpus() else None
 
 
-def gpu_processes() -> list[tuple[int, int]]:
-    """(pid, MiB) of processes descended from this node program that hold GPU memory.
+def gpu_processes(root: int | None = None) -> list[tuple[int, int]]:
+    """(pid, MiB) of processes descended from this node program (or process `root`) that hold
+    GPU memory.
 
     We are the subreaper of everything our Ray started, so orphans (vLLM's leftovers) count too.
     Empty without real GPUs.
@@ -54,7 +55,10 @@ def gpu_processes() -> list[tuple[int, int]]:
     apps = compute_apps()
     if not apps:
         return []
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    try:
+        ours = {p.pid for p in psutil.Process(root).children(recursive=True)}
+    except psutil.Error:
+        return []
     return [(pid, mib) for pid, mib in apps if pid in ours]
 
 

@@ -21,6 +21,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from raystack.errors import RayApiError
+from raystack.store import cluster as records
+from raystack.store import raylogs
+from raystack.store.ledger import JobRecord
 from raystack.store.raylogs import CappedCopy, original_end
 
 log = logging.getLogger("raystack.runner")
@@ -32,6 +36,7 @@ FETCH_WHOLE_BELOW = 8 << 20
 FETCH_LIMIT = 64 << 20  # the most one fetch of a whole log may pull into the runner's memory
 JOB_LOG_CAP = int(os.environ.get("RAYSTACK_JOB_LOG_CAP") or 1 << 30)
 NO_CAP = 1 << 62
+SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LOCAL_PART = 8 << 20  # bytes read at a time from Ray's own file of a driver's output
 
 
@@ -134,3 +139,25 @@ class LogTail:
         except Exception:  # (any failure of Ray's client or the disk: the caller decides)
             return False
         return True
+
+
+def gather(name: str, allocation: str, api: Any, record: JobRecord, events: bool = False) -> str | None:
+    """An ended job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,
+    asked for now), with the failures Ray recorded (`events`); the first error line."""
+    found: list[dict[str, Any]] = []
+    for attempt in record.attempts if events else []:
+        if attempt.ray_job_id and attempt.allocation == allocation:
+            try:
+                found += api.job_errors(attempt.ray_job_id)
+            except RayApiError as exc:
+                log.warning("%s: Ray's record of its failures not read: %s", record.id, exc)
+    hosts = {str(e.get("ip")): host for host, e in records.read_node_entries(name).items()}
+    try:
+        asked = raylogs.request_sync(name)
+        late = raylogs.wait_synced(name, allocation, asked, SYNC_WAIT)
+        if late:
+            log.warning("%s: no copy of Ray's logs from %s yet; gathering what is there", record.id, late)
+        return raylogs.summary(raylogs.gather(name, record, found, hosts))
+    except OSError as exc:  # (the shared filesystem): the job's outcome is recorded anyway
+        log.warning("%s: worker logs not gathered: %s", record.id, exc)
+        return None

@@ -15,6 +15,7 @@ job PENDING for 15 minutes), and one, or a conda environment, with another Ray t
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -130,6 +131,11 @@ def other_ray(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     return rayenv.executable_fault(
         renv.get("py_executable"), version, False, env.get("PATH")
     ) or rayenv.conda_fault(renv.get("conda"), conda_exe(env)[0], version)
+
+
+def key(renv: dict[str, Any]) -> str:
+    """What `check` looks at in a runtime_env: equal keys, equal answers."""
+    return json.dumps({k: renv.get(k) for k in ("pip", "uv", "conda", "py_executable")}, sort_keys=True)
 
 
 def check(

@@ -28,10 +28,12 @@ from typing import Any
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
 from raystack.allocation import pipcheck
-from raystack.allocation.drain import FREE_TIMEOUT, Drain, nodes_free, still_held
+from raystack.allocation.drain import FREE_TIMEOUT, Drain, check, nodes_free
+from raystack.allocation.endwatch import EndWatch
 from raystack.allocation.lease import Lease
-from raystack.allocation.logtail import LogTail
+from raystack.allocation.logtail import LogTail, gather
 from raystack.allocation.picker import Picker
+from raystack.allocation.prepare import Preparer
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
@@ -50,7 +52,6 @@ from raystack.waiting import Clock, Repeats, within
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
-SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
@@ -112,8 +113,16 @@ class Runner:
         self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
         self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
         self.sleep = sleep
+        # On the head (the node program gave its Ray logs folder): a driver's exit wakes the loop.
+        self.ends = EndWatch(live=bool(os.environ.get(RAY_LOGS_VAR)))
+        self.pause = self.ends.pause if self.ends.live and sleep is time.sleep else sleep
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
+        # The job that waits first gets its environment ready meanwhile (RAYSTACK_PREPARE=0: not).
+        prepare = os.environ.get("RAYSTACK_PREPARE") != "0"
+        self.preparer = Preparer(name, api, Clock(clock, sleep)) if prepare else None
+        self.considered: Entry | None = None  # the waiting job last given to the preparer
+        self.last_end: dict[str, Any] | None = None  # the times of the last end (the next job's gap)
 
     # ------------------------------------------------------------------ the loop
     def run_forever(self, lease: Lease | None = None) -> None:
@@ -135,7 +144,7 @@ class Runner:
                 self.sleep(1)
             if lease is not None:
                 lease.beat(failed, self.held if self.drain else None)
-            self.sleep(TICK)
+            self.pause(TICK)
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
 
     def leave(self, *_: object) -> None:
@@ -188,6 +197,7 @@ class Runner:
         self.release(board)
         if not self.interrupting:
             self.start_what_may(board)
+            self.prepare_next()
         for sid in list(self.abandoned):  # (a submit that timed out but went through after all)
             if self.api.info(sid) is not None:
                 self.api.stop(sid)
@@ -197,6 +207,8 @@ class Runner:
         """Resources of ended jobs that are free again; those that are not stay on the board."""
         if self.drain and self.resources_free(self.drain):
             log.info("resources of %s are free", self.drain.job_id)
+            if self.last_end is not None and self.last_end["after"] == self.drain.job_id:
+                self.last_end["free"] = time.time()
             self.drain = None
         board.whole = board.whole or self.drain is not None
         for job_id, (drain, nodes) in list(self.node_drains.items()):
@@ -211,6 +223,14 @@ class Runner:
         for started in self.picker.pick(self.waiting, board):
             self.active.add(started.id)
             self.submit(started)
+
+    def prepare_next(self) -> None:
+        """Give the job that waits first (it could not start in this pass) to the preparer, once."""
+        if self.preparer is None or not self.waiting or self.waiting[0] == self.considered:
+            return
+        if not self.preparer.busy():  # (else asked again once the preparation in progress is over)
+            self.considered = self.waiting[0]
+            self.preparer.consider(self.considered.job_id)
 
     def interrupt(self, *_: object) -> None:
         """The allocation is about to end (walltime warning, a lost node): stop the jobs in flight
@@ -235,15 +255,20 @@ class Runner:
         except ConfigError as exc:  # its plan does not fit this allocation, or its working_dir
             self.finish(record, JobState.FAILED, str(exc))
             return
-        why = pipcheck.check(request.runtime_env) if request.runtime_env else None
+        renv = request.runtime_env
+        known = self.preparer is not None and pipcheck.key(renv or {}) in self.preparer.checked
+        why = pipcheck.check(renv) if renv and not known else None  # (a prepared job's: checked then)
         if why:  # (no index reachable from the nodes: say so now, not after Ray's setup timeout)
             self.finish(record, JobState.FAILED, why)
             return
+        if self.preparer is not None:
+            self.preparer.start(record.id)
         nodes, ids = self.nodes_of(record)
         if nodes:
             options = pinned(options, nodes, ids)
         with contextlib.suppress(OSError):  # (torch writes its flight recorder dumps there)
             (self.paths.job_files(record.id) / "flight").mkdir(parents=True, exist_ok=True, mode=0o700)
+        begun = time.time()
         try:
             if not within(self.submit_timeout, self.api.submit, attempt.id, **options):
                 self.abandoned.add(attempt.id)
@@ -271,7 +296,18 @@ class Runner:
         if request.planned is not None and ran != request.planned:  # (a node lost since: fewer GPUs)
             message += f"; its plan changed with the cluster since it was queued: {ran}"
             log.warning("job %s: %s", record.id, message)
-        update_job(self.name, record.id, {"entrypoint": ran}, state=JobState.SUBMITTED, message=message)
+        changes = self.gap(record, begun)
+        update_job(
+            self.name, record.id, {"entrypoint": ran}, state=JobState.SUBMITTED, message=message, **changes
+        )
+
+    def gap(self, record: JobRecord, begun: float) -> dict[str, Any]:
+        """The times from the last job's end to this submit, for a job that waited meanwhile."""
+        gap = self.last_end
+        if gap is None or record.now or record.request.queued_at > gap["ended"]:
+            return {}
+        self.last_end = None
+        return {"gap": {**gap, "submit": begun, "submitted": time.time()}}
 
     def nodes_of(self, record: JobRecord) -> tuple[list[str], list[str]]:
         """A packed job's nodes (addresses, Ray node ids); a retry keeps those of its attempt."""
@@ -305,6 +341,7 @@ class Runner:
             store.settle_orphans(self.name, self.allocation, "found by the queue runner")
             return True
         info = self.api.info(attempt.id)
+        seen = time.time()
         if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
             if self.interrupting and not record.stop_requested:
                 store.requeue(self.name, record.id, self.interrupted_message())
@@ -339,12 +376,13 @@ class Runner:
         if not state.is_terminal():
             return False
         self.watchdog.forget(attempt.id)
+        self.ends.forget(attempt.id)
         if self.interrupting and state is not JobState.SUCCEEDED and not record.stop_requested:
             self.close_tail(record, attempt.id)
             store.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
             return True
-        return self.ended(record, state, info)
+        return self.ended(record, state, info, seen)
 
     def waits(self, record: JobRecord) -> bool:
         """The job is in the queue (its file is there) and its current start was not recorded."""
@@ -361,6 +399,7 @@ class Runner:
         n = len(record.attempts)
         sid = record.attempts[-1].id
         if sid not in self.tails:
+            self.ends.watch(record.id, sid)  # (once per attempt, as it is first seen running)
             self.tails[sid] = LogTail(
                 self.api, sid, self.paths.job_log(record.id, n), local=self.driver_log(sid)
             )
@@ -407,15 +446,18 @@ class Runner:
             self.finish(record, JobState.FAILED, record.fault or "stopped before it started")
         return True
 
-    def ended(self, record: JobRecord, state: JobState, info: Any) -> bool:
-        """The attempt ended in Ray: retry it, or record the job's final state."""
+    def ended(self, record: JobRecord, state: JobState, info: Any, seen: float | None = None) -> bool:
+        """The attempt ended in Ray (the runner saw it at `seen`): retry it, or record the job's
+        final state."""
         sid = record.attempts[-1].id
         self.close_tail(record, sid)
         nodes, _ = self.nodes_of(record)
+        end = (info.end_time or 0) / 1000 or time.time()
         if nodes:  # (a packed job: its nodes, once its actors are gone)
             self.node_drains[record.id] = (Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT), nodes)
         elif not record.now:
             self.drain = Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT)
+            self.last_end = {"after": record.id, "ended": end, "seen": seen or time.time()}
         if self.retries(record, state, info):
             n = len(record.attempts)
             outcome = f"FAILED: {self.failure_text(record, info)}"[:500]
@@ -438,7 +480,6 @@ class Runner:
             message = self.failure_text(record, info)[:1000]
         else:
             message = rayapi.job_message(str(info.message or ""))[:1000]
-        end = (info.end_time or 0) / 1000 or time.time()
         attempts = with_ray_id(record, info.job_id)  # (recorded by finish, with the rest)
         record = record.model_copy(update={"attempts": attempts})
         error = None
@@ -500,30 +541,14 @@ class Runner:
         return f"{text}; {flight}" if flight else text  # (torch's NCCL watchdog timed a collective out)
 
     def gather(self, record: JobRecord, events: bool = False) -> str | None:
-        """The job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,
-        asked for now), with the failures Ray recorded (`events`); the first error line."""
-        found: list[dict[str, Any]] = []
-        for attempt in record.attempts if events else []:
-            if attempt.ray_job_id and attempt.allocation == self.allocation:
-                try:
-                    found += self.api.job_errors(attempt.ray_job_id)
-                except RayApiError as exc:
-                    log.warning("%s: Ray's record of its failures not read: %s", record.id, exc)
-        hosts = {str(e.get("ip")): host for host, e in records.read_node_entries(self.name).items()}
-        try:
-            asked = raylogs.request_sync(self.name)
-            late = raylogs.wait_synced(self.name, self.allocation or "", asked, SYNC_WAIT)
-            if late:
-                log.warning("%s: no copy of Ray's logs from %s yet; gathering what is there", record.id, late)
-            return raylogs.summary(raylogs.gather(self.name, record, found, hosts))
-        except OSError as exc:  # (the shared filesystem): the job's outcome is recorded anyway
-            log.warning("%s: worker logs not gathered: %s", record.id, exc)
-            return None
+        return gather(self.name, self.allocation or "", self.api, record, events)
 
     def finish(self, record: JobRecord, state: JobState, message: str, **changes: Any) -> None:
         changes.setdefault("ended", time.time())
         store.finish(self.name, record.id, state=state, message=message, **changes)
         log.info("%s %s: %s", record.id, state.value, message)
+        if self.last_end is not None and self.last_end["after"] == record.id:
+            self.last_end["closed"] = time.time()  # (its log complete, its ledger written)
 
     def close_tail(self, record: JobRecord, sid: str) -> None:
         """The attempt ended: its log is complete on disk (fetched whole if streaming failed)."""
@@ -535,25 +560,9 @@ class Runner:
 
     # ------------------------------------------------------------------ resources
     def _resources_free(self, drain: Drain) -> bool:
-        """No actor or placement group of the job left, every GPU available, no GPU memory held.
-        What is still held is kept in `held` (the lease shows it to `raystack status`)."""
-        self.held = None
-        if self.clock() > drain.deadline:
-            log.warning(
-                "resources of %s not free after %.0fs; starting the next job anyway",
-                drain.job_id,
-                FREE_TIMEOUT,
-            )
-            return True
-        try:
-            why = still_held(self.api, drain, str(self.cluster.gcs_address), self.name)
-        except RayApiError as exc:
-            log.warning("cannot check resources: %s", exc)
-            return False
-        if why is not None:
-            until = time.time() + drain.deadline - self.clock()
-            self.held = {"job": drain.job_id, "held": why, "until": until}
-        return why is None
+        """drain.check: what is still held is kept in `held` (the lease shows it to `raystack status`)."""
+        free, self.held = check(self.api, drain, str(self.cluster.gcs_address), self.name, self.clock())
+        return free
 
 
 def with_ray_id(record: JobRecord, ray_job_id: str | None) -> list[Attempt]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.gpus import real_gpus
+from raystack.allocation.prepare import forget
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
 from raystack.waiting import REAL, Clock, poll_until
@@ -35,7 +36,6 @@ log = logging.getLogger("raystack.node")
 PREFIX = "raystack-warmup-"  # (its submission id: the allocation's id follows)
 ENTRYPOINT = "python -c 'import ray; ray.init(); ray.shutdown()'"
 START = 120.0  # seconds for the Jobs API to answer and the job to end
-DELETE_AFTER = 3.0  # seconds after its end (and between tries) before it is deleted from Ray's list
 FINISH = 10.0  # seconds READY waits for it at most, once the cluster is otherwise ready
 
 
@@ -72,13 +72,7 @@ class Warmup:
         return str(info.status) if info is not None and info.status.is_terminal() else None
 
     def forget(self, dashboard: Dashboard) -> None:
-        """Delete the job from Ray's list once Ray's job manager has stopped watching it: deleted
-        at once, its monitor finds the supervisor gone and writes the job back as FAILED."""
-        for _ in range(3):
-            self.clock.sleep(DELETE_AFTER)
-            if dashboard.info(self.submission_id) is None:
-                return
-            dashboard.jobs.delete_job(self.submission_id)
+        forget(dashboard, self.submission_id, self.clock)
 
 
 class Started:

@@ -134,6 +134,13 @@ class JobRecord(BaseModel):
     started: float | None = None
     ended: float | None = None
     fault: str | None = None  # "infeasible" or "hung": why raystack stopped it (never retried)
+    # Its environment, made while the job before it ran (allocation/prepare.py): what, where, how long.
+    prepared: str | None = None
+    # How the queue went from the job before it to this one (it waited while that one ran), as
+    # wall-clock times: that job's end in Ray (`ended`), seen by the runner (`seen`), its log and
+    # ledger complete (`closed`), its resources free (`free`), this job's submit begun (`submit`)
+    # and answered (`submitted`).
+    gap: dict[str, Any] | None = None
 
     @property
     def attempt_ids(self) -> list[str]:

@@ -576,6 +576,24 @@ def test_a_node_that_asks_its_gpus_through_nvml_settles_sooner(home: Path) -> No
     assert gpu_memory_held("c4", since=end, now=end + 2.1) == []
 
 
+def test_the_runners_own_node_is_asked_now_and_needs_no_settling(home: Path) -> None:
+    """The queue runner asks the head's GPUs itself (NVML): that node's answer counts at once,
+    the other nodes still settle on their reports."""
+    end = 1000.0
+    clusters.write_node_entry(
+        "c4", "head", {"pid": 77, "gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25}
+    )
+    assert gpu_memory_held("c4", since=end, now=end + 0.01) is None  # its report: wait
+    assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [])) == []
+    assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [(9, 500)])) == ["head pid 9 (500 MiB)"]
+    assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(78, [])) is None  # another node's program
+    clusters.write_node_entry(
+        "c4", "w1", {"pid": 5, "gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25}
+    )
+    assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [])) is None  # w1 settles
+    assert gpu_memory_held("c4", since=end, now=end + 0.6, here=(77, [])) == []
+
+
 def test_numbers_in_env_stay_as_written(home: Path) -> None:
     path = write(home, GOOD + "env: {SEED: 42, LR: 1.0e-6, FLAG: true, EMPTY: , QUOTED: '007'}\n")
     spec = load_spec(path, ["env.LR2=1e-6", "env.N=3", "env.X=1"])

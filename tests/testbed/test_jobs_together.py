@@ -166,24 +166,14 @@ def test_a_sweep_with_one_failing_job_and_an_afterok_chain(jt: dict) -> None:
     assert records[10].state is JobState.SUCCEEDED
 
 
-def test_runtime_env_py_modules_and_pip_from_a_local_wheel_folder(jt: dict) -> None:
+def test_runtime_envs_the_nodes_cannot_make_fail_in_one_line(jt: dict) -> None:
+    """An index the nodes cannot reach, no conda, no such python: FAILED in seconds with the fix,
+    not after Ray's setup timeout (a pip environment that can be made: the test below)."""
     cluster: Cluster = jt["cluster"]
-    home: Path = jt["home"]
-    wheels = home / "wheels"
-    wheel(wheels, "rstiny", "0.1")
-    lib = home / "lib" / "rsmod"
-    lib.mkdir(parents=True)
-    (lib / "__init__.py").write_text("WORD = 'from py_modules'\n")
-    code = "import rstiny, rsmod; print('RENV', rstiny.VALUE, rsmod.WORD)"
-    renv = (
-        f"runtime_env={{py_modules: [{lib}], pip: {{packages: [rstiny], "
-        f"pip_install_options: [--no-index, --find-links={wheels}]}}}}"
-    )
     t0 = time.time()
     bad = cluster.submit(
         ["python", "-c", "import requests"], sets=["name=noindex", "runtime_env={pip: [requests]}"]
     )
-    good = cluster.submit(["python", "-c", code], sets=["name=renv", renv])
     no_conda = cluster.submit(
         ["python", "-c", "print(1)"], sets=["name=noconda", "runtime_env={conda: myenv}"]
     )
@@ -201,6 +191,47 @@ def test_runtime_env_py_modules_and_pip_from_a_local_wheel_folder(jt: dict) -> N
         assert record.state is JobState.FAILED, record.message  # (not Ray's traceback: the fix)
         assert record.message.startswith("runtime_env conda: no conda on the nodes"), record.message
     assert time.time() - t0 < 90  # (not Ray's 10-minute setup timeout)
-    record = good.wait(timeout=600)
+
+
+def test_py_modules_and_pip_from_local_wheels_are_made_on_every_node_while_the_job_before_runs(
+    jt: dict,
+) -> None:
+    """Issue 43: the next job's runtime_env (py_modules, pip from a local wheel folder on nodes that
+    cannot reach an index) is made on every node while the job before it runs: its setup is no
+    longer dead time between the two."""
+    cluster: Cluster = jt["cluster"]
+    home: Path = jt["home"]
+    wheels = home / "wheels"
+    wheel(wheels, "rstiny", "0.1")
+    lib = home / "lib" / "rsmod"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("WORD = 'from py_modules'\n")
+    go = home / "prep-go"
+    hold = cluster.submit(
+        ["python", "-c", f"import os, time\nwhile not os.path.exists('{go}'): time.sleep(0.05)"],
+        sets=["name=prephold", "timeout=400"],
+    )
+    renv = (
+        f"runtime_env={{py_modules: [{lib}], pip: {{packages: [rstiny], "
+        f"pip_install_options: [--no-index, --find-links={wheels}]}}}}"
+    )
+    code = "import rstiny, rsmod; print('RENV', rstiny.VALUE, rsmod.WORD)"
+    good = cluster.submit(["python", "-c", code], sets=["name=renv", renv])
+    prepared = str(wait_until(lambda: good.record().prepared, 300, "the pip job prepared"))
+    assert good.record().state is JobState.QUEUED  # (made while the hold job ran)
+    assert prepared.startswith(f"py_modules, pip ready on {NODES} node(s) in "), prepared
+    took = float(prepared.rsplit(" in ", 1)[1].rstrip("s"))
+    go.write_text("")
+    before, record = hold.wait(timeout=120), good.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.message + good.logs()[-2000:]
     assert "RENV 42 from py_modules" in good.logs()
+    running = record.time_in(JobState.RUNNING)
+    assert before.ended and running and record.gap and record.gap["after"] == before.id
+    # (the setup alone took `took` seconds on the nodes; the start found it made)
+    assert running - before.ended < min(5.0, took), (running - before.ended, took, record.gap)
+    api = cluster.dashboard()
+    wait_until(
+        lambda: not [j for j in api.list_jobs() if str(j.submission_id).startswith("raystack-prepare-")],
+        30,
+        "the throwaway preparation job deleted from Ray's list",
+    )

@@ -1,0 +1,217 @@
+"""Benchmark: the dead time between two queued jobs, part by part, and with a pip environment.
+
+On one cluster (the 4-node testbed, or `--local`: this machine), in the same run:
+  trivial   a 5 s job, then N jobs that print their start time, queued behind it: N gaps. Each
+            gap is split with the times the runner writes into the next job's ledger (`gap`):
+              seen      the end in Ray (its end_time) -> the runner knew it
+              closed    -> its log complete, its ledger written
+              free      -> its resources were found free (actors, placement groups, GPUs)
+              pass      -> the next job's submit began
+              submit    -> the Jobs API answered (Ray's start_time: the job exists in Ray)
+              start     -> the entrypoint's first line (Ray's supervisor, runtime_env, driver)
+            and "end -> submitted" (the queue's part), "end -> first line" (all of it).
+  floor     Ray's SDK on the same cluster: submit -> first line of the same job, one at a time.
+  pip       a 20 s job, then a job whose runtime_env installs a pip package from a local wheel
+            folder (a fresh name each time: nothing cached), with the runner preparing it while
+            the first one runs, and on a second cluster with RAYSTACK_PREPARE=0 (as before):
+            end -> first line. The pip setup alone: the SDK's submit -> first line of such a job
+            on an idle cluster, less the floor.
+Targets (issue 43): trivial end -> submitted < 0.5 s median; pip end -> first line within 1 s
+of the trivial job's.
+
+    python bench/queue_gap.py [--local] [--jobs 8] [--pip 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from raystack import Cluster  # noqa: E402
+from raystack.store.ledger import JobRecord, JobState  # noqa: E402
+
+FIRST = "import time; print('FIRST_LINE', time.time(), flush=True)"
+PARTS = ("seen", "closed", "free", "pass", "submit", "start")
+GAP_TARGET, PIP_EXTRA_TARGET = 0.5, 1.0
+
+
+def first_line(job: Any) -> float:
+    return float(job.logs().split("FIRST_LINE ", 1)[1].split()[0])
+
+
+def split(record: JobRecord, first: float) -> dict[str, float]:
+    """One gap, part by part (seconds), from the next job's ledger and its first line."""
+    g = record.gap or {}
+    closed = g.get("closed", g.get("seen"))
+    marks = [
+        g.get("ended"),
+        g.get("seen"),
+        closed,
+        g.get("free", closed),
+        g.get("submit"),
+        g.get("submitted"),
+    ]
+    if any(m is None for m in marks):
+        raise RuntimeError(f"job {record.id} has no gap record: {g}")
+    times = [float(m) for m in marks if m is not None] + [first]
+    out = {part: round(b - a, 4) for part, a, b in zip(PARTS, times, times[1:], strict=False)}
+    out["end_to_submitted"] = round(times[5] - times[0], 4)
+    out["end_to_first_line"] = round(first - times[0], 4)
+    return out
+
+
+def trivial(cluster: Cluster, n: int) -> list[dict[str, float]]:
+    hold = cluster.submit(["python", "-c", "import time; time.sleep(5)"], sets=["name=hold"])
+    jobs = [cluster.submit(["python", "-c", FIRST], sets=[f"name=gap{i}"]) for i in range(n)]
+    records = [job.wait(timeout=600) for job in [hold, *jobs]]
+    assert all(r.state is JobState.SUCCEEDED for r in records), [r.message for r in records]
+    return [split(r, first_line(j)) for r, j in zip(records[1:], jobs, strict=True)]
+
+
+def floor(cluster: Cluster, n: int, runtime_env: dict | None = None) -> list[float]:
+    """Ray's SDK on the same cluster: submit -> the entrypoint's first line, one job at a time."""
+    from ray.job_submission import JobStatus
+
+    sdk = cluster.dashboard().jobs
+    out = []
+    for _ in range(n):
+        t0 = time.time()
+        sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"', runtime_env=runtime_env)
+        while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            time.sleep(0.02)
+        out.append(float(sdk.get_job_logs(sid).split("FIRST_LINE ", 1)[1].split()[0]) - t0)
+        sdk.delete_job(sid)
+    return out
+
+
+def pip_env(folder: Path, name: str) -> dict[str, Any]:
+    """A runtime_env installing package `name` (made here, a wheel of its own) with pip, offline."""
+    from tests.allocation.test_packing import wheel
+
+    wheel(folder, name, "0.1")
+    return {"pip": {"packages": [name], "pip_install_options": ["--no-index", f"--find-links={folder}"]}}
+
+
+def pip_gap(cluster: Cluster, folder: Path, tag: str, hold_s: float = 20) -> dict[str, Any]:
+    """A job, then a pip job queued behind it: end -> the pip job's first line, and whether the
+    runner prepared it."""
+    import yaml
+
+    renv = pip_env(folder / tag, tag)
+    hold = cluster.submit(["python", "-c", f"import time; time.sleep({hold_s})"], sets=[f"name=hold-{tag}"])
+    code = f"import time, {tag}; print('FIRST_LINE', time.time(), flush=True)"
+    sets = [f"name={tag}", f"runtime_env={yaml.safe_dump(renv, default_flow_style=True).strip()}"]
+    job = cluster.submit(["python", "-c", code], sets=sets)
+    before, record = hold.wait(timeout=600), job.wait(timeout=900)
+    assert record.state is JobState.SUCCEEDED, record.message + job.logs()[-1000:]
+    return {"gap": split(record, first_line(job)), "prepared": record.prepared, "ended": before.ended}
+
+
+def pip_alone(cluster: Cluster, folder: Path, tag: str) -> float:
+    """The SDK's submit -> first line of a pip job on an idle cluster (nothing cached)."""
+    return floor(cluster, 1, pip_env(folder / tag, tag))[0]
+
+
+def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        if local:
+            return Cluster.up_local(name=name, timeout=300)
+        return Cluster.up(4, profile="testbed", name=name, timeout=300)
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+
+
+def measure(cluster: Cluster, bare: Cluster | None, jobs: int, pips: int, folder: Path) -> dict[str, Any]:
+    """Every figure of this benchmark on `cluster` (and `bare`, prepare off, for the pip gap)."""
+    cluster.submit(["python", "-c", "pass"], sets=["name=first"]).wait(timeout=300)
+    gaps = trivial(cluster, jobs)
+    flo = floor(cluster, 5)
+    stamp = f"{os.getpid()}x{int(time.time()) % 100000}"
+    prepared = [pip_gap(cluster, folder, f"rsp{stamp}p{i}") for i in range(pips)]
+    unprepared = [pip_gap(bare, folder, f"rsp{stamp}n{i}") for i in range(pips)] if bare else []
+    alone = pip_alone(cluster, folder, f"rsp{stamp}a")
+    med = statistics.median
+    out: dict[str, Any] = {
+        "gaps": gaps,
+        "gap_median": {k: round(med(g[k] for g in gaps), 3) for k in gaps[0]},
+        "floor_submit_to_first_line_s": [round(x, 3) for x in flo],
+        "pip_setup_alone_s": round(alone - med(flo), 2),
+        "pip_prepared": prepared,
+        "pip_unprepared": unprepared,
+    }
+    trivial_first = out["gap_median"]["end_to_first_line"]
+    pip_first = med(p["gap"]["end_to_first_line"] for p in prepared) if prepared else None
+    out["pip_extra_s"] = round(pip_first - trivial_first, 3) if pip_first is not None else None
+    out["targets"] = {
+        "gap_end_to_submitted_median_under_0.5s": out["gap_median"]["end_to_submitted"] < GAP_TARGET,
+        "pip_gap_within_1s_of_trivial": out["pip_extra_s"] is not None
+        and out["pip_extra_s"] < PIP_EXTRA_TARGET,
+        "pip_setup_alone_over_10s": out["pip_setup_alone_s"] > 10,
+    }
+    return out
+
+
+def table(out: dict[str, Any]) -> str:
+    med = out["gap_median"]
+    lines = [f"{'gap part (median of ' + str(len(out['gaps'])) + ')':34} {'s':>8}"]
+    lines += [f"{'  ' + k:34} {med[k]:>8.3f}" for k in PARTS]
+    lines += [
+        f"{'end -> next submitted':34} {med['end_to_submitted']:>8.3f}",
+        f"{'end -> next first line':34} {med['end_to_first_line']:>8.3f}",
+        f"{'Ray SDK submit -> first line':34} {statistics.median(out['floor_submit_to_first_line_s']):>8.3f}",
+        f"{'pip setup alone (SDK, idle)':34} {out['pip_setup_alone_s']:>8.2f}",
+    ]
+    for label, key in (
+        ("pip end -> first line, prepared", "pip_prepared"),
+        ("... not prepared", "pip_unprepared"),
+    ):
+        if out[key]:
+            figures = " ".join(f"{p['gap']['end_to_first_line']:.2f}" for p in out[key])
+            lines.append(f"{label:34} {figures:>8}")
+    lines.append(f"targets: {out['targets']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from _report import on_testbed, publish
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--local", action="store_true", help="a local cluster on this machine, not the testbed"
+    )
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--pip", type=int, default=2)
+    args = parser.parse_args()
+    if not args.local:
+        home = on_testbed("bench-gap-")
+    else:
+        import tempfile
+
+        home = Path(tempfile.mkdtemp(prefix="bench-gap-"))
+        os.environ["RAYSTACK_HOME"] = str(home)
+    cluster = up("gap", args.local)
+    bare = up("gapbare", args.local, {"RAYSTACK_PREPARE": "0"}) if args.pip else None
+    try:
+        out = measure(cluster, bare, args.jobs, args.pip, home / "wheels")
+    finally:
+        for c in (cluster, bare):
+            if c is not None:
+                c.down()
+    out.update(jobs=args.jobs, where="local" if args.local else "testbed 4 nodes")
+    publish("queue_gap" + ("_local" if args.local else ""), table(out), out)
+
+
+if __name__ == "__main__":
+    main()

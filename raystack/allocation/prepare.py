@@ -1,0 +1,164 @@
+"""The next job's environment, made ready while the job before it runs.
+
+Ray sets a job's environment up after the job is submitted: the submitting client packages and
+uploads its working_dir and py_modules, then each node's runtime_env agent downloads them and
+creates what the runtime_env asks for (a pip or uv virtualenv, a conda env, an image) the first
+time a process of the job lands there. A pip environment takes seconds to minutes. In a queue all
+of that is dead time between two jobs. So while a job runs, the queue runner prepares the one
+that waits first:
+
+1. its working_dir and py_modules are uploaded through Ray's job SDK, as its submit would upload
+   them: the package's name is the hash of its content, so the submit finds it there and uploads
+   nothing (a file changed since: a new hash, uploaded then, the job runs what is there at start);
+2. a throwaway job (`raystack-prepare-<id>`) with the same runtime_env runs one zero-CPU task on
+   every alive node: each node's runtime_env agent creates the environment and keeps it in its
+   URI cache (10 GB per kind by default), so the real job's start finds it there. Its driver and
+   tasks ask for no CPU or GPU: nothing is taken from the running job (a Ray worker starts on
+   each node for a moment). It is deleted from Ray's list once it ended.
+
+A job whose runtime_env has nothing to create (only env_vars) is not prepared. What happened is
+the queued job's `prepared` field ("pip, working_dir on 4 nodes in 12.3s", or why not).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+from raystack.allocation import pipcheck
+from raystack.errors import ClusterError, ConfigError, RaystackError
+from raystack.spec.submission import submit_options
+from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store.files import locked
+from raystack.store.ledger import JobState, change_job, read_job
+from raystack.waiting import REAL, Clock, poll_until
+
+log = logging.getLogger("raystack.runner")
+
+PREFIX = "raystack-prepare-"
+# What a runtime_env may hold that Ray creates on each node (env_vars, config: nothing to make).
+CREATED = ("working_dir", "py_modules", "pip", "uv", "conda", "image_uri", "container")
+TIMEOUT = 1800.0  # seconds a preparation may take (a large pip environment on a slow filesystem)
+DELETE_AFTER = 3.0  # seconds after its end before the throwaway job is deleted from Ray's list
+# The throwaway job's driver: one zero-CPU task pinned to each alive node, so that every node's
+# runtime_env agent creates the environment (Ray creates it where a process of the job lands).
+TOUCH = (
+    "import ray; from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On; "
+    "ray.init(); here = ray.remote(num_cpus=0)(lambda: 1); "
+    "ids = [n['NodeID'] for n in ray.nodes() if n['Alive']]; "
+    "ray.get([here.options(scheduling_strategy=On(i, soft=False)).remote() for i in ids]); "
+    "print('PREPARED', len(ids))"
+)
+
+
+def wanted(runtime_env: dict[str, Any]) -> list[str]:
+    """What of this runtime_env Ray creates on the nodes (empty: nothing to prepare)."""
+    return [key for key in CREATED if runtime_env.get(key)]
+
+
+def forget(dashboard: Any, submission_id: str, clock: Clock = REAL, after: float = DELETE_AFTER) -> None:
+    """Delete an ended throwaway job from Ray's list once Ray's job manager stopped watching it:
+    deleted at once, its monitor finds the supervisor gone and writes the job back as FAILED."""
+    for _ in range(3):
+        clock.sleep(after)
+        if dashboard.info(submission_id) is None:
+            return
+        dashboard.jobs.delete_job(submission_id)
+
+
+class Preparer:
+    """Prepares one queued job at a time, on a thread of its own; `ahead()` is called by every
+    runner pass with the job that waits first, and returns at once."""
+
+    def __init__(self, cluster: str, api: Any, clock: Clock = REAL, timeout: float = TIMEOUT):
+        self.cluster, self.api, self.clock, self.timeout = cluster, api, clock, timeout
+        self.seen: set[str] = set()  # (job id, its nonce and interruptions): prepared or tried
+        self.thread: threading.Thread | None = None
+        self.checked: set[str] = set()  # runtime_envs whose packages pipcheck found (pipcheck.key)
+        self.current: str | None = None  # the job of the latest preparation
+        self.started: set[str] = set()  # ... once submitted
+
+    def busy(self) -> bool:
+        """A preparation runs for a job that still waits (one whose job started meanwhile goes on
+        making its environment on the other nodes, and the next job may be prepared beside it)."""
+        return self.thread is not None and self.thread.is_alive() and self.current not in self.started
+
+    def start(self, job_id: str) -> None:
+        """Job `job_id` is being submitted: its preparation, if any runs, no longer holds the next."""
+        if job_id == self.current:
+            self.started.add(job_id)
+
+    def ahead(self, job_id: str, key: str, runtime_env: dict[str, Any]) -> bool:
+        """Prepare job `job_id` (once per `key`) unless a preparation runs; whether one started."""
+        if key in self.seen or self.busy() or not hasattr(self.api, "jobs"):
+            return False
+        self.seen.add(key)
+        what = wanted(runtime_env)
+        if not what:
+            return False
+        self.current, self.started = job_id, set()
+        self.thread = threading.Thread(
+            target=self.prepare, args=(job_id, dict(runtime_env), what), name=f"prepare-{job_id}", daemon=True
+        )
+        self.thread.start()
+        return True
+
+    def consider(self, job_id: str) -> bool:
+        """Prepare queued job `job_id` with the runtime_env its submit would give now (its plan
+        resolved on the cluster as it is); a job that no longer fits is left to its submit."""
+        try:
+            record = read_job(self.cluster, job_id)
+            request = (record.resume_request or record.request) if record.interruptions else record.request
+            renv = submit_options(request, records.read(self.cluster), record.interruptions)["runtime_env"]
+        except (ClusterError, ConfigError, OSError):
+            return False
+        if record.state is not JobState.QUEUED:
+            return False
+        return self.ahead(record.id, key_of(record.id, request.nonce, record.interruptions), renv)
+
+    def prepare(self, job_id: str, runtime_env: dict[str, Any], what: list[str]) -> str:
+        """Upload, then create on every node; the outcome, also in the job's ledger."""
+        t0 = time.monotonic()
+        sid = f"{PREFIX}{job_id}-{secrets.token_hex(3)}"
+        try:
+            if why := pipcheck.check(runtime_env):  # (its submit fails it with that reason)
+                raise ValueError(why)
+            self.checked.add(pipcheck.key(runtime_env))
+            self.api.jobs._upload_working_dir_if_needed(runtime_env)  # (the SDK's own, as its submit)
+            self.api.jobs._upload_py_modules_if_needed(runtime_env)
+            self.api.submit(sid, f'python -c "{TOUCH}"', runtime_env, metadata={"raystack_prepare": job_id})
+            info = poll_until(lambda: self.ended(sid), self.timeout, "the preparation", self.clock)
+            took = time.monotonic() - t0
+            if str(info.status) == "SUCCEEDED":
+                nodes = next((w for line in self.api.logs(sid).splitlines() if line.startswith("PREPARED ")
+                              for w in line.split()[1:2]), "?")  # fmt: skip
+                outcome = f"{', '.join(what)} ready on {nodes} node(s) in {took:.1f}s"
+            else:
+                outcome = f"{', '.join(what)} not prepared ({info.status}: {str(info.message or '')[:300]})"
+            forget(self.api, sid, self.clock)
+        except (RaystackError, RuntimeError, OSError, ValueError) as exc:
+            outcome = f"{', '.join(what)} not prepared: {str(exc)[:300]}"
+        log.info("job %s: %s", job_id, outcome)
+        self.note(job_id, outcome)
+        return outcome
+
+    def ended(self, sid: str) -> Any:
+        info = self.api.info(sid)
+        return info if info is not None and info.status.is_terminal() else None
+
+    def note(self, job_id: str, outcome: str) -> None:
+        """The outcome in the job's ledger (its own field: the job may have started meanwhile,
+        its environment ready on the head before the other nodes were)."""
+        try:
+            with locked(paths.cluster(self.cluster)):
+                change_job(self.cluster, job_id, prepared=outcome)
+        except (RaystackError, OSError) as exc:
+            log.warning("job %s: preparation not recorded: %s", job_id, exc)
+
+
+def key_of(job_id: str, nonce: str, interruptions: int) -> str:
+    return f"{job_id}/{nonce}/{interruptions}"
