@@ -93,32 +93,42 @@ def floor(cluster: Cluster, n: int, runtime_env: dict | None = None) -> list[flo
     return out
 
 
-def pip_env(folder: Path, name: str) -> dict[str, Any]:
-    """A runtime_env installing package `name` (made here, a wheel of its own) with pip, offline."""
+def pip_env(folder: Path, name: str, count: int = 1) -> dict[str, Any]:
+    """A runtime_env installing `count` packages (`name`, `name_1`, ...: wheels made here, names
+    of their own, so nothing is cached) with pip, offline."""
     from tests.allocation.test_packing import wheel
 
-    wheel(folder, name, "0.1")
-    return {"pip": {"packages": [name], "pip_install_options": ["--no-index", f"--find-links={folder}"]}}
+    names = [name] + [f"{name}_{i}" for i in range(1, count)]
+    for one in names:
+        wheel(folder, one, "0.1")
+    return {"pip": {"packages": names, "pip_install_options": ["--no-index", f"--find-links={folder}"]}}
 
 
-def pip_gap(cluster: Cluster, folder: Path, tag: str, hold_s: float = 20) -> dict[str, Any]:
-    """A job, then a pip job queued behind it: end -> the pip job's first line, and whether the
-    runner prepared it."""
+def pip_gap(cluster: Cluster, folder: Path, tag: str, count: int = 1, hold_s: float | None = None) -> dict:
+    """A job, then a pip job queued behind it: end -> the pip job's first line, and what the
+    runner prepared. The first job ends once the pip job is prepared (or after `hold_s`, for a
+    cluster that does not prepare)."""
     import yaml
 
-    renv = pip_env(folder / tag, tag)
-    hold = cluster.submit(["python", "-c", f"import time; time.sleep({hold_s})"], sets=[f"name=hold-{tag}"])
+    renv = pip_env(folder / tag, tag, count)
+    go = folder / f"{tag}.go"
+    wait = f"import os, time\nwhile not os.path.exists('{go}'): time.sleep(0.02)"
+    hold = cluster.submit(["python", "-c", wait], sets=[f"name=hold-{tag}", "timeout=900"])
     code = f"import time, {tag}; print('FIRST_LINE', time.time(), flush=True)"
     sets = [f"name={tag}", f"runtime_env={yaml.safe_dump(renv, default_flow_style=True).strip()}"]
     job = cluster.submit(["python", "-c", code], sets=sets)
+    deadline = time.time() + (hold_s if hold_s is not None else 600)
+    while time.time() < deadline and (hold_s is not None or not job.record().prepared):
+        time.sleep(0.1)
+    go.write_text("")
     before, record = hold.wait(timeout=600), job.wait(timeout=900)
     assert record.state is JobState.SUCCEEDED, record.message + job.logs()[-1000:]
     return {"gap": split(record, first_line(job)), "prepared": record.prepared, "ended": before.ended}
 
 
-def pip_alone(cluster: Cluster, folder: Path, tag: str) -> float:
+def pip_alone(cluster: Cluster, folder: Path, tag: str, count: int = 1) -> float:
     """The SDK's submit -> first line of a pip job on an idle cluster (nothing cached)."""
-    return floor(cluster, 1, pip_env(folder / tag, tag))[0]
+    return floor(cluster, 1, pip_env(folder / tag, tag, count))[0]
 
 
 def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
@@ -133,20 +143,35 @@ def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
-def measure(cluster: Cluster, bare: Cluster | None, jobs: int, pips: int, folder: Path) -> dict[str, Any]:
+def measure(
+    cluster: Cluster, bare: Cluster | None, jobs: int, pips: int, folder: Path, count: int = 1
+) -> dict[str, Any]:
     """Every figure of this benchmark on `cluster` (and `bare`, prepare off, for the pip gap)."""
-    cluster.submit(["python", "-c", "pass"], sets=["name=first"]).wait(timeout=300)
+    t0 = time.time()  # (the cluster's first job: what `up` left for it to pay)
+    first = cluster.submit(["python", "-c", FIRST], sets=["name=first"])
+    first.wait(timeout=300)
+    first_s = first_line(first) - t0
+    later = []
+    for i in range(3):  # (and the next ones, on an idle queue)
+        t0 = time.time()
+        job = cluster.submit(["python", "-c", FIRST], sets=[f"name=later{i}"])
+        job.wait(timeout=300)
+        later.append(first_line(job) - t0)
     gaps = trivial(cluster, jobs)
     flo = floor(cluster, 5)
     stamp = f"{os.getpid()}x{int(time.time()) % 100000}"
-    prepared = [pip_gap(cluster, folder, f"rsp{stamp}p{i}") for i in range(pips)]
-    unprepared = [pip_gap(bare, folder, f"rsp{stamp}n{i}") for i in range(pips)] if bare else []
-    alone = pip_alone(cluster, folder, f"rsp{stamp}a")
+    alone = pip_alone(cluster, folder, f"rsp{stamp}a", count)
+    prepared = [pip_gap(cluster, folder, f"rsp{stamp}p{i}", count) for i in range(pips)]
+    unprepared = [pip_gap(bare, folder, f"rsp{stamp}n{i}", count, 5.0) for i in range(pips)] if bare else []
     med = statistics.median
     out: dict[str, Any] = {
         "gaps": gaps,
         "gap_median": {k: round(med(g[k] for g in gaps), 3) for k in gaps[0]},
         "floor_submit_to_first_line_s": [round(x, 3) for x in flo],
+        "first_job_submit_to_first_line_s": round(first_s, 3),
+        "later_jobs_submit_to_first_line_s": [round(x, 3) for x in later],
+        "first_job_over_floor": round(first_s / med(flo), 3),
+        "later_jobs_over_floor": round(med(later) / med(flo), 3),
         "pip_setup_alone_s": round(alone - med(flo), 2),
         "pip_prepared": prepared,
         "pip_unprepared": unprepared,
@@ -171,6 +196,8 @@ def table(out: dict[str, Any]) -> str:
         f"{'end -> next submitted':34} {med['end_to_submitted']:>8.3f}",
         f"{'end -> next first line':34} {med['end_to_first_line']:>8.3f}",
         f"{'Ray SDK submit -> first line':34} {statistics.median(out['floor_submit_to_first_line_s']):>8.3f}",
+        f"{'first job / SDK (target <= 1.1)':34} {out['first_job_over_floor']:>8.3f}",
+        f"{'later jobs / SDK (target <= 1.0)':34} {out['later_jobs_over_floor']:>8.3f}",
         f"{'pip setup alone (SDK, idle)':34} {out['pip_setup_alone_s']:>8.2f}",
     ]
     for label, key in (
@@ -193,6 +220,7 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--pip", type=int, default=2)
+    parser.add_argument("--packages", type=int, default=1, help="wheels in the pip environment")
     args = parser.parse_args()
     if not args.local:
         home = on_testbed("bench-gap-")
@@ -204,7 +232,7 @@ def main() -> None:
     cluster = up("gap", args.local)
     bare = up("gapbare", args.local, {"RAYSTACK_PREPARE": "0"}) if args.pip else None
     try:
-        out = measure(cluster, bare, args.jobs, args.pip, home / "wheels")
+        out = measure(cluster, bare, args.jobs, args.pip, home / "wheels", args.packages)
     finally:
         for c in (cluster, bare):
             if c is not None:
