@@ -88,7 +88,10 @@ def floor(cluster: Cluster, n: int, runtime_env: dict | None = None) -> list[flo
         sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"', runtime_env=runtime_env)
         while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             time.sleep(0.02)
-        out.append(float(sdk.get_job_logs(sid).split("FIRST_LINE ", 1)[1].split()[0]) - t0)
+        logs = sdk.get_job_logs(sid)
+        if "FIRST_LINE " not in logs:
+            raise RuntimeError(f"{sid}: {sdk.get_job_info(sid).message}"[-2000:])
+        out.append(float(logs.split("FIRST_LINE ", 1)[1].split()[0]) - t0)
         sdk.delete_job(sid)
     return out
 

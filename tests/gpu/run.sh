@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -d /tmp/site ]; then
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site/bin:$PATH"
+    # A pip runtime_env's virtualenv (Ray clones the python's venv, or makes one on its system
+    # site) must find Ray without PYTHONPATH, as where Ray is installed: a .pth names the stage.
+    site=$(python3 -c 'import site; print(site.getsitepackages()[0])') && echo /tmp/site > "$site/raystack-stage.pth"
 fi
 # The frameworks (TRL, verl, verl's transformers pin) where stage.py --set frameworks put them.
 if [ -d /tmp/site-frameworks ]; then
