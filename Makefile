@@ -59,9 +59,11 @@ format: install
 	$(BIN)/ruff format raystack tests bench jobs docs
 	$(BIN)/ruff check --fix raystack tests bench jobs docs
 
+# Every benchmark of the queue, the start and the launch, one after another with its baseline
+# (bench/run.py): SIZE=quick (about 15 min on the 2-core testbed) or SIZE=full (about 60 min).
+SIZE ?= quick
 bench: install testbed-up
-	$(BIN)/python bench/cluster_ready.py
-	$(BIN)/python bench/queue_overhead.py
+	$(BIN)/python bench/run.py --size $(SIZE)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

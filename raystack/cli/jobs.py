@@ -101,7 +101,7 @@ def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
     row = _job_row(job.cluster, record, {job.id: job.position()})
     waiting = job.waiting_line(record)
     if as_json:
-        print_json({**row, "waiting": waiting})
+        print_json({**row, "waiting": waiting, "prepared": record.prepared})
         return
     when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"  # noqa: E731
     table = Table(show_header=False, box=None)
@@ -115,6 +115,7 @@ def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
         ("attempts", ", ".join(f"{a.id} (allocation {a.allocation})" for a in record.attempts) or "-"),
         ("exit code", "-" if record.exit_code is None else str(record.exit_code)),
         ("message", record.message or "-"),
+        *([("environment", f"prepared: {record.prepared}")] if record.prepared else []),
         ("log", f"raystack logs {record.id}"),
     ):
         table.add_row(key, value)

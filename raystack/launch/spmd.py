@@ -223,6 +223,7 @@ def main(args: list[str] | None = None) -> int:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     ns = parse(sys.argv[1:] if args is None else args)
+    began = time.time()
     ray.init()
     stopping = threading.Event()  # SIGTERM: `raystack stop`, a timeout, the walltime warning
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # NOTE: after ray.init (it sets one)
@@ -253,6 +254,7 @@ def main(args: list[str] | None = None) -> int:
         for r in range(nodes)
     ]
     places = ray.get([a.where.remote() for a in actors])
+    placed = time.time()
     hosts = tuple(p["host"] for p in places)
     starts = []
     for r, actor in enumerate(actors):
@@ -269,7 +271,9 @@ def main(args: list[str] | None = None) -> int:
     ray.get(starts)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
-        f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}",
+        f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}; "
+        f"connected in {t0 - began:.2f}s, nodes placed {placed - t0:.2f}s after, launchers started "
+        f"{time.time() - placed:.2f}s after",
         flush=True,
     )
     return follow(actors, hosts, ns, t0, stopping)

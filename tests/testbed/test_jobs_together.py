@@ -221,6 +221,8 @@ def test_py_modules_and_pip_from_local_wheels_are_made_on_every_node_while_the_j
     assert good.record().state is JobState.QUEUED  # (made while the hold job ran)
     assert prepared.startswith(f"py_modules, pip ready on {NODES} node(s) in "), prepared
     took = float(prepared.rsplit(" in ", 1)[1].rstrip("s"))
+    shown = raystack("job", good.id, "--json")
+    assert json.loads(shown.stdout)["prepared"] == prepared, shown.stderr
     go.write_text("")
     before, record = hold.wait(timeout=120), good.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.message + good.logs()[-2000:]
