@@ -146,10 +146,8 @@ def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
-def measure(
-    cluster: Cluster, bare: Cluster | None, jobs: int, pips: int, folder: Path, count: int = 1
-) -> dict[str, Any]:
-    """Every figure of this benchmark on `cluster` (and `bare`, prepare off, for the pip gap)."""
+def measure(cluster: Cluster, jobs: int, pips: int, folder: Path, count: int = 1) -> dict[str, Any]:
+    """Every figure of this benchmark on `cluster` but the unprepared pip gap (`unprepared`)."""
     t0 = time.time()  # (the cluster's first job: what `up` left for it to pay)
     first = cluster.submit(["python", "-c", FIRST], sets=["name=first"])
     first.wait(timeout=300)
@@ -165,7 +163,6 @@ def measure(
     stamp = f"{os.getpid()}x{int(time.time()) % 100000}"
     alone = pip_alone(cluster, folder, f"rsp{stamp}a", count)
     prepared = [pip_gap(cluster, folder, f"rsp{stamp}p{i}", count) for i in range(pips)]
-    unprepared = [pip_gap(bare, folder, f"rsp{stamp}n{i}", count, 5.0) for i in range(pips)] if bare else []
     med = statistics.median
     out: dict[str, Any] = {
         "gaps": gaps,
@@ -177,7 +174,7 @@ def measure(
         "later_jobs_over_floor": round(med(later) / med(flo), 3),
         "pip_setup_alone_s": round(alone - med(flo), 2),
         "pip_prepared": prepared,
-        "pip_unprepared": unprepared,
+        "pip_unprepared": [],
     }
     trivial_first = out["gap_median"]["end_to_first_line"]
     pip_first = med(p["gap"]["end_to_first_line"] for p in prepared) if prepared else None
@@ -189,6 +186,11 @@ def measure(
         "pip_setup_alone_over_10s": out["pip_setup_alone_s"] > 10,
     }
     return out
+
+
+def unprepared(cluster: Cluster, folder: Path, tag: str, count: int) -> dict[str, Any]:
+    """pip_gap on a cluster started with RAYSTACK_PREPARE=0: the job before ends after 5 s."""
+    return pip_gap(cluster, folder, tag, count, 5.0)
 
 
 def table(out: dict[str, Any]) -> str:
@@ -232,14 +234,23 @@ def main() -> None:
 
         home = Path(tempfile.mkdtemp(prefix="bench-gap-"))
         os.environ["RAYSTACK_HOME"] = str(home)
+    folder = home / "wheels"
     cluster = up("gap", args.local)
+    try:
+        out = measure(cluster, args.jobs, args.pip, folder, args.packages)
+    finally:
+        cluster.down()
+    # The same pip gap on a cluster that does not prepare (after the first: the testbed's nodes
+    # hold one cluster at a time).
     bare = up("gapbare", args.local, {"RAYSTACK_PREPARE": "0"}) if args.pip else None
     try:
-        out = measure(cluster, bare, args.jobs, args.pip, home / "wheels", args.packages)
+        tag = f"rsn{os.getpid()}x{int(time.time()) % 100000}"
+        out["pip_unprepared"] = [
+            unprepared(bare, folder, f"{tag}n{i}", args.packages) for i in range(args.pip) if bare
+        ]
     finally:
-        for c in (cluster, bare):
-            if c is not None:
-                c.down()
+        if bare is not None:
+            bare.down()
     out.update(jobs=args.jobs, where="local" if args.local else "testbed 4 nodes")
     publish("queue_gap" + ("_local" if args.local else ""), table(out), out)
 

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from raystack.adapters.ray import ray_state
 from raystack.allocation import pipcheck
 from raystack.errors import ClusterError, ConfigError, RaystackError
 from raystack.spec.submission import submit_options
@@ -40,6 +41,7 @@ from raystack.waiting import REAL, Clock, poll_until
 log = logging.getLogger("raystack.runner")
 
 PREFIX = "raystack-prepare-"
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 # What a runtime_env may hold that Ray creates on each node (env_vars, config: nothing to make).
 CREATED = ("working_dir", "py_modules", "pip", "uv", "conda", "image_uri", "container")
 TIMEOUT = 1800.0  # seconds a preparation may take (a large pip environment on a slow filesystem)
@@ -133,22 +135,24 @@ class Preparer:
             self.api.submit(sid, f'python -c "{TOUCH}"', runtime_env, metadata={"raystack_prepare": job_id})
             info = poll_until(lambda: self.ended(sid), self.timeout, "the preparation", self.clock)
             took = time.monotonic() - t0
-            if str(info.status) == "SUCCEEDED":
+            if ray_state(info) == "SUCCEEDED":
                 nodes = next((w for line in self.api.logs(sid).splitlines() if line.startswith("PREPARED ")
                               for w in line.split()[1:2]), "?")  # fmt: skip
                 outcome = f"{', '.join(what)} ready on {nodes} node(s) in {took:.1f}s"
             else:
-                outcome = f"{', '.join(what)} not prepared ({info.status}: {str(info.message or '')[:300]})"
+                outcome = (
+                    f"{', '.join(what)} not prepared ({ray_state(info)}: {str(info.message or '')[:300]})"
+                )
             forget(self.api, sid, self.clock)
-        except (RaystackError, RuntimeError, OSError, ValueError) as exc:
-            outcome = f"{', '.join(what)} not prepared: {str(exc)[:300]}"
+        except Exception as exc:  # (a preparation is a head start, never a failure of anything)
+            outcome = f"{', '.join(what)} not prepared: {str(exc)[:300] or type(exc).__name__}"
         log.info("job %s: %s", job_id, outcome)
         self.note(job_id, outcome)
         return outcome
 
     def ended(self, sid: str) -> Any:
         info = self.api.info(sid)
-        return info if info is not None and info.status.is_terminal() else None
+        return info if info is not None and ray_state(info) in ENDED else None
 
     def note(self, job_id: str, outcome: str) -> None:
         """The outcome in the job's ledger (its own field: the job may have started meanwhile,

@@ -197,6 +197,35 @@ def test_jobs_run_in_order_one_at_a_time_after_the_drain(home: Path) -> None:
     assert queue.active("c") == [b]
 
 
+def test_the_next_jobs_ledger_says_where_the_gap_went(home: Path) -> None:
+    """Issue 43: the job that waited gets the times of the last end (in Ray, seen, closed,
+    free) and of its own submit, in that order; a job given to an idle queue gets none."""
+    api, free = FakeApi(), Free()
+    r = runner(api, free)
+    a, b = submit(name="a"), submit(name="b")
+    r.tick()
+    api.set(a, "RUNNING")
+    r.tick()
+    free.free = False
+    api.set(a, "SUCCEEDED", 0)
+    r.tick()
+    free.free = True
+    r.tick()
+    r.tick()
+    gap = read_job("c", b).gap
+    assert gap is not None and gap["after"] == a, gap
+    times = [gap[k] for k in ("ended", "seen", "closed", "free", "submit", "submitted")]
+    assert times == sorted(times) and times[-1] - times[0] < 5, gap
+    assert read_job("c", a).gap is None  # (queued to an idle queue: nothing before it)
+    api.set(b, "SUCCEEDED", 0)
+    r.tick()
+    r.tick()
+    later = submit(name="later")  # (queued after b ended: its wait is not a gap of the queue)
+    r.tick()
+    r.tick()
+    assert api.submitted[-1] == later and read_job("c", later).gap is None
+
+
 def test_retry_then_success_keeps_every_attempt(home: Path) -> None:
     api = FakeApi()
     r = runner(api)
