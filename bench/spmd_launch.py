@@ -7,7 +7,7 @@ On one warm 4-node testbed cluster, in the same run, alternating (--repeats time
             hand-written sbatch script does: `srun --jobid J --overlap --nodes 4 torchrun ...`.
 Measured: submit (or srun start) -> the last rank's first line (each rank stamps the time it
 reported itself, after its process group is up and an all-reduce is done). Target: raystack
-within 1.5x of srun (medians).
+within 1.1x of srun (medians; issue 43, 1.5x before).
 
     python bench/spmd_launch.py [--repeats 3]
 """
@@ -32,7 +32,7 @@ from raystack.spec.job import JobSpec  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
 
 NODES, PROCS = 4, 2
-TARGET = 1.5
+TARGET = 1.1  # (issue 43; 1.5 before)
 COMMAND = "spmd.py --steps 1"
 
 
@@ -119,7 +119,7 @@ def main() -> None:
             "raystack_s": [round(x, 3) for x in ray_s],
             "srun_s": [round(x, 3) for x in srun_s],
             "ratio": round(ratio, 3),
-            "target_within_1_5x": ratio <= TARGET,
+            "target_within": ratio <= TARGET,
         },
     )
 
