@@ -85,6 +85,7 @@ class EndWatch:
         self.wake = threading.Event()
         self.watched: set[str] = set()
         self.exited: set[str] = set()  # submission ids whose driver exited (Ray may not know yet)
+        self.lock = threading.Lock()  # (an exit heard after its job was forgotten stays forgotten)
 
     def watch(self, job_id: str, sid: str) -> None:
         if sid in self.watched or not self.live:
@@ -97,12 +98,15 @@ class EndWatch:
     def _wait(self, sid: str, procs: list) -> None:
         exited(procs)
         log.debug("the driver of %s exited", sid)
-        self.exited.add(sid)
+        with self.lock:  # (else the runner would pass every FAST seconds for ever)
+            if sid in self.watched:
+                self.exited.add(sid)
         self.wake.set()
 
     def forget(self, sid: str) -> None:
-        self.watched.discard(sid)
-        self.exited.discard(sid)
+        with self.lock:
+            self.watched.discard(sid)
+            self.exited.discard(sid)
 
     def pause(self, seconds: float) -> None:
         """Wait `seconds`, or less: until a driver exits; FAST while an exit is not in Ray yet."""

@@ -56,3 +56,22 @@ def test_a_drivers_exit_wakes_the_runner_and_the_watcher_shell_is_not_waited_for
             proc.kill()
             proc.wait()
     assert drivers("job-x", os.getpid()) == []
+
+
+def test_an_exit_heard_after_its_job_was_forgotten_does_not_keep_the_runner_fast() -> None:
+    """Ray may record the end (and the runner forget the job) before the waiting thread hears the
+    exit: that exit must not leave the runner passing every FAST seconds for ever."""
+    proc = supervisor("job-c", 0.5)
+    try:
+        ends = EndWatch(root=os.getpid())
+        ends.watch("job-c", "job-c-s1")
+        ends.forget("job-c-s1")
+        assert ends.wake.wait(10)  # (the exit is still heard)
+        ends.wake.clear()
+        assert ends.exited == set()
+        t0 = time.monotonic()
+        ends.pause(0.3)
+        assert time.monotonic() - t0 >= 0.25
+    finally:
+        proc.kill()
+        proc.wait()
