@@ -73,26 +73,25 @@ def forget(dashboard: Any, submission_id: str, clock: Clock = REAL, after: float
 
 
 class Preparer:
-    """Prepares one queued job at a time, on a thread of its own; `ahead()` is called by every
-    runner pass with the job that waits first, and returns at once."""
+    """Prepares one queued job at a time, on a thread of its own; the runner gives it the job
+    that waits first (`consider`), which returns at once."""
 
     def __init__(self, cluster: str, api: Any, clock: Clock = REAL, timeout: float = TIMEOUT):
         self.cluster, self.api, self.clock, self.timeout = cluster, api, clock, timeout
         self.seen: set[str] = set()  # (job id, its nonce and interruptions): prepared or tried
         self.thread: threading.Thread | None = None
         self.checked: set[str] = set()  # runtime_envs whose packages pipcheck found (pipcheck.key)
-        self.current: str | None = None  # the job of the latest preparation
-        self.started: set[str] = set()  # ... once submitted
+        self.holding: str | None = None  # the job whose preparation runs while it still waits
 
     def busy(self) -> bool:
         """A preparation runs for a job that still waits (one whose job started meanwhile goes on
         making its environment on the other nodes, and the next job may be prepared beside it)."""
-        return self.thread is not None and self.thread.is_alive() and self.current not in self.started
+        return self.thread is not None and self.thread.is_alive() and self.holding is not None
 
     def start(self, job_id: str) -> None:
         """Job `job_id` is being submitted: its preparation, if any runs, no longer holds the next."""
-        if job_id == self.current:
-            self.started.add(job_id)
+        if job_id == self.holding:
+            self.holding = None
 
     def ahead(self, job_id: str, key: str, runtime_env: dict[str, Any]) -> bool:
         """Prepare job `job_id` (once per `key`) unless a preparation runs; whether one started."""
@@ -102,7 +101,7 @@ class Preparer:
         what = wanted(runtime_env)
         if not what:
             return False
-        self.current, self.started = job_id, set()
+        self.holding = job_id
         self.thread = threading.Thread(
             target=self.prepare, args=(job_id, dict(runtime_env), what), name=f"prepare-{job_id}", daemon=True
         )
