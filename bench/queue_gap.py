@@ -135,15 +135,13 @@ def pip_alone(cluster: Cluster, folder: Path, tag: str, count: int = 1) -> float
 
 
 def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
+    """A cluster started with `env` added to the environment `up` passes to the allocation."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, env or {}):
         if local:
             return Cluster.up_local(name=name, timeout=300)
         return Cluster.up(4, profile="testbed", name=name, timeout=300)
-    finally:
-        for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 def measure(cluster: Cluster, jobs: int, pips: int, folder: Path, count: int = 1) -> dict[str, Any]:

@@ -63,16 +63,13 @@ class Warmup:
             dashboard.submit(self.submission_id, ENTRYPOINT, {"env_vars": {"RAYSTACK_WARMUP": "1"}})
             status = poll_until(lambda: self.ended(dashboard), START, "the warm-up job", self.clock)
             self.say(f"{status} in {time.monotonic() - t0:.1f}s")
-            self.forget(dashboard)
+            forget(dashboard, self.submission_id, self.clock)
         except (RaystackError, RuntimeError, OSError) as exc:
             self.say(f"skipped: {str(exc)[:300]}")
 
     def ended(self, dashboard: Dashboard) -> str | None:
         info = dashboard.info(self.submission_id)
         return str(info.status) if info is not None and info.status.is_terminal() else None
-
-    def forget(self, dashboard: Dashboard) -> None:
-        forget(dashboard, self.submission_id, self.clock)
 
 
 class Started:

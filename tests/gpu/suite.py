@@ -44,7 +44,6 @@ sys.path.insert(0, str(REPO))
 
 from raystack import Cluster  # noqa: E402
 from raystack.adapters import local  # noqa: E402
-from raystack.adapters.ray import auth_headers  # noqa: E402
 from raystack.allocation.gpus import gpu_processes  # noqa: E402
 from raystack.client import Job  # noqa: E402
 from raystack.plan.memory import Model, learner_memory  # noqa: E402
@@ -168,27 +167,24 @@ def plain_torchrun(ngpu: int) -> None:
     )
 
 
-def start_overhead(cluster: Cluster, repeats: int = 5) -> None:
-    from ray.job_submission import JobStatus, JobSubmissionClient
+def start_overhead(cluster: Cluster, first_of_cluster: bool, repeats: int = 5) -> None:
+    """Submit -> first line through raystack and through Ray's own SDK (bench/queue_gap.py's
+    floor: the cluster's token, as raystack's), alternating; `first_of_cluster`: no job ran
+    before, so the first of ours is what `up` left the cluster's first job to pay."""
+    import queue_gap
 
-    dashboard = cluster.dashboard()  # Ray's own SDK client, given the cluster's token as raystack does
-    sdk = JobSubmissionClient(dashboard.url, headers=auth_headers(dashboard.token))
     ours, theirs = [], []
     for _ in range(repeats):
         t0 = time.time()
         job = cluster.submit(["python", "-c", FIRST], sets=["name=first"])
         job.wait(timeout=300)
-        ours.append(float(job.logs().split("FIRST_LINE ", 1)[1].split()[0]) - t0)
-        t0 = time.time()
-        sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"')
-        while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            time.sleep(0.05)
-        theirs.append(float(sdk.get_job_logs(sid).split("FIRST_LINE ", 1)[1].split()[0]) - t0)
+        ours.append(queue_gap.first_line(job) - t0)
+        theirs += queue_gap.floor(cluster, 1)
     figures["start_raystack_s"] = [round(x, 3) for x in ours]
     figures["start_ray_sdk_s"] = [round(x, 3) for x in theirs]
     figures["start_ratio"] = round(statistics.median(ours) / statistics.median(theirs), 3)
     checks["start overhead <= 1.1x Ray's SDK"] = figures["start_ratio"] <= 1.1
-    if first_of_cluster:  # (ours[0] was the cluster's first job: what `up` left for it to pay)
+    if first_of_cluster:
         figures["start_first_job_ratio"] = round(ours[0] / statistics.median(theirs), 3)
         figures["start_later_jobs_ratio"] = round(statistics.median(ours[1:]) / statistics.median(theirs), 3)
         checks["the cluster's first job <= 1.1x the warm SDK median"] = (
@@ -221,9 +217,6 @@ def queue_gaps(cluster: Cluster, jobs: int = 8) -> None:
     checks["pip job's gap < 1 s beyond a trivial job's (its setup alone > 10 s)"] = (
         extra < 1.0 and alone - floor > 10
     )
-
-
-first_of_cluster = False  # (set by main: the start part runs first on a cluster of its own)
 
 
 def zero3_memory(cluster: Cluster, ngpu: int) -> None:
@@ -447,9 +440,8 @@ def main() -> int:
             elif part == "torchrun":
                 guarded("plain torchrun", plain_torchrun, ngpu)
             elif part == "start":
-                global first_of_cluster
-                first_of_cluster = (only or PARTS)[0] == "start" and figures["ready_s"] is not None
-                guarded("start overhead", start_overhead, gpu)
+                first = (only or PARTS)[0] == "start" and figures["ready_s"] is not None
+                guarded("start overhead", start_overhead, gpu, first)
             elif part == "zero3":
                 guarded("zero3 memory", zero3_memory, gpu, ngpu)
             elif part == "grpo":
