@@ -238,8 +238,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"raystack spmd: {nodes} nodes x {procs} processes do not fit {have}")
         return 2
     bundle = {"CPU": cpus_per_node, **({"GPU": procs} if gpus_per_node else {})}
+    # (no wait for pg.ready(): the actors are scheduled as soon as their bundle is placed)
     pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
-    ray.get(pg.ready(), timeout=600)
     actor_cls: Any = ray.remote(NodeLauncherImpl)
     actors: list[Any] = [
         actor_cls.options(
@@ -253,7 +253,7 @@ def main(args: list[str] | None = None) -> int:
         ).remote(r)
         for r in range(nodes)
     ]
-    places = ray.get([a.where.remote() for a in actors])
+    places = ray.get([a.where.remote() for a in actors], timeout=600)
     placed = time.time()
     hosts = tuple(p["host"] for p in places)
     starts = []
