@@ -1,8 +1,10 @@
 """One way to wait: a clock that tests can drive, back-off, rate gates, polling with a deadline,
 and the guard that keeps a long-lived loop alive through a failing duty.
 
-Every loop of the node programs and the queue runner waits through these, with the clock passed
-in, so each loop has fast tests on a `FakeClock` (time moves only when the code sleeps).
+Every wait of raystack goes through here, with the clock passed in, so each has fast tests on a
+`FakeClock` (time moves only when the code sleeps): `until` is the one polling loop (the node
+programs' main loops, the client's waits for a cluster, a job or its log), `retry` the one loop
+of bounded tries. No other module sleeps or loops around a sleep (tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class Clock:
     """Monotonic time and sleep; the real ones by default."""
 
     now: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], object] = time.sleep  # (or an Event's wait: it ends a pause early)
 
 
 REAL = Clock()
@@ -80,6 +82,58 @@ class Backoff:
         self.attempt = 0
 
 
+def until(
+    step: Callable[[], T | None],
+    every: float | Callable[[], float],
+    clock: Clock = REAL,
+    timeout: float | None = None,
+    expired: Callable[[], BaseException] | None = None,
+) -> T:
+    """The polling loop: call `step` until it returns something other than None, and return that.
+    Between calls sleep `every` seconds (a function: each next delay). After `timeout` seconds
+    (None: no limit) raise `expired()` (by default a RaystackError). `step` ends the wait early by
+    raising."""
+    deadline = None if timeout is None else clock.now() + timeout
+    while (value := step()) is None:
+        if deadline is not None and clock.now() > deadline:
+            raise expired() if expired else RaystackError(f"timed out after {timeout:.0f}s")
+        clock.sleep(every() if callable(every) else every)
+    return value
+
+
+def at_most(
+    step: Callable[[], T | None], every: float, clock: Clock = REAL, timeout: float = 0.0
+) -> T | None:
+    """`until` that gives up quietly: the step's value, or None after `timeout` seconds (for a
+    wait on others, say every node's answer, where the caller goes on with those that came)."""
+
+    class Late(Exception):
+        pass
+
+    try:
+        return until(step, every, clock, timeout, Late)
+    except Late:
+        return None
+
+
+def retry(
+    attempt: Callable[[int], T | None], tries: int, every: float | Callable[[], float], clock: Clock = REAL
+) -> T | None:
+    """Call `attempt(0)`, `attempt(1)`, ... until one returns something other than None (returned),
+    at most `tries` times, sleeping `every` seconds (a function: each next delay) between two tries;
+    None when none did (without a sleep after the last)."""
+    count = iter(range(max(1, tries)))
+
+    def step() -> tuple[T | None] | None:
+        n = next(count)
+        value = attempt(n)
+        if value is not None or n + 1 >= tries:
+            return (value,)
+        return None
+
+    return until(step, every, clock)[0]
+
+
 def poll_until(
     condition: Callable[[], T | None],
     timeout: float,
@@ -91,16 +145,18 @@ def poll_until(
 ) -> T:
     """Poll `condition` until it returns a truthy value, and return it. Raises RaystackError after
     `timeout` seconds, or at once when `abort` returns a reason."""
-    deadline = clock.now() + timeout
-    delay = interval
-    while not (value := condition()):
-        if abort is not None and (why := abort()):
+    delays = Backoff(first=interval, cap=max_interval, factor=1.5, jitter=0.0)
+
+    def step() -> T | None:
+        value = condition()
+        if not value and abort is not None and (why := abort()):
             raise RaystackError(f"{why} while waiting for {what}")
-        if clock.now() > deadline:
-            raise RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
-        clock.sleep(delay)
-        delay = min(delay * 1.5, max_interval)
-    return value
+        return value or None
+
+    def late() -> RaystackError:
+        return RaystackError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    return until(step, delays.next, clock, timeout, late)
 
 
 class Guarded(Generic[T]):

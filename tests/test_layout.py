@@ -1,7 +1,8 @@
 """The package layout is the architecture: imports point down the layers, never in a circle, the
-CLI speaks only to the Python API, no module grows past 600 lines and no function past 60, and
-docs/concepts.md's table of folders lists the layers in this order. `python tests/test_layout.py`
-prints the tree and the graph.
+CLI speaks only to the Python API, no module grows past 600 lines and no function past 60,
+docs/concepts.md's table of folders lists the layers in this order, and every wait goes through
+raystack/waiting.py (no other module sleeps with `time.sleep` or loops around a sleep).
+`python tests/test_layout.py` prints the tree and the graph.
 """
 
 from __future__ import annotations
@@ -121,6 +122,57 @@ def test_functions_stay_short() -> None:
                 if lines > MAX_FUNCTION:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert long == [], "functions over 60 lines: " + ", ".join(long)
+
+
+PAUSES = {"sleep", "pause", "wait"}  # what a loop that polls calls between its looks
+
+
+def _calls(nodes: list[ast.AST]) -> list[ast.Call]:
+    """The calls in `nodes`, not inside a function, lambda or class defined there (a step
+    function handed to waiting.until is not a loop of its own)."""
+    found, todo = [], list(nodes)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        if isinstance(node, ast.Call):
+            found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def hand_written_waits(path: Path) -> list[str]:
+    """`time.sleep` anywhere, and loops that call a sleep, a pause or a timed wait."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "sleep"
+            and getattr(node.value, "id", "") == "time"
+        ):
+            out.append(f"{path.name}:{node.lineno} time.sleep")
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "time"
+            and any(a.name == "sleep" for a in node.names)
+        ):
+            out.append(f"{path.name}:{node.lineno} from time import sleep")
+        elif isinstance(node, ast.While | ast.For | ast.AsyncFor):
+            parts = [*node.body, *node.orelse, *([node.test] if isinstance(node, ast.While) else [])]
+            for call in _calls(parts):
+                name = getattr(call.func, "attr", getattr(call.func, "id", ""))
+                if name in PAUSES and (name != "wait" or call.args or call.keywords):
+                    out.append(f"{path.name}:{node.lineno} a loop that calls {name}() (line {call.lineno})")
+    return out
+
+
+def test_every_wait_goes_through_waiting() -> None:
+    """No polling loop outside waiting.py: each uses waiting.until / at_most / retry with a clock
+    that tests can drive (issue 44)."""
+    found = [
+        w for name, path in modules().items() if name != "raystack.waiting" for w in hand_written_waits(path)
+    ]
+    assert found == [], "waits written by hand (use raystack.waiting): " + "; ".join(found)
 
 
 def folder(module: str) -> str:

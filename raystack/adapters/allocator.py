@@ -11,13 +11,14 @@ same way.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Literal
+
+from raystack.waiting import REAL, Clock
 
 Backend = Literal["slurm", "local"]
 
@@ -161,7 +162,7 @@ def ended(
     backend: str,
     alloc_id: str,
     info: JobInfo | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock = REAL,
 ) -> JobInfo | None:
     """The backend's final word on an allocation: what it says once the allocation has ended, None
     while it lives or the backend cannot be asked. `info` saves a query when the caller has one.
@@ -172,7 +173,7 @@ def ended(
     if info is None or not info.state.is_terminal():
         return None
     if info.state is SlurmState.GONE:
-        sleep(CONFIRM_GONE_AFTER)
+        clock.sleep(CONFIRM_GONE_AFTER)
         asked.forget(alloc_id)
         again = asked.info(alloc_id)
         if again is None or not again.state.is_terminal():

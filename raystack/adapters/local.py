@@ -19,12 +19,12 @@ import signal
 import socket
 import stat
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, register
 from raystack.store import files
+from raystack.waiting import REAL, Clock, retry
 
 PREFIX = "local-"
 ENV_ID = "RAYSTACK_LOCAL_ID"
@@ -87,16 +87,16 @@ def pids(alloc_id: str, everything: bool = False) -> list[int] | None:
     return found
 
 
-def alive(alloc_id: str, confirm: int = 3) -> bool | None:
+def alive(alloc_id: str, confirm: int = 3, clock: Clock = REAL) -> bool | None:
     """Whether the node program runs. "No" is said only after `confirm` looks 0.2 s apart: while
     the launch script execs the node program, its command line reads empty for a moment."""
-    for attempt in range(confirm):
+
+    def look(_attempt: int) -> tuple[bool | None] | None:
         found = pids(alloc_id)
-        if found is None or found:
-            return None if found is None else True
-        if attempt + 1 < confirm:
-            time.sleep(0.2)
-    return False
+        return None if found == [] else (None if found is None else True,)
+
+    seen = retry(look, confirm, 0.2, clock)
+    return False if seen is None else seen[0]
 
 
 def start(alloc_id: str, script: Path, log: Path) -> None:

@@ -34,6 +34,7 @@ from raystack.allocation.gpus import real_gpus
 from raystack.allocation.raystart import ray_env
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
+from raystack.waiting import REAL, at_most
 
 log = logging.getLogger("raystack.node")
 SIZE_MB, WARMUP, ITERS = 256, 3, 10
@@ -181,10 +182,12 @@ def _run_driver(ctx: NodeContext, beat: Callable[[], None]) -> dict[str, Any]:
             text=True,
             errors="replace",
         )
-        deadline = time.monotonic() + TIMEOUT + 30
-        while proc.poll() is None and time.monotonic() < deadline:
+
+        def ended() -> bool | None:
             beat()
-            time.sleep(0.5)
+            return None if proc.poll() is None else True
+
+        at_most(ended, 0.5, REAL, TIMEOUT + 30)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -17,11 +17,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 from raystack.adapters.allocator import allocator
-from raystack.adapters.ray import Dashboard, NodeSummary
+from raystack.adapters.ray import Dashboard
 from raystack.allocation import canary, prometheus
 from raystack.allocation.context import (
     POLL,
@@ -29,15 +27,15 @@ from raystack.allocation.context import (
     Stop,
     ignore_signals,
     node_log,
-    parse_cpus_per_node,
     wait_for,
 )
 from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
 from raystack.allocation.logsync import session_logs
 from raystack.allocation.progress import ProgressProbe
-from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open, why_ray_ended
+from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
 from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
+from raystack.allocation.readiness import head_exited, missing_nodes, wait_ready
 from raystack.allocation.runner import LEASE_HELD, RAY_LOGS_VAR
 from raystack.allocation.stacks import StackRequests
 from raystack.allocation.tlsfront import TlsFront
@@ -51,7 +49,7 @@ from raystack.store.cluster import ClusterState, EndKind
 from raystack.store.files import locked
 from raystack.store.growth import prune
 from raystack.store.queue import active, settle_orphans
-from raystack.waiting import REAL, Clock, Every, Guarded, poll_until
+from raystack.waiting import REAL, Clock, Every, Guarded, poll_until, until
 from raystack.walltime import (
     Ending,
     classify,
@@ -104,83 +102,6 @@ def claim(ctx: NodeContext) -> bool:
         records.note_allocation(record, ctx.alloc_id, started=time.time(), nodes=ctx.num_nodes)
         records.write(record)
         return follow_on
-
-
-# ---------------------------------------------------------------------------- readiness
-def head_exited(code: int | None, log_path: Path) -> str:
-    """The end of a head whose `ray start` exited: its code, which daemon died and how (when
-    Ray said), and where to read more."""
-    died = why_ray_ended(log_path)
-    return f"the Ray head exited with code {code}; see {log_path}" + (f": {died}" if died else "")
-
-
-def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
-    """Host names expected in the allocation whose address is not among Ray's alive nodes."""
-    if ctx.num_nodes == 1:  # (a local cluster's 127.0.0.1 is reported by Ray as the host's address)
-        return [] if alive else [ctx.host]
-    entries = records.read_node_entries(ctx.cluster)
-    alive_ips = {n.ip for n in alive}
-    record = records.read(ctx.cluster)
-    return [h for h in record.nodes if entries.get(h, {}).get("ip") not in alive_ips]
-
-
-def wait_ready(
-    ctx: NodeContext,
-    dashboard: Dashboard,
-    ray: RayProcess,
-    beat: Callable[[], object] = lambda: None,
-    clock: Clock = REAL,
-) -> None:
-    """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
-    cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
-    want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
-    want_gpus = ctx.gpus * ctx.num_nodes
-    # NOTE: the deadline moves with progress: a large start on a slow GCS may take longer than
-    # join_timeout in all, but it fails only after join_timeout without a node joining.
-    deadline = clock.now() + ctx.join_timeout
-    nodes: list[NodeSummary] = []
-    joined, why = -1, "the State API has not answered yet"
-    while True:
-        beat()
-        if not ray.alive():
-            raise RaystackError(head_exited(ray.proc.returncode, node_log(ctx, ctx.host)))
-        try:
-            nodes = dashboard.alive_nodes()
-            gpus = sum(n.resources.get("GPU", 0) for n in nodes)
-            cpus = sum(n.resources.get("CPU", 0) for n in nodes)
-            if len(nodes) != joined:
-                if len(nodes) > joined >= 0:
-                    deadline = clock.now() + ctx.join_timeout
-                joined = len(nodes)
-                log.info("%d/%d nodes joined (%g GPUs, %g CPUs)", joined, ctx.num_nodes, gpus, cpus)
-                records.update(
-                    ctx.cluster, nodes_joined=joined, message=f"{joined}/{ctx.num_nodes} nodes joined"
-                )
-            if joined >= ctx.num_nodes and gpus >= want_gpus and cpus >= want_cpus:
-                problem = dashboard.probe()
-                if problem is None:
-                    memory = min((int(n.resources.get("memory", 0)) for n in nodes), default=0)
-                    records.update(ctx.cluster, memory_per_node=memory)  # (what a driver may ask)
-                    return
-                why = problem
-            else:
-                why = f"{joined}/{ctx.num_nodes} nodes, {gpus:g}/{want_gpus} GPUs, {cpus:g}/{want_cpus} CPUs"
-        except RaystackError as exc:
-            why = str(exc)
-        if clock.now() > deadline:
-            raise RaystackError(_not_ready_message(ctx, nodes, why))
-        clock.sleep(POLL)
-
-
-def _not_ready_message(ctx: NodeContext, nodes: list[NodeSummary], why: str) -> str:
-    missing = missing_nodes(ctx, nodes)
-    if missing:
-        return (
-            f"node {missing[0]} did not join within {ctx.join_timeout:.0f}s (while no other node joined)"
-            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
-            f"its log: {node_log(ctx, missing[0])}"
-        )
-    return f"cluster not ready within {ctx.join_timeout:.0f}s: {why}; see {node_log(ctx, ctx.host)}"
 
 
 def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
@@ -471,17 +392,23 @@ class Head:
             )
         ]
         idle = Guarded("idle check", self.check_idle, log, self.clock)
-        while self.ray.alive():
+
+        def one_pass() -> tuple[EndKind, str] | None:
+            """The duties run, the idle and folder checks; why the cluster ends, or None."""
+            if not self.ray.alive():
+                return (EndKind.CRASHED, "")
             self.beat()
             for duty in duties:
                 duty()
             why = idle()
             if why:
-                return ending(EndKind.IDLE, f"{why}: autostop")
+                return (EndKind.IDLE, f"{why}: autostop")
             gone = self.folder()
-            if gone:
-                return ending(EndKind.FAILED, gone)
-            self.clock.sleep(POLL)
+            return (EndKind.FAILED, gone) if gone else None
+
+        kind, why = until(one_pass, POLL, self.clock)
+        if kind is not EndKind.CRASHED:
+            return ending(kind, why)
         # Ray's head died under a running cluster (its GCS or raylet killed: the OOM killer, a node
         # fault): a crash, as the node program's own; the jobs in flight resume in the next one.
         return ending(

@@ -26,6 +26,7 @@ from raystack.spec.profile import Caps
 from raystack.store import paths
 from raystack.store.files import atomic_write
 from raystack.store.raylogs import ALLOCATION, REQUEST, SYNCED, CappedCopy, copy_parts
+from raystack.waiting import Clock, until
 
 log = logging.getLogger("raystack.node")
 SKIP = re.compile(r"(\.\d+$|^debug_state)")  # rotated by Ray, or rewritten in place
@@ -95,10 +96,17 @@ class LogSync:
         return self
 
     def _run(self) -> None:
-        while not self.stop.wait(POLL):
+        def one_pass() -> bool | None:
+            if self.stop.is_set():
+                return True
             due = self.caps.every > 0 and time.time() - self.last >= self.caps.every
             if due or self._asked():
                 self.sync()
+            return None
+
+        # (passes POLL seconds apart; `final` sets stop, which ends the pause at once)
+        self.stop.wait(POLL)
+        until(one_pass, POLL, Clock(sleep=self.stop.wait))
 
     def _asked(self) -> bool:
         try:

@@ -36,7 +36,7 @@ from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.files import locked
 from raystack.store.ledger import JobState, change_job, read_job
-from raystack.waiting import REAL, Clock, poll_until
+from raystack.waiting import REAL, Clock, poll_until, retry
 
 log = logging.getLogger("raystack.runner")
 
@@ -65,11 +65,15 @@ def wanted(runtime_env: dict[str, Any]) -> list[str]:
 def forget(dashboard: Any, submission_id: str, clock: Clock = REAL, after: float = DELETE_AFTER) -> None:
     """Delete an ended throwaway job from Ray's list once Ray's job manager stopped watching it:
     deleted at once, its monitor finds the supervisor gone and writes the job back as FAILED."""
-    for _ in range(3):
-        clock.sleep(after)
+
+    def deleted(_attempt: int) -> bool | None:
         if dashboard.info(submission_id) is None:
-            return
+            return True
         dashboard.jobs.delete_job(submission_id)
+        return None
+
+    clock.sleep(after)
+    retry(deleted, 3, after, clock)
 
 
 class Preparer:

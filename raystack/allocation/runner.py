@@ -47,7 +47,7 @@ from raystack.store.diagnosis import flight_summary, read_flight
 from raystack.store.files import make_private_dirs
 from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
 from raystack.store.queue import Entry
-from raystack.waiting import Clock, Repeats, within
+from raystack.waiting import REAL, Clock, Repeats, until, within
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
@@ -78,7 +78,7 @@ class Runner:
         allocation: str | None = None,
         resources_free: Callable[[Drain], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = REAL.sleep,
     ):
         self.name = name
         self.paths = paths.cluster(name)
@@ -115,7 +115,7 @@ class Runner:
         self.sleep = sleep
         # On the head (the node program gave its Ray logs folder): a driver's exit wakes the loop.
         self.ends = EndWatch(live=bool(os.environ.get(RAY_LOGS_VAR)))
-        self.pause = self.ends.pause if self.ends.live and sleep is time.sleep else sleep
+        self.pause = self.ends.pause if self.ends.live and sleep is REAL.sleep else sleep
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
         # The job that waits first gets its environment ready meanwhile (RAYSTACK_PREPARE=0: not).
@@ -133,7 +133,10 @@ class Runner:
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
         said = Repeats(self.clock, log, "runner pass")
-        while not self.leaving:
+
+        def one_pass() -> bool | None:
+            if self.leaving:
+                return True
             failed = None
             try:
                 self.tick()
@@ -144,7 +147,10 @@ class Runner:
                 self.sleep(1)
             if lease is not None:
                 lease.beat(failed, self.held if self.drain else None)
-            self.pause(TICK)
+            return None
+
+        # (between passes: TICK, or less when a driver's exit wakes the pause)
+        until(one_pass, TICK, Clock(self.clock, self.pause))
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
 
     def leave(self, *_: object) -> None:

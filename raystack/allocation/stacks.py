@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from raystack.store import stacks as store
-from raystack.waiting import REAL, Clock, Every
+from raystack.waiting import REAL, Clock, Every, at_most, retry
 
 log = logging.getLogger("raystack.node")
 DUMP_TIMEOUT = 20.0  # seconds one py-spy dump may take
@@ -72,7 +72,7 @@ def uses_gpu(pid: int) -> bool:
         return False
 
 
-def dump(proc: psutil.Process, exe: str | None, tries: int = TRIES) -> str:
+def dump(proc: psutil.Process, exe: str | None, tries: int = TRIES, clock: Clock = REAL) -> str:
     """One process's stacks (py-spy dump; with its native frames where it uses a GPU, to show a
     wait inside CUDA or NCCL), or why there are none. A dump that failed or came back without a
     thread is tried again (seen once in CI on a loaded 2-core machine: a sleeping rank's dump held
@@ -85,25 +85,28 @@ def dump(proc: psutil.Process, exe: str | None, tries: int = TRIES) -> str:
         return head + "py-spy not found (it comes with ray[default]): no stacks\n"
     base = [exe, "dump", "--full-filenames", "--pid", str(proc.pid)]
     why = "py-spy gave no thread"
-    for attempt in range(tries):
-        if attempt:
-            time.sleep(RETRY_AFTER)
+
+    def attempt(_n: int) -> str | None:
+        """The dump (or a final word); None to try again."""
+        nonlocal why
         if not proc.is_running():
-            return head + "gone before py-spy could read it\n"
+            return "gone before py-spy could read it\n"
         for argv in ([*base, "--native"], base) if uses_gpu(proc.pid) else (base,):
             try:
                 out = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
             except subprocess.TimeoutExpired:  # (not tried again: the job's end waits for it)
-                return head + f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
+                return f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s\n"
             except OSError as exc:
-                return head + f"py-spy could not run: {exc}\n"
+                return f"py-spy could not run: {exc}\n"
             if out.returncode == 0 and "\nThread " in f"\n{out.stdout}":
-                return head + out.stdout
+                return out.stdout
             # (--native can fail where the unwinder cannot: then without it)
             why = f"[py-spy: {(out.stderr or out.stdout).strip()[:300] or f'exit code {out.returncode}'}]"
             if "python version" in why:  # (not a Python process: no try will find a stack)
-                return head + why + "\n"
-    return head + why + "\n"
+                return why + "\n"
+        return None
+
+    return head + (retry(attempt, tries, RETRY_AFTER, clock) or why + "\n")
 
 
 def ask_flight_recorders(procs: list[psutil.Process]) -> list[Path]:
@@ -134,9 +137,8 @@ def ask_flight_recorders(procs: list[psutil.Process]) -> list[Path]:
     return files
 
 
-def wait_for_files(files: list[Path], since: float, timeout: float) -> int:
+def wait_for_files(files: list[Path], since: float, timeout: float, clock: Clock = REAL) -> int:
     """Wait until every file was written after `since` (or `timeout`); how many were."""
-    deadline = time.monotonic() + timeout
 
     def written() -> int:
         n = 0
@@ -145,8 +147,7 @@ def wait_for_files(files: list[Path], since: float, timeout: float) -> int:
                 n += f.stat().st_mtime >= since - 1
         return n
 
-    while written() < len(files) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    at_most(lambda: True if written() >= len(files) else None, 0.5, clock, timeout)
     return written()
 
 

@@ -27,7 +27,7 @@ from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import files, paths
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
-from raystack.waiting import REAL, Backoff, Clock, Every, Guarded
+from raystack.waiting import REAL, Backoff, Clock, Every, Guarded, until
 from raystack.walltime import end_allocation, ending
 
 log = logging.getLogger("raystack.node")
@@ -79,16 +79,20 @@ def wait_turn(ctx: NodeContext, clock: Clock = REAL) -> None:
         return
     need = ctx.node_id - ctx.join_window + 1
     last, since = -1, clock.now()
-    while True:
+
+    def turn() -> bool | None:
+        nonlocal last, since
         record = records.read(ctx.cluster)
         if record.nodes_joined >= need or head_ended(ctx):
-            return
+            return True
         if record.nodes_joined != last:
             last, since = record.nodes_joined, clock.now()
         elif clock.now() - since > STALL:
             log.warning("no node joined for %.0fs while waiting for a turn to join; joining now", STALL)
-            return
-        clock.sleep(TURN_POLL)
+            return True
+        return None
+
+    until(turn, TURN_POLL, clock)
 
 
 class HeadWatch:
@@ -193,23 +197,28 @@ class Worker:
         return ray
 
     def run(self) -> int:
-        self.ray, tries = self.start_ray(), Backoff(first=1.0, cap=16.0)
-        while True:
-            if not self.ray.alive():
-                if not self.restart(tries):
-                    return 0
-                continue
-            verdict = self.watch()
-            if verdict is not None:
-                kind, why = verdict
-                if kind == "lost":
-                    end_for_lost_head(self.ctx, why)
-                else:
-                    log.info("%s; leaving", why)
-                return 0
-            for duty in self.duties:
-                duty()
-            self.clock.sleep(POLL)  # (each duty and the head's watch keep their own pace)
+        tries = Backoff(first=1.0, cap=16.0)
+        self.ray = self.start_ray()
+        # (each duty and the head's watch keep their own pace)
+        return until(lambda: self.one_pass(tries), POLL, self.clock)
+
+    def one_pass(self, tries: Backoff) -> int | None:
+        """Ray started again if it exited, the head watched, the duties run; the exit code once
+        this node program leaves."""
+        assert self.ray is not None
+        if not self.ray.alive():
+            return None if self.restart(tries) else 0
+        verdict = self.watch()
+        if verdict is not None:
+            kind, why = verdict
+            if kind == "lost":
+                end_for_lost_head(self.ctx, why)
+            else:
+                log.info("%s; leaving", why)
+            return 0
+        for duty in self.duties:
+            duty()
+        return None
 
     def restart(self, tries: Backoff) -> bool:
         """`ray start` exited. While the head still waits for its nodes, try again (NOTE: a GCS

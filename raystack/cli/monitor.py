@@ -15,7 +15,7 @@ from rich.text import Text
 from raystack.cli.common import ClusterOpt, JsonOpt, NameArg, app, cluster_name, err, out, print_json, shown
 from raystack.client import Cluster
 from raystack.client import report as reports
-from raystack.client.top import snapshot
+from raystack.client.top import snapshot, watch
 from raystack.errors import ConfigError
 from raystack.spec.values import duration_text
 
@@ -103,10 +103,7 @@ def top(
         return
     try:
         with Live(render(view), console=out, screen=False, auto_refresh=False) as live:
-            while not view["ended"]:
-                time.sleep(interval)
-                view = snapshot(handle.name)
-                live.update(render(view), refresh=True)
+            watch(handle.name, interval, lambda view: live.update(render(view), refresh=True))
     except KeyboardInterrupt:
         return
     raise typer.Exit(1)  # (the cluster ended while watched)

@@ -7,25 +7,26 @@ is RUNNING now (on a TLS cluster the certificate is checked too, by Dashboard.of
 
 from __future__ import annotations
 
-import time
-
 from raystack.adapters.allocator import JobInfo, SlurmState, allocator
 from raystack.adapters.ray import Dashboard
 from raystack.errors import ClusterError
 from raystack.store.cluster import ClusterRecord
+from raystack.waiting import REAL, Backoff, Clock, retry
 
 
-def live_dashboard(record: ClusterRecord, info: JobInfo | None = None) -> Dashboard:
+def live_dashboard(record: ClusterRecord, info: JobInfo | None = None, clock: Clock = REAL) -> Dashboard:
     """The dashboard of a cluster whose allocation runs now; ClusterError (nothing sent) else."""
     if not record.dashboard_url or record.state.is_terminal() or not record.allocation_id:
         raise ClusterError(f"cluster {record.name} has no dashboard ({record.state.value})")
-    backend = allocator(record.backend)
-    for delay in (0.5, 1.0, 2.0):  # (a slurmctld that is busy for a moment: ask again)
-        info = info or backend.info(record.allocation_id)
-        if info is not None:
-            break
-        time.sleep(delay)
-        backend.forget(record.allocation_id)
+    backend, alloc_id = allocator(record.backend), record.allocation_id
+
+    def ask(attempt: int) -> JobInfo | None:
+        if attempt:
+            backend.forget(alloc_id)
+        return backend.info(alloc_id)
+
+    # (a slurmctld that is busy for a moment: ask again, 0.5, 1 and 2 s later)
+    info = info or retry(ask, 4, Backoff(first=0.5, cap=2.0, jitter=0.0).next, clock)
     if info is None:
         raise ClusterError(
             f"SLURM did not say whether allocation {record.allocation_id} of cluster {record.name} still "

@@ -47,6 +47,7 @@ from raystack.store.queue import view as queue_view
 from raystack.store.secrets import forget as forget_secrets
 from raystack.store.secrets import keep
 from raystack.store.secrets import take as take_secrets
+from raystack.waiting import REAL, Clock, until
 
 log = logging.getLogger("raystack")
 
@@ -266,11 +267,7 @@ class Cluster:
         return cls(str(plan.name), allocate.start_local(plan, gpu_ids))
 
     def wait_ready(
-        self,
-        progress: Progress | None = None,
-        timeout: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        self, progress: Progress | None = None, timeout: float | None = None, clock: Clock = REAL
     ) -> ClusterRecord:
         """Poll the record until READY; raise when it ends first.
 
@@ -279,9 +276,12 @@ class Cluster:
         writes progress into the record itself).
         """
         say = progress or (lambda _msg: None)
-        start, last_slurm, last_said, interval = clock(), -1e9, "", SLURM_POLL_MIN
-        estimate, unseen = PendingShown(), None
-        while True:
+        last_slurm, interval = -1e9, SLURM_POLL_MIN
+        last_said, estimate, unseen = "", PendingShown(), None
+        now: list[ClusterRecord] = []
+
+        def step() -> ClusterRecord | None:
+            nonlocal last_slurm, interval, last_said, unseen
             record = records.read(self.name)
             if record.state is ClusterState.READY:  # (and its allocation still runs)
                 record = as_ended(record, pending_end(record))
@@ -290,8 +290,8 @@ class Cluster:
                     self.check_locks(record, say)
                 self.seen = record
                 return record
-            if clock() - last_slurm >= interval:
-                last_slurm = clock()
+            if clock.now() - last_slurm >= interval:
+                last_slurm = clock.now()
                 interval = min(interval * 1.5, SLURM_POLL_MAX)
                 if record.state is ClusterState.STARTING:
                     interval = SLURM_POLL_MAX
@@ -313,13 +313,17 @@ class Cluster:
                 said = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
                 if said != last_said:
                     say(last_said := said)
-            if timeout is not None and clock() - start > timeout:
-                raise ClusterError(
-                    f"cluster {self.name} not READY after {timeout:.0f}s "
-                    f"({record.state.value}: {record.message}); it is still queued or "
-                    f"starting: `raystack status {self.name}` or `raystack down {self.name}`"
-                )
-            sleep(0.25)
+            now[:] = [record]
+            return None
+
+        def late() -> ClusterError:
+            return ClusterError(
+                f"cluster {self.name} not READY after {timeout:.0f}s "
+                f"({now[0].state.value}: {now[0].message}); it is still queued or "
+                f"starting: `raystack status {self.name}` or `raystack down {self.name}`"
+            )
+
+        return until(step, 0.25, clock, timeout, late)
 
     def check_locks(self, record: ClusterRecord, say: Progress) -> bool:
         """Whether this host sees the lock the head's node program holds on .lockprobe. Where it
@@ -473,7 +477,7 @@ class Cluster:
         return all_jobs(self.name)
 
     # ------------------------------------------------------------------ down
-    def down(self, timeout: float = 120, sleep: Callable[[float], None] = time.sleep) -> ClusterRecord:
+    def down(self, timeout: float = 120, clock: Clock = REAL) -> ClusterRecord:
         """End the cluster and its chain: cancel the running allocation and any pending follow-on,
         wait until SLURM has released them, mark the record."""
         record = self.settle()
@@ -494,26 +498,30 @@ class Cluster:
             chain_ended="raystack down",
             message="raystack down",
         )
-        deadline = time.monotonic() + timeout
-        while True:
+        live: list[str] = []
+
+        def released() -> bool | None:
             # Re-read each time: the head may submit a follow-on just now (it cancels it itself
             # once it sees `down`, and so does this loop).
             record = records.read(self.name)
-            live = []
+            live.clear()
             for job in dict.fromkeys(j for j in (record.allocation_id, record.next_allocation_id) if j):
                 info = backend.info(job)
                 if info is None or not info.state.is_terminal():
                     backend.cancel(job)
                     live.append(job)
             if not live:
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"SLURM job(s) {', '.join(live)} still alive {timeout:.0f}s after scancel; "
-                    f"check `squeue -j {','.join(live)}`"
-                )
-            sleep(0.5)
-            backend.forget()
+                return True
+            backend.forget()  # (asked again after the pause, not from the cache)
+            return None
+
+        def late() -> ClusterError:
+            return ClusterError(
+                f"SLURM job(s) {', '.join(live)} still alive {timeout:.0f}s after scancel; "
+                f"check `squeue -j {','.join(live)}`"
+            )
+
+        until(released, 0.5, clock, timeout, late)
         record = records.read(self.name)
         if not record.state.is_terminal():
             record = records.update(

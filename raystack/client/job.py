@@ -26,6 +26,7 @@ from raystack.store import cluster as records
 from raystack.store import deps, paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, set_aside, update_job
 from raystack.store.queue import active, cancel, position
+from raystack.waiting import REAL, Clock, Every, until
 
 SAY_AGAIN = 600.0  # seconds after which a follow says the same waiting line again
 DURATION = re.compile(r"\b\d+[smhd](?:\d+[smhd])*\b")  # (1m24s: the job ahead's time, always moving)
@@ -118,25 +119,30 @@ class Job:
         record = records.read(self.cluster)
         return as_ended(record, pending_end(record)).state.is_terminal()
 
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
+    def wait(self, timeout: float | None = None, poll: float = 0.2, clock: Clock = REAL) -> JobRecord:
         """Until the job is SUCCEEDED, FAILED, STOPPED or CANCELLED.
 
         Raises ClusterError after `timeout`, or when the cluster ends while the job is queued.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        checked = time.monotonic()
-        while not (record := self.record()).state.is_terminal():
-            if deadline is not None and time.monotonic() > deadline:
-                raise ClusterError(f"job {self.id} still {record.state.value} after {timeout:.0f}s")
-            if time.monotonic() - checked > 2:
-                checked = time.monotonic()
-                if self.cluster_ended() and not (record := self.record()).state.is_terminal():
-                    raise ClusterError(
-                        f"cluster {self.cluster} ended; job {self.id} is still "
-                        f"{record.state.value} (it runs when the cluster is up again)"
-                    )
-            time.sleep(poll)
-        return record
+        check = Every(2.0, clock, first=False)  # (whether the cluster ended: it asks SLURM)
+        now: list[JobRecord] = []
+
+        def step() -> JobRecord | None:
+            record = self.record()
+            now[:] = [record]
+            if record.state.is_terminal():
+                return record
+            if check() and self.cluster_ended() and not (record := self.record()).state.is_terminal():
+                raise ClusterError(
+                    f"cluster {self.cluster} ended; job {self.id} is still "
+                    f"{record.state.value} (it runs when the cluster is up again)"
+                )
+            return None
+
+        def late() -> ClusterError:
+            return ClusterError(f"job {self.id} still {now[0].state.value} after {timeout:.0f}s")
+
+        return until(step, poll, clock, timeout, late)
 
     @property
     def folder(self) -> Path:
@@ -251,53 +257,42 @@ class Job:
         return f"{record.state.value.lower()}, {where}" + (f" ({'; '.join(why)})" if why else "")
 
     def follow(
-        self, out: TextIO | None = None, poll: float = 0.25, say: Callable[[str], None] | None = None
+        self,
+        out: TextIO | None = None,
+        poll: float = 0.25,
+        say: Callable[[str], None] | None = None,
+        clock: Clock = REAL,
     ) -> JobRecord:
         """Stream the log as it grows until the job ends (or its cluster does); the final record.
         While the job waits in the queue, `say` (stderr by default) is told why, on each change."""
-        out = out or sys.stdout
+        printer = _Printer(out or sys.stdout)
         say = say or (lambda line: print(f"raystack: job {self.id} {line}", file=sys.stderr, flush=True))
-        shown, offset, checked = 0, 0, time.monotonic()  # attempts fully shown, offset in the next
-        headed, said, said_at = 0, "", 0.0  # attempts whose header was written; the last waiting line
-        # (a character split between two reads is decoded whole; a line left open is ended at the end)
-        text, open_line = codecs.getincrementaldecoder("utf-8")(errors="replace"), False
-        while True:
+        check = Every(2.0, clock, first=False)  # (whether the cluster ended: it asks SLURM)
+        said, said_at = "", 0.0  # the last waiting line, and when
+
+        def step() -> JobRecord | None:
+            nonlocal said, said_at
             record = self.record()
             ended = False
-            if not record.state.is_terminal() and time.monotonic() - checked > 2:
-                checked, ended = time.monotonic(), self.cluster_ended()
+            if not record.state.is_terminal() and check():
+                ended = self.cluster_ended()
                 line = self.waiting_line(record) if not ended else None
-                if line and (gist(line) != gist(said) or time.monotonic() - said_at > SAY_AGAIN):
-                    said, said_at = line, time.monotonic()
+                if line and (gist(line) != gist(said) or clock.now() - said_at > SAY_AGAIN):
+                    said, said_at = line, clock.now()
                     say(line)
             elif not said and (line := self.waiting_line(record)):
-                said, said_at = line, time.monotonic()
+                said, said_at = line, clock.now()
                 say(line)
-            files = self.log_files(record)
-            grew = False
-            while shown < len(files):
-                path = files[shown]
-                if len(files) > 1 and headed <= shown:
-                    out.write(("\n" if open_line else "") + _header(shown + 1, record))
-                    headed, open_line = shown + 1, False
-                chunk, after = raylogs.read_from(path, offset)
-                if chunk:
-                    offset, grew = after, True
-                    written = text.decode(chunk)
-                    out.write(written)
-                    open_line = not written.endswith("\n") if written else open_line
-                if shown + 1 < len(files):  # a later attempt exists: this one is complete
-                    shown, offset = shown + 1, 0
-                    continue
-                break
-            out.flush()
-            if record.state.is_terminal() or ended:
-                if grew:
-                    continue  # the runner wrote the final lines after the state: print them first
-                out.write(text.decode(b"", final=True) + ("\n" if open_line else ""))
-                out.flush()
-                return record
-            time.sleep(poll)
+            grew = printer.show(self.log_files(record), record)
+            if not (record.state.is_terminal() or ended):
+                return None
+            while grew:  # the runner wrote the final lines after the state: print them first
+                record = self.record()
+                grew = printer.show(self.log_files(record), record)
+            printer.end()
+            return record
+
+        return until(step, poll, clock)
 
     def cancel(self) -> JobRecord:
         return cancel(self.cluster, self.id)
@@ -367,3 +362,38 @@ class Sweep:
             job.stop(wait=False)
         ended = cancelled + [job.wait(timeout=job.record().request.stop_grace + 60) for job in jobs]
         return sorted(ended, key=lambda r: self.job_ids.index(r.id))
+
+
+class _Printer:
+    """A job's log files (one per attempt) written out as they grow: whole characters (one split
+    between two reads is decoded whole), a header per attempt where there are several, a line left
+    open ended at the end."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.shown, self.offset, self.headed = 0, 0, 0  # attempts fully shown, offset in the next
+        self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.open_line = False
+
+    def show(self, files: list[Path], record: JobRecord) -> bool:
+        """Write what is new; whether anything was."""
+        grew = False
+        while self.shown < len(files):
+            if len(files) > 1 and self.headed <= self.shown:
+                self.out.write(("\n" if self.open_line else "") + _header(self.shown + 1, record))
+                self.headed, self.open_line = self.shown + 1, False
+            chunk, after = raylogs.read_from(files[self.shown], self.offset)
+            if chunk:
+                self.offset, grew = after, True
+                written = self.text.decode(chunk)
+                self.out.write(written)
+                self.open_line = not written.endswith("\n") if written else self.open_line
+            if self.shown + 1 >= len(files):
+                break
+            self.shown, self.offset = self.shown + 1, 0  # a later attempt exists: this one is complete
+        self.out.flush()
+        return grew
+
+    def end(self) -> None:
+        self.out.write(self.text.decode(b"", final=True) + ("\n" if self.open_line else ""))
+        self.out.flush()

@@ -6,6 +6,7 @@ the time left in the allocation and how long it has been idle. No Prometheus nee
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,6 +18,7 @@ from raystack.errors import ClusterError, RayApiError
 from raystack.store import cluster as records
 from raystack.store.ledger import read_job
 from raystack.store.queue import active, waiting
+from raystack.waiting import REAL, Clock, until
 
 MIB = 1024 * 1024
 QUEUE_SHOWN = 20  # queued jobs named in a snapshot (the count covers the rest)
@@ -99,6 +101,21 @@ def jobs_view(name: str, now: float) -> tuple[list[dict[str, Any]], list[dict[st
         except ClusterError:
             continue
     return running, queued, len(entries)
+
+
+def watch(
+    name: str, interval: float, show: Callable[[dict[str, Any]], None], clock: Clock = REAL
+) -> dict[str, Any]:
+    """A new snapshot every `interval` seconds, each handed to `show`, until the cluster has
+    ended; the last one."""
+
+    def look() -> dict[str, Any] | None:
+        view = snapshot(name)
+        show(view)
+        return view if view["ended"] else None
+
+    clock.sleep(interval)  # (the caller shows the first view)
+    return until(look, interval, clock)
 
 
 def snapshot(name: str, processes: bool = True) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from raystack.launch.launchers import (
     rank_of,
 )
 from raystack.launch.process import die_with_parent
+from raystack.waiting import REAL, at_most, until
 
 POLL = 0.2  # seconds between reads of the launchers' output
 TAIL = 20  # lines of a failed node shown in the job's failure
@@ -143,9 +144,13 @@ class NodeLauncherImpl:
 
     def _follow_ranks(self) -> None:
         assert self.proc is not None
-        while self.proc.poll() is None:
+        proc = self.proc
+
+        def scanned() -> bool | None:
             self._scan(final=False)
-            time.sleep(POLL)
+            return None if proc.poll() is None else True
+
+        until(scanned, POLL)
 
     def _scan(self, final: bool) -> None:
         """Append the rank files' new complete lines (at the end, their last partial line too)."""
@@ -175,7 +180,7 @@ class NodeLauncherImpl:
         code once it has ended (and every line of it and its ranks has been read)."""
         code = self.proc.poll() if self.proc else None
         if code is not None and self.proc and self.proc.stdout and not self.proc.stdout.closed:
-            time.sleep(0.05)  # the reader thread catches the launcher's last lines
+            REAL.sleep(0.05)  # the reader thread catches the launcher's last lines
             self._scan(final=True)
         with self.lock:
             out = list(self.lines)
@@ -293,7 +298,9 @@ def follow(
 
     codes: dict[int, int] = {}
     first_line: dict[int, float] = {}
-    while len(codes) < len(actors):
+
+    def one_pass() -> int | None:
+        """Every node's new lines printed; the job's exit code once it is decided."""
         if stopping.is_set():
             ray.get([a.stop.remote(ns.stop_grace) for a in actors])
             print(
@@ -308,7 +315,11 @@ def follow(
                 codes[r] = code
                 if code != 0:
                     return failed(actors, hosts, {r: code}, ns)
-        time.sleep(POLL)
+        return 0 if len(codes) == len(actors) else None
+
+    code = until(one_pass, POLL)
+    if code:
+        return code
     summary = {
         "nodes": len(actors),
         "hosts": list(hosts),
@@ -325,14 +336,15 @@ def failed(actors: list, hosts: tuple[str, ...], failing: dict[int, int], ns: ar
     rank whose own error came first, with its cause line. Then every other node is stopped."""
     import ray
 
-    deadline = time.time() + FIRST_WINDOW
-    while time.time() < deadline and len(failing) < len(actors):
+    def all_failed() -> bool | None:
         for r, (lines, code) in enumerate(ray.get([a.poll.remote() for a in actors])):
             for rank, line in lines:
                 print(f"[node {r}] {line}" if rank is None else f"[node {r} rank {rank}] {line}", flush=True)
             if code not in (None, 0) and r not in failing:
                 failing[r] = code
-        time.sleep(POLL)
+        return True if len(failing) >= len(actors) else None
+
+    at_most(all_failed, POLL, REAL, FIRST_WINDOW)
     ray.get([a.stop.remote(2.0) for i, a in enumerate(actors) if i not in failing])
     said = []
     for node, code in failing.items():  # (in the order they were seen)

@@ -24,6 +24,7 @@ from typing import IO
 
 from raystack.errors import ClusterError
 from raystack.store.paths import ClusterPaths
+from raystack.waiting import REAL, Backoff, Clock, until
 
 log = logging.getLogger("raystack")
 NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}  # flock is not supported here
@@ -206,23 +207,27 @@ def lock_seen(paths: ClusterPaths, allocation: str | None) -> bool | None:
 
 
 @contextlib.contextmanager
-def link_lock(path: Path, lease: float = LINK_LEASE, timeout: float = 600.0) -> Iterator[None]:
+def link_lock(
+    path: Path, lease: float = LINK_LEASE, timeout: float = 600.0, clock: Clock = REAL
+) -> Iterator[None]:
     """A lock that needs only link(2) to be atomic (true on every POSIX and NFS filesystem): a
     unique file linked to `path`; whoever makes the link holds the lock. A holder that died is
     broken after `lease` seconds (a transaction takes milliseconds)."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "thread": threading.get_ident()}
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
     tmp.write_text(json.dumps({**me, "t": time.time()}))
-    deadline, delay = time.monotonic() + timeout, 0.005
+
+    def linked() -> bool | None:
+        if _link(tmp, path):
+            return True
+        _break_if_stale(path, lease)
+        return None
+
+    def late() -> ClusterError:
+        return ClusterError(f"could not take the lock {path} within {timeout:.0f}s (held by {_who(path)})")
+
     try:
-        while not _link(tmp, path):
-            _break_if_stale(path, lease)
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"could not take the lock {path} within {timeout:.0f}s (held by {_who(path)})"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+        until(linked, Backoff(first=0.005, cap=0.2, jitter=0.0).next, clock, timeout, late)
         try:
             yield
         finally:

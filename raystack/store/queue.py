@@ -42,6 +42,7 @@ from raystack.store.ledger import (
     recently_finished,
     set_aside,
 )
+from raystack.waiting import retry
 
 log = logging.getLogger("raystack")
 ID_RETRIES = 5
@@ -284,19 +285,21 @@ def _dequeue(p: paths.ClusterPaths, entry: Entry) -> None:
 def _read_for_writer(p: paths.ClusterPaths, name: str, job_id: str) -> JobRecord | None:
     """A writer (holding the lock) reads a ledger; one it cannot read twice, SECOND_READ apart,
     is set aside into corrupt/ (the only place anything is ever moved) and None returned."""
-    for attempt in range(2):
+
+    def read(attempt: int) -> tuple[JobRecord | None] | None:
         try:
-            return read_job(name, job_id)
+            return (read_job(name, job_id),)
         except Unreadable as exc:
-            if attempt:
-                moved = quarantine(p, p.ledger(job_id), str(exc))
-                log.error("job %s: its ledger could not be read twice; set aside as %s", job_id, moved)
-            else:
-                time.sleep(SECOND_READ)
+            if not attempt:
+                return None  # (read again, SECOND_READ later)
+            moved = quarantine(p, p.ledger(job_id), str(exc))
+            log.error("job %s: its ledger could not be read twice; set aside as %s", job_id, moved)
         except ClusterError as exc:
             log.warning("%s; dropping queue entry", exc)
-            return None
-    return None
+        return (None,)
+
+    got = retry(read, 2, SECOND_READ)
+    return got[0] if got else None
 
 
 def recover(name: str) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from raystack.store import paths
 from raystack.store.files import atomic_write
+from raystack.waiting import REAL, Clock, at_most
 
 TAIL, PREV = ".tail", ".tail.1"
 OFFSET = re.compile(rb"^\[raystack: from byte (\d+) of the original\]\n")
@@ -268,17 +269,19 @@ def synced(folder: Path) -> float:
         return 0.0
 
 
-def wait_synced(cluster: str, allocation: str, since: float, timeout: float) -> list[str]:
+def wait_synced(
+    cluster: str, allocation: str, since: float, timeout: float, clock: Clock = REAL
+) -> list[str]:
     """Wait until every node copying for `allocation` finished a pass after `since` (at most
     `timeout` s: a dead node never answers); the hosts that did not."""
     root = paths.cluster(cluster).ray_logs
     hosts = [p for p in root.iterdir() if p.is_dir() and _text(p / ALLOCATION) == allocation]
-    deadline = time.monotonic() + timeout
-    while True:
-        late = [p.name for p in hosts if synced(p) < since]
-        if not late or time.monotonic() > deadline:
-            return late
-        time.sleep(0.2)
+
+    def late() -> list[str]:
+        return [p.name for p in hosts if synced(p) < since]
+
+    at_most(lambda: None if late() else True, 0.2, clock, timeout)
+    return late()
 
 
 # ---------------------------------------------------------------------------- a job's workers

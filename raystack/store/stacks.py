@@ -20,6 +20,7 @@ from pathlib import Path
 
 from raystack.store import diagnosis, paths
 from raystack.store.files import atomic_write, locked
+from raystack.waiting import REAL, Clock, at_most
 
 REQUEST = "stacks.request"
 KEEP = 600.0  # seconds a request stays in the request file
@@ -100,15 +101,18 @@ def answered(cluster: str, job_id: str, asked: float) -> list[str]:
     return sorted(found)
 
 
-def wait(cluster: str, job_id: str, asked: float, hosts: list[str], timeout: float) -> Dumps:
+def wait(
+    cluster: str, job_id: str, asked: float, hosts: list[str], timeout: float, clock: Clock = REAL
+) -> Dumps:
     """Wait (at most `timeout` s: a dead node never answers) until every host in `hosts` answered."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def late_hosts() -> list[str]:
         done = answered(cluster, job_id, asked)
-        late = [h for h in hosts if h not in done]
-        if not late or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return [h for h in hosts if h not in done]
+
+    at_most(lambda: None if late_hosts() else True, 0.2, clock, timeout)
+    done = answered(cluster, job_id, asked)
+    late = [h for h in hosts if h not in done]
     where = folder(cluster, job_id)
     files = sorted(p for p in where.glob("*.txt") if p.stat().st_mtime >= asked - 1) if where.is_dir() else []
     summary = diagnosis.diagnose(where.parent, since=asked - 1)

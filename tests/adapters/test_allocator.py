@@ -10,6 +10,7 @@ import pytest
 
 from raystack.adapters import allocator
 from raystack.adapters.allocator import Allocator, JobInfo, SlurmState
+from raystack.waiting import Clock
 
 
 class Scripted(Allocator):
@@ -71,7 +72,7 @@ def test_only_a_final_answer_ends_an_allocation(
 ) -> None:
     scripted.answers = list(answers)
     slept: list[float] = []
-    got = allocator.ended("scripted", "12", sleep=slept.append)
+    got = allocator.ended("scripted", "12", clock=Clock(sleep=slept.append))
     assert (got.state if got else None) is final
     assert scripted.asked == len(answers) and not scripted.answers
     gone_first = answers[0] is SlurmState.GONE
@@ -81,5 +82,7 @@ def test_only_a_final_answer_ends_an_allocation(
 
 def test_an_answer_in_hand_saves_the_query(scripted: Scripted) -> None:
     slept: list[float] = []
-    got = allocator.ended("scripted", "12", JobInfo("12", SlurmState.NODE_FAIL), sleep=slept.append)
+    got = allocator.ended(
+        "scripted", "12", JobInfo("12", SlurmState.NODE_FAIL), clock=Clock(sleep=slept.append)
+    )
     assert got is not None and got.state is SlurmState.NODE_FAIL and scripted.asked == 0 and not slept

@@ -10,9 +10,10 @@ from typing import ClassVar
 
 import pytest
 
+from raystack import waiting
 from raystack.adapters import slurm
 from raystack.adapters.allocator import JobInfo, SlurmState
-from raystack.client import Cluster, Job, access
+from raystack.client import Cluster, Job
 from raystack.client.top import snapshot
 from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
@@ -57,7 +58,7 @@ def stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
 def test_no_request_carries_the_token_to_an_ended_allocations_address(stale, slurm_says) -> None:  # type: ignore[no-untyped-def]
     info = None if slurm_says is None else JobInfo("4242", slurm_says)
     stale.setattr(slurm, "job_info", lambda job_id: info)
-    stale.setattr(access.time, "sleep", lambda s: None)  # (it asks SLURM three times before it gives up)
+    stale.setattr(waiting.REAL, "sleep", lambda s: None)  # (it asks SLURM 4 times before it gives up)
     request = JobRequest(id="j-1", name="j", cluster="c", entrypoint="true")
     queue.enqueue(request)
     queue.start("c", queue.waiting("c")[0], "4242")

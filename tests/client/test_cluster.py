@@ -18,6 +18,7 @@ from raystack.client.pending import pending_line
 from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterRecord, ClusterState
+from raystack.waiting import Clock, FakeClock
 
 
 @pytest.fixture
@@ -26,41 +27,28 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-class FakeClock:
-    """time.monotonic and time.sleep for tests that must not wait."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_wait_ready_gives_up_after_timeout_without_waiting(home: Path) -> None:
     clusters.create("c")
     clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, nodes_expected=4, nodes_joined=1))
-    clock, said = FakeClock(), []
+    clock, said = FakeClock(0.0), []
     with pytest.raises(ClusterError, match=r"not READY after 30s \(STARTING: .*raystack down c"):
-        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock, sleep=clock.sleep)
+        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock)
     assert said == ["STARTING: 1/4 nodes joined"]  # said once, not every poll
-    assert 30 < clock.now < 31
+    assert 30 < clock.t < 31
 
 
 def test_wait_ready_returns_once_ready_and_reports_progress(home: Path) -> None:
     clusters.create("c")
     clusters.write(ClusterRecord(name="c", state=ClusterState.STARTING, nodes_expected=2))
-    clock, said = FakeClock(), []
+    clock, said = FakeClock(0.0), []
 
     def sleep(seconds: float) -> None:
         clock.sleep(seconds)
-        joined = min(2, int(clock.now))
-        changes = {"nodes_joined": joined, **({"state": ClusterState.READY} if clock.now > 3 else {})}
+        joined = min(2, int(clock.t))
+        changes = {"nodes_joined": joined, **({"state": ClusterState.READY} if clock.t > 3 else {})}
         clusters.update("c", **changes)
 
-    record = Cluster("c").wait_ready(progress=said.append, clock=clock, sleep=sleep)
+    record = Cluster("c").wait_ready(progress=said.append, clock=Clock(now=clock.now, sleep=sleep))
     assert record.state is ClusterState.READY
     assert said == [f"STARTING: {k}/2 nodes joined" for k in range(3)]
 
@@ -90,9 +78,9 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
         out = paths.cluster("c").allocation_log("77")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("loading modules\n")
-    clock, said = FakeClock(), []
+    clock, said = FakeClock(0.0), []
     with pytest.raises(ClusterError, match="not READY after 60s"):
-        Cluster("c").wait_ready(progress=said.append, timeout=60, clock=clock, sleep=clock.sleep)
+        Cluster("c").wait_ready(progress=said.append, timeout=60, clock=clock)
     warned = [m for m in said if m.startswith("warning:")]
     status = Cluster("c").status().message  # (`up --no-wait`, then `raystack status`)
     assert ("its nodes do not see RAYSTACK_HOME" in status) is not output_seen, status
@@ -121,9 +109,9 @@ def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
     monkeypatch.setattr(
         slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.PENDING, reason=reason)
     )
-    clock, said = FakeClock(), []
+    clock, said = FakeClock(0.0), []
     with pytest.raises(ClusterError, match="not READY after 30s"):
-        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock, sleep=clock.sleep)
+        Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock)
     fix = (
         "it never starts (the walltime is over the partition's limit (sinfo)): `raystack down c`, "
         "then up with a shorter --time, and --chain N"
@@ -396,10 +384,10 @@ def test_an_up_interrupted_before_its_allocation_id_ends_the_cluster_for_every_r
         and "stopped before the allocation's id was recorded" in seen.message
     )
     assert clusters.read("c").state is ClusterState.SUBMITTED
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     with pytest.raises(ClusterError, match=r"cluster c FAILED: its `raystack up` stopped"):
-        Cluster("c").wait_ready(timeout=60, clock=clock, sleep=clock.sleep)
-    assert clock.now == 0  # (said at once, not after the timeout)
+        Cluster("c").wait_ready(timeout=60, clock=clock)
+    assert clock.t == 0  # (said at once, not after the timeout)
     with pytest.raises(ClusterError, match=r"cluster c is FAILED \(its `raystack up` stopped"):
         Cluster.get("c").submit(["python", "x.py"])  # (no job queued for an allocation that never comes)
     assert clusters.read("c").state is ClusterState.FAILED and not Cluster("c").jobs()
