@@ -36,7 +36,7 @@ from raystack.allocation.progress import ProgressProbe
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
 from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
 from raystack.allocation.readiness import head_exited, missing_nodes, wait_ready
-from raystack.allocation.runner import LEASE_HELD, RAY_LOGS_VAR
+from raystack.allocation.runner import FIRST_VAR, LEASE_HELD, RAY_LOGS_VAR
 from raystack.allocation.stacks import StackRequests
 from raystack.allocation.tlsfront import TlsFront
 from raystack.allocation.usage import UsageSampler
@@ -267,6 +267,8 @@ class Head:
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
         dashboard = Dashboard.of(ctx.cluster, str(fields["dashboard_url"]))  # (HTTPS front with TLS)
         warm = launch(ctx.cluster, dashboard.url, ctx.alloc_id, overlaps(ctx.num_nodes, ctx.gpus))
+        with contextlib.suppress(OSError):  # (else the head's duties start it after READY)
+            self.keep_runner()  # (it starts meanwhile and takes its first job once the record says READY)
         wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)
         if self.prometheus_exe:  # (before READY: the dashboard's metrics answer from the start)
             self.start_prometheus(self.prometheus_exe, ports["prometheus"])
@@ -317,7 +319,11 @@ class Head:
         with open(p.runner_log, "a") as logfile:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "raystack.allocation.runner", self.ctx.cluster],
-                env={**ray_env(self.ctx), RAY_LOGS_VAR: str(session_logs(self.ctx.temp_dir))},
+                env={
+                    **ray_env(self.ctx),
+                    RAY_LOGS_VAR: str(session_logs(self.ctx.temp_dir)),
+                    FIRST_VAR: "1" if self.runner is None and not self.restarts else "0",
+                },
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,

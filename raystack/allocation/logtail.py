@@ -141,6 +141,35 @@ class LogTail:
         return True
 
 
+class Tails:
+    """The queue runner's tails: one LogTail per running attempt, streaming its log into
+    logs/jobs/<id>/ (and, on the head, reading Ray's own file of the driver's output)."""
+
+    def __init__(self, api: Any, paths: Any, ends: Any, ray_logs: str | None):
+        self.api, self.paths, self.ends, self.ray_logs = api, paths, ends, ray_logs
+        self.running: dict[str, LogTail] = {}
+
+    def driver_log(self, sid: str) -> Path | None:
+        """Ray's own file of a driver's output on this node (the head: drivers run there)."""
+        return Path(self.ray_logs) / f"job-driver-{sid}.log" if self.ray_logs else None
+
+    def follow(self, record: JobRecord) -> None:
+        """Stream the running attempt's log (once per attempt, as it is first seen running)."""
+        n, sid = len(record.attempts), record.attempts[-1].id
+        if sid not in self.running:
+            self.ends.watch(record.id, sid)  # (its driver's exit wakes the runner)
+            path = self.paths.job_log(record.id, n)
+            self.running[sid] = LogTail(self.api, sid, path, local=self.driver_log(sid))
+
+    def close(self, record: JobRecord, sid: str) -> None:
+        """The attempt ended: its log is complete on disk (fetched whole if streaming failed)."""
+        tail = self.running.pop(sid, None)
+        if tail is None:  # ended before it was seen running: fetch its log whole
+            path = self.paths.job_log(record.id, len(record.attempts))
+            tail = LogTail(self.api, sid, path, start=False, local=self.driver_log(sid))
+        tail.complete()
+
+
 def gather(name: str, allocation: str, api: Any, record: JobRecord, events: bool = False) -> str | None:
     """An ended job's actors' worker logs into logs/jobs/<id>/ (after a copy pass of every node,
     asked for now), with the failures Ray recorded (`events`); the first error line."""

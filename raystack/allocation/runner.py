@@ -31,7 +31,7 @@ from raystack.allocation import pipcheck
 from raystack.allocation.drain import FREE_TIMEOUT, Drain, check, nodes_free
 from raystack.allocation.endwatch import EndWatch
 from raystack.allocation.lease import Lease
-from raystack.allocation.logtail import LogTail, gather
+from raystack.allocation.logtail import Tails, gather
 from raystack.allocation.picker import Picker
 from raystack.allocation.prepare import Preparer
 from raystack.allocation.schedule import Board
@@ -43,6 +43,7 @@ from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store import queue as store
+from raystack.store.cluster import ClusterState
 from raystack.store.diagnosis import flight_summary, read_flight
 from raystack.store.files import make_private_dirs
 from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
@@ -51,6 +52,7 @@ from raystack.waiting import REAL, Clock, Repeats, until, within
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
+FIRST_VAR = "RAYSTACK_RUNNER_FIRST"  # "1": the allocation's first queue runner (set by the head)
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
@@ -99,7 +101,6 @@ class Runner:
         self.submit_timeout = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT") or SUBMIT_TIMEOUT)
         self.resources_free = resources_free or self._resources_free
         self.stop_sent: dict[str, float] = {}  # when each stop was sent (the runner's clock)
-        self.tails: dict[str, LogTail] = {}
         self.waiting: list[Entry] = []
         self.active: set[str] = set()
         self.journal = store.JournalReader(name)
@@ -109,12 +110,16 @@ class Runner:
         # Started again after a walltime warning of this allocation: keep interrupting.
         self.interrupting = self.cluster.ending is not None and self.cluster.allocation_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
-        self.drain: Drain | None = Drain("(restart)", None, clock() + FREE_TIMEOUT)
+        # The allocation's first runner has nothing before it (a chain's last allocation took its
+        # Ray with it): its first job is not held back (it took a second on every new cluster).
+        first = os.environ.get(FIRST_VAR) == "1"
+        self.drain: Drain | None = None if first else Drain("(restart)", None, clock() + FREE_TIMEOUT)
         self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
         self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
         self.sleep = sleep
         # On the head (the node program gave its Ray logs folder): a driver's exit wakes the loop.
         self.ends = EndWatch(live=bool(os.environ.get(RAY_LOGS_VAR)))
+        self.tails = Tails(self.api, self.paths, self.ends, os.environ.get(RAY_LOGS_VAR))
         self.pause = self.ends.pause if self.ends.live and sleep is REAL.sleep else sleep
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
@@ -132,6 +137,13 @@ class Runner:
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
+        # Started while the head still warms the cluster up: its own first submit is paid now
+        # (about a second), and the first pass waits for READY.
+        try:
+            self.api.warm()
+        except (RayApiError, RuntimeError, OSError, ValueError) as exc:
+            log.info("the submit path was not warmed: %s", exc)
+        until(self.cluster_up, 0.05, Clock(self.clock, self.sleep))
         said = Repeats(self.clock, log, "runner pass")
 
         def one_pass() -> bool | None:
@@ -152,6 +164,11 @@ class Runner:
         # (between passes: TICK, or less when a driver's exit wakes the pause)
         until(one_pass, TICK, Clock(self.clock, self.pause))
         log.info("queue runner leaving (SIGTERM); the jobs in flight are followed by the next one")
+
+    def cluster_up(self) -> bool | None:
+        """True once the cluster is READY (or no longer starting: the loop then sees its end)."""
+        state = records.read(self.name).state
+        return None if state in (ClusterState.SUBMITTED, ClusterState.STARTING) and not self.leaving else True
 
     def leave(self, *_: object) -> None:
         """SIGTERM (the head's teardown): finish the pass in progress, then exit."""
@@ -371,7 +388,7 @@ class Runner:
                 message=f"running as {attempt.id}",
             )
         if state is not JobState.SUBMITTED:
-            self.tail(record)
+            self.tails.follow(record)
         if not state.is_terminal() and not record.fault and not record.stop_requested:
             fault = self.watchdog.check(record, info, running=state is JobState.RUNNING)
             if fault:
@@ -384,7 +401,7 @@ class Runner:
         self.watchdog.forget(attempt.id)
         self.ends.forget(attempt.id)
         if self.interrupting and state is not JobState.SUCCEEDED and not record.stop_requested:
-            self.close_tail(record, attempt.id)
+            self.tails.close(record, attempt.id)
             store.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
             return True
@@ -399,21 +416,6 @@ class Runner:
     def interrupted_message(self) -> str:
         why = records.read(self.name).ending or "the allocation is ending"
         return f"stopped in allocation {self.allocation} ({why}); it resumes in the next allocation"
-
-    def tail(self, record: JobRecord) -> None:
-        """Stream the running attempt's log into logs/jobs/ (one thread per attempt)."""
-        n = len(record.attempts)
-        sid = record.attempts[-1].id
-        if sid not in self.tails:
-            self.ends.watch(record.id, sid)  # (once per attempt, as it is first seen running)
-            self.tails[sid] = LogTail(
-                self.api, sid, self.paths.job_log(record.id, n), local=self.driver_log(sid)
-            )
-
-    def driver_log(self, sid: str) -> Path | None:
-        """Ray's own file of a driver's output on this node (the head: drivers run there)."""
-        folder = os.environ.get(RAY_LOGS_VAR)
-        return Path(folder) / f"job-driver-{sid}.log" if folder else None
 
     def enforce_stop_and_timeout(self, record: JobRecord, sid: str) -> None:
         timeout = record.request.timeout
@@ -456,7 +458,7 @@ class Runner:
         """The attempt ended in Ray (the runner saw it at `seen`): retry it, or record the job's
         final state."""
         sid = record.attempts[-1].id
-        self.close_tail(record, sid)
+        self.tails.close(record, sid)
         nodes, _ = self.nodes_of(record)
         end = (info.end_time or 0) / 1000 or time.time()
         if nodes:  # (a packed job: its nodes, once its actors are gone)
@@ -555,14 +557,6 @@ class Runner:
         log.info("%s %s: %s", record.id, state.value, message)
         if self.last_end is not None and self.last_end["after"] == record.id:
             self.last_end["closed"] = time.time()  # (its log complete, its ledger written)
-
-    def close_tail(self, record: JobRecord, sid: str) -> None:
-        """The attempt ended: its log is complete on disk (fetched whole if streaming failed)."""
-        tail = self.tails.pop(sid, None)
-        if tail is None:  # ended before it was seen running: fetch its log whole
-            path = self.paths.job_log(record.id, len(record.attempts))
-            tail = LogTail(self.api, sid, path, start=False, local=self.driver_log(sid))
-        tail.complete()
 
     # ------------------------------------------------------------------ resources
     def _resources_free(self, drain: Drain) -> bool:

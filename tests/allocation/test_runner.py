@@ -65,6 +65,9 @@ class FakeApi:
     def alive_nodes(self) -> list[NodeSummary]:
         return self.nodes
 
+    def warm(self) -> None:
+        self.warmed = True
+
     def pending_demands(self, ray_job_id: str) -> list[dict]:
         return self.demands.get(ray_job_id, [])
 
@@ -620,3 +623,41 @@ def test_a_wait_that_ends_leaves_the_lease_at_once(home: Path, monkeypatch: pyte
     assert "failing" in held.holder()
     held.beat(None, None)  # (within BEAT of the last write)
     assert "waiting" not in held.holder() and "failing" not in held.holder()
+
+
+def test_the_allocations_first_runner_starts_before_ready_and_holds_nothing_back(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head starts the queue runner while it warms the cluster up; the runner takes its first
+    pass once the record says READY, and the allocation's first runner has no job before it whose
+    resources it must see released (that check held every new cluster's first job ~1 s)."""
+    from raystack.allocation.runner import FIRST_VAR
+
+    assert (
+        Runner("c", api=FakeApi(), allocation="100", resources_free=Free()).drain is not None
+    )  # (a restart)
+    monkeypatch.setenv(FIRST_VAR, "1")
+    clusters.update("c", state=ClusterState.STARTING)
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            clusters.update("c", state=ClusterState.READY)
+
+    r = Runner("c", api=FakeApi(), allocation="100", resources_free=Free(), sleep=sleep)
+    assert r.drain is None
+    job = submit()
+    passes: list[str] = []
+    real_tick = r.tick
+
+    def tick() -> None:
+        passes.append(clusters.read("c").state.value)
+        r.leave()
+        real_tick()
+
+    r.tick = tick  # type: ignore[method-assign]
+    r.run_forever()
+    assert r.api.warmed  # (its own first submit paid while the cluster was STARTING)
+    assert slept[:3] == [0.05] * 3 and passes == ["READY"]  # (no pass while STARTING)
+    assert r.api.submitted == [job]  # (its first job at once)
