@@ -154,17 +154,21 @@ class Dashboard:
         except Exception as exc:
             return f"Jobs API at {self.url}: {self._why(exc)}"
 
-    def warm(self) -> str | None:
+    def warm(self) -> bool:
         """Pay this process's first submit before it is needed: the SDK's runtime_env validation
         and packaging modules and the connection (a fresh process's first submit took 0.9-1.3 s,
-        the next ones 0.01-0.03 s, on an H100 machine). Nothing is submitted; why it failed."""
+        the next ones 0.01-0.03 s, on an H100 machine). Nothing is submitted. Whether it worked
+        (not while the Jobs API does not answer yet)."""
         from ray.runtime_env import RuntimeEnv
 
         renv: dict[str, Any] = {"env_vars": {"RAYSTACK_WARM": "1"}}
-        self.jobs._upload_working_dir_if_needed(renv)
-        self.jobs._upload_py_modules_if_needed(renv)
-        RuntimeEnv(**renv).to_dict()
-        return self.probe()
+        try:
+            self.jobs._upload_working_dir_if_needed(renv)
+            self.jobs._upload_py_modules_if_needed(renv)
+            RuntimeEnv(**renv).to_dict()
+        except (RayApiError, RuntimeError, OSError, ValueError):
+            return False
+        return self.probe() is None
 
     def alive_nodes(self, timeout: int = TIMEOUT) -> list[NodeSummary]:
         """Alive nodes with their total resources (one cluster-wide query), one per address: a

@@ -48,7 +48,7 @@ from raystack.store.diagnosis import flight_summary, read_flight
 from raystack.store.files import make_private_dirs
 from raystack.store.ledger import Attempt, JobRecord, JobState, Unreadable, read_job, update_job
 from raystack.store.queue import Entry
-from raystack.waiting import REAL, Clock, Repeats, until, within
+from raystack.waiting import REAL, Clock, Every, Repeats, until, within
 
 log = logging.getLogger("raystack.runner")
 TICK = 0.1  # seconds between runner passes
@@ -137,13 +137,17 @@ class Runner:
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
-        # Started while the head still warms the cluster up: its own first submit is paid now
-        # (about a second), and the first pass waits for READY.
-        try:
-            self.api.warm()
-        except (RayApiError, RuntimeError, OSError, ValueError) as exc:
-            log.info("the submit path was not warmed: %s", exc)
-        until(self.cluster_up, 0.05, Clock(self.clock, self.sleep))
+        # Started while the head still warms the cluster up: its own first submit is paid
+        # meanwhile (about a second; tried again until the Jobs API answers), and the first pass
+        # waits for READY.
+        warm, warmed = Every(0.5, Clock(self.clock, self.sleep)), [False]
+
+        def ready() -> bool | None:
+            if not warmed[0] and warm():
+                warmed[0] = self.api.warm()
+            return self.cluster_up()
+
+        until(ready, 0.05, Clock(self.clock, self.sleep))
         said = Repeats(self.clock, log, "runner pass")
 
         def one_pass() -> bool | None:

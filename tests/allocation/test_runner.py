@@ -65,8 +65,9 @@ class FakeApi:
     def alive_nodes(self) -> list[NodeSummary]:
         return self.nodes
 
-    def warm(self) -> None:
-        self.warmed = True
+    def warm(self) -> bool:
+        self.warmed = getattr(self, "warmed", 0) + 1
+        return True
 
     def pending_demands(self, ray_job_id: str) -> list[dict]:
         return self.demands.get(ray_job_id, [])
@@ -658,6 +659,34 @@ def test_the_allocations_first_runner_starts_before_ready_and_holds_nothing_back
 
     r.tick = tick  # type: ignore[method-assign]
     r.run_forever()
-    assert r.api.warmed  # (its own first submit paid while the cluster was STARTING)
+    assert r.api.warmed == 1  # (its own first submit paid while the cluster was STARTING, once)
     assert slept[:3] == [0.05] * 3 and passes == ["READY"]  # (no pass while STARTING)
     assert r.api.submitted == [job]  # (its first job at once)
+
+
+def test_the_runner_warms_its_submit_path_again_until_the_jobs_api_answers(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started before the Jobs API answers (on the testbed it did not, yet): the warm-up of its
+    own first submit is tried again every 0.5 s until it works, and not after."""
+    from raystack.allocation.runner import FIRST_VAR
+    from raystack.waiting import FakeClock
+
+    monkeypatch.setenv(FIRST_VAR, "1")
+    clusters.update("c", state=ClusterState.STARTING)
+    clock, api, answers = FakeClock(), FakeApi(), [False, False, True]
+
+    def warm() -> bool:
+        api.warmed = getattr(api, "warmed", 0) + 1
+        return answers.pop(0) if answers else True
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+        if clock.t > 1003:
+            clusters.update("c", state=ClusterState.READY)
+
+    api.warm = warm  # type: ignore[method-assign]
+    r = Runner("c", api=api, allocation="100", resources_free=Free(), clock=clock.now, sleep=sleep)
+    r.tick = r.leave  # type: ignore[method-assign, assignment]
+    r.run_forever()
+    assert api.warmed == 3 and clock.t > 1003
