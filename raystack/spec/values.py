@@ -168,7 +168,7 @@ def one_line_error(
         moved = alias(key, elsewhere or {}, close) if len(err["loc"]) == 1 else None
         hint = f" ({moved})" if moved else f" (did you mean '{close[0]}'?)" if close else ""
         if not hint and len(err["loc"]) == 1 and isinstance(err.get("input"), dict) and "job spec" in source:
-            hint = " (a key that holds YAML anchors for `<<:` merge keys: name it x-" + key + ")"
+            hint = " (a key that holds YAML anchors for `<<:` merge keys: name it x-" + printable(key) + ")"
         return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:
