@@ -93,7 +93,9 @@ def alive(alloc_id: str, confirm: int = 3, clock: Clock = REAL) -> bool | None:
 
     def look(_attempt: int) -> tuple[bool | None] | None:
         found = pids(alloc_id)
-        return None if found == [] else (None if found is None else True,)
+        if found == []:
+            return None  # (none seen: look again)
+        return (None,) if found is None else (True,)  # (cannot tell / it runs)
 
     seen = retry(look, confirm, 0.2, clock)
     return False if seen is None else seen[0]

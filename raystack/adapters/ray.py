@@ -154,6 +154,12 @@ class Dashboard:
         except Exception as exc:
             return f"Jobs API at {self.url}: {self._why(exc)}"
 
+    def upload(self, runtime_env: dict[str, Any]) -> None:
+        """Package and upload a runtime_env's working_dir and py_modules the way the SDK's submit
+        does (its own functions), rewriting them to the gcs:// URIs it names by content."""
+        self.jobs._upload_working_dir_if_needed(runtime_env)
+        self.jobs._upload_py_modules_if_needed(runtime_env)
+
     def warm(self) -> bool:
         """Pay this process's first submit before it is needed: the SDK's runtime_env validation
         and packaging modules and the connection (a fresh process's first submit took 0.9-1.3 s,
@@ -163,8 +169,7 @@ class Dashboard:
 
         renv: dict[str, Any] = {"env_vars": {"RAYSTACK_WARM": "1"}}
         try:
-            self.jobs._upload_working_dir_if_needed(renv)
-            self.jobs._upload_py_modules_if_needed(renv)
+            self.upload(renv)
             RuntimeEnv(**renv).to_dict()
         except (RayApiError, RuntimeError, OSError, ValueError):
             return False

@@ -133,8 +133,7 @@ class Preparer:
             if why := pipcheck.check(runtime_env):  # (its submit fails it with that reason)
                 raise ValueError(why)
             self.checked.add(pipcheck.key(runtime_env))
-            self.api.jobs._upload_working_dir_if_needed(runtime_env)  # (the SDK's own, as its submit)
-            self.api.jobs._upload_py_modules_if_needed(runtime_env)
+            self.api.upload(runtime_env)  # (the SDK's own, as its submit)
             self.api.submit(sid, f'python -c "{TOUCH}"', runtime_env, metadata={"raystack_prepare": job_id})
             info = poll_until(lambda: self.ended(sid), self.timeout, "the preparation", self.clock)
             took = time.monotonic() - t0

@@ -115,7 +115,8 @@ class Runner:
         first = os.environ.get(FIRST_VAR) == "1"
         self.drain: Drain | None = None if first else Drain("(restart)", None, clock() + FREE_TIMEOUT)
         self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
-        self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, Clock(clock, sleep))
+        self.timing = Clock(clock, sleep)  # (the clock of everything the runner waits on)
+        self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, self.timing)
         self.sleep = sleep
         # On the head (the node program gave its Ray logs folder): a driver's exit wakes the loop.
         self.ends = EndWatch(live=bool(os.environ.get(RAY_LOGS_VAR)))
@@ -125,7 +126,7 @@ class Runner:
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
         # The job that waits first gets its environment ready meanwhile (RAYSTACK_PREPARE=0: not).
         prepare = os.environ.get("RAYSTACK_PREPARE") != "0"
-        self.preparer = Preparer(name, api, Clock(clock, sleep)) if prepare else None
+        self.preparer = Preparer(name, api, self.timing) if prepare else None
         self.considered: Entry | None = None  # the waiting job last given to the preparer
         self.last_end: dict[str, Any] | None = None  # the times of the last end (the next job's gap)
 
@@ -140,14 +141,14 @@ class Runner:
         # Started while the head still warms the cluster up: its own first submit is paid
         # meanwhile (about a second; tried again until the Jobs API answers), and the first pass
         # waits for READY.
-        warm, warmed = Every(0.5, Clock(self.clock, self.sleep)), [False]
+        warm, warmed = Every(0.5, self.timing), [False]
 
         def ready() -> bool | None:
             if not warmed[0] and warm():
                 warmed[0] = self.api.warm()
             return self.cluster_up()
 
-        until(ready, 0.05, Clock(self.clock, self.sleep))
+        until(ready, 0.05, self.timing)
         said = Repeats(self.clock, log, "runner pass")
 
         def one_pass() -> bool | None:

@@ -280,8 +280,11 @@ def wait_synced(
     def late() -> list[str]:
         return [p.name for p in hosts if synced(p) < since]
 
-    at_most(lambda: None if late() else True, 0.2, clock, timeout)
-    return late()
+    def none_late() -> list[str] | None:
+        return None if late() else []
+
+    found = at_most(none_late, 0.2, clock, timeout)
+    return late() if found is None else found  # (after the timeout: who is late)
 
 
 # ---------------------------------------------------------------------------- a job's workers

@@ -106,13 +106,15 @@ def wait(
 ) -> Dumps:
     """Wait (at most `timeout` s: a dead node never answers) until every host in `hosts` answered."""
 
-    def late_hosts() -> list[str]:
+    def look() -> tuple[list[str], list[str]]:
         done = answered(cluster, job_id, asked)
-        return [h for h in hosts if h not in done]
+        return done, [h for h in hosts if h not in done]
 
-    at_most(lambda: None if late_hosts() else True, 0.2, clock, timeout)
-    done = answered(cluster, job_id, asked)
-    late = [h for h in hosts if h not in done]
+    def all_answered() -> tuple[list[str], list[str]] | None:
+        seen = look()
+        return None if seen[1] else seen
+
+    done, late = at_most(all_answered, 0.2, clock, timeout) or look()  # (after the timeout: who is late)
     where = folder(cluster, job_id)
     files = sorted(p for p in where.glob("*.txt") if p.stat().st_mtime >= asked - 1) if where.is_dir() else []
     summary = diagnosis.diagnose(where.parent, since=asked - 1)

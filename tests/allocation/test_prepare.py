@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from raystack.adapters.ray import Dashboard
 from raystack.allocation.prepare import PREFIX, Preparer, wanted
 from raystack.store.ledger import read_job
 from raystack.waiting import FakeClock
@@ -35,6 +36,8 @@ class Recording(FakeApi):
                 del api.ray[sid]
 
         self.jobs = Jobs()
+
+    upload = Dashboard.upload  # (the adapter's own, on the SDK functions faked above)
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
         super().submit(sid, entrypoint, {"env_vars": {}, **runtime_env}, **options)
