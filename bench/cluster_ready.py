@@ -99,7 +99,7 @@ def wait_running(job: str) -> float:
     """Epoch time at which squeue first shows the job RUNNING (50 ms polling)."""
     while True:
         info = slurm.job_info(job)
-        if info and info.state is slurm.SlurmState.RUNNING:
+        if info and info.state is slurm.AllocState.RUNNING:
             return time.time()
         if info and info.state.is_terminal():
             raise RuntimeError(f"job {job} ended before running: {info.state}")

@@ -1,9 +1,10 @@
 """Walltime: one named cluster, and its queue, across a chain of allocations.
 
-`raystack up --chain K` asks SLURM to warn the allocation `signal_lead` seconds before its end
-(`--signal=USR1@<lead>`: every task of the node programs' step gets SIGUSR1; the head acts on
-it). Once an allocation is READY and allocations remain, the next one is submitted at once with
-`--dependency=afterany:<this job>`, so its queue wait overlaps this allocation's run. At the
+`raystack up --chain K` asks the scheduler to warn the allocation `signal_lead` seconds before its
+end (SLURM: `--signal=B:USR1@<lead>`; the batch shell leaves a flag the head acts on). Once an
+allocation is READY and allocations remain, the next one is submitted at once, to start once
+this one has ended (the Request's `after`: SLURM's `--dependency=afterany:<this job>`), so its
+queue wait overlaps this allocation's run. At the
 warning the runner stops the jobs in flight (SIGTERM, so they checkpoint) and puts them back at
 the head of the queue (INTERRUPTED); the next allocation resumes them, then the rest in order.
 
@@ -37,9 +38,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from raystack.adapters.allocator import JobInfo, allocator
+from raystack.adapters.allocator import AllocInfo, allocator, asked
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -90,7 +91,7 @@ def ending(kind: str, text: str) -> Ending:
 def classify(
     record: ClusterRecord,
     alloc_id: str,
-    info: JobInfo | None = None,
+    info: AllocInfo | None = None,
     now: Callable[[], float] = time.time,
 ) -> Ending:
     """Why allocation `alloc_id` is ending (see the table above). `info`: SLURM's view, asked for
@@ -121,15 +122,11 @@ def submit_follow_on(name: str, alloc_id: str) -> str | None:
         or record.next_allocation_id
         or record.chain_ended
         or record.allocation_id != alloc_id
-        or not record.sbatch_options
+        or (request := asked(record)) is None
     ):
         return None
-    options = [o for o in record.sbatch_options if not o.startswith("--dependency")]
     try:
-        p = paths.cluster(name)
-        nxt = allocator(record.backend).submit(
-            p.script, [*options, f"--dependency=afterany:{alloc_id}"], p.logs
-        )
+        nxt = allocator(record.backend).submit(paths.cluster(name).script, replace(request, after=alloc_id))
     except RaystackError as exc:
         log.error("could not submit allocation %d of the chain: %s", record.chain_index + 1, exc)
         records.update(name, message=f"{record.message}; the next allocation could not be submitted: {exc}")
@@ -139,10 +136,10 @@ def submit_follow_on(name: str, alloc_id: str) -> str | None:
         allocator(record.backend).cancel(nxt)  # `raystack down` came meanwhile
         return None
     log.info(
-        "allocation %d of %d submitted as SLURM job %s (afterany:%s)",
+        "allocation %d of %d submitted as %s (to start once %s has ended)",
         record.chain_index + 1,
         record.chain_count,
-        nxt,
+        allocator(record.backend).where(nxt),
         alloc_id,
     )
     return nxt
@@ -211,7 +208,9 @@ def end_allocation(name: str, alloc_id: str, end: Ending, last_state: ClusterSta
         changes, cancel = end_changes(record, alloc_id, end, last_state, str(p.logs))
         records.apply_changes(record, changes)
         records.write(record)
-    if cancel:
+    ended = record.state.is_terminal()
+    grown = [g.alloc_id for g in record.grown if ended and not g.released]
+    for job in ([cancel] if cancel else []) + grown:  # (grown ones end with the cluster, not a link)
         with contextlib.suppress(RaystackError):
-            allocator(record.backend).cancel(cancel)
+            allocator(record.backend).cancel(job)
     return record

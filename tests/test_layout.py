@@ -8,6 +8,7 @@ raystack/waiting.py (no other module sleeps with `time.sleep` or loops around a 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -219,3 +220,26 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# Where a backend's own words may appear outside raystack/adapters/ (see docs/development.md, "A new
+# scheduler"): the local backend's plan (this machine's GPUs and CPUs) and nothing else.
+BACKEND_MODULES = {"raystack.adapters.slurm", "raystack.adapters.slurm_script", "raystack.adapters.local"}
+MAY_USE_BACKEND = {"raystack.client.allocate": {"raystack.adapters.local"}}
+SCHEDULER_READS = re.compile(
+    r"""(environ|env)(\.get\(|\[)["']SLURM_|\[["'](sbatch|squeue|scancel|scontrol|sinfo|sacct)["']"""
+)
+
+
+def test_backends_stay_in_their_adapter() -> None:
+    """A new backend is the files docs/development.md lists: nothing outside the adapters imports
+    a backend's module (but the local plan), reads SLURM's variables or runs its commands."""
+    strays = []
+    for name, path in modules().items():
+        if name.startswith("raystack.adapters"):
+            continue
+        allowed = MAY_USE_BACKEND.get(name, set())
+        strays += [f"{name} imports {t}" for t in imports(path) & BACKEND_MODULES if t not in allowed]
+        text = path.read_text()
+        strays += [f"{name}: {m.group(0)}" for m in SCHEDULER_READS.finditer(text)]
+    assert strays == [], strays

@@ -9,7 +9,7 @@ import pytest
 
 from raystack import walltime
 from raystack.adapters import slurm
-from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.adapters.allocator import AllocInfo
 from raystack.adapters.local import LOCAL_ENDED
 from raystack.store import cluster as clusters
 from raystack.store import queue
@@ -37,17 +37,17 @@ def rec(**fields: object) -> ClusterRecord:
         (rec(ending="node lost"), None, "node lost"),
         (rec(walltime_end=int(NOW) + 30), None, "walltime"),  # at the limit, warning or not
         # SLURM's view at the moment the steps get SIGTERM (recorded on the testbed):
-        (rec(), JobInfo("7", SlurmState.COMPLETING, reason="TimeLimit"), "walltime"),
-        (rec(), JobInfo("7", SlurmState.COMPLETING, reason="None"), "scancel"),
-        (rec(), JobInfo("7", SlurmState.NODE_FAIL, reason="NodeDown"), "node lost"),
-        (rec(), JobInfo("7", SlurmState.PREEMPTED, reason="Preempted"), "preempted"),
-        (rec(), JobInfo("7", SlurmState.TIMEOUT), "walltime"),
+        (rec(), slurm.answer("7", "COMPLETING", reason="TimeLimit"), "walltime"),
+        (rec(), slurm.answer("7", "COMPLETING", reason="None"), "scancel"),
+        (rec(), slurm.answer("7", "NODE_FAIL", reason="NodeDown"), "node lost"),
+        (rec(), slurm.answer("7", "PREEMPTED", reason="Preempted"), "preempted"),
+        (rec(), slurm.answer("7", "TIMEOUT"), "walltime"),
         # a local allocation: its node program gone without a word, or sent a signal
-        (rec(backend="local"), JobInfo("7", SlurmState.COMPLETED, reason=LOCAL_ENDED), "failed"),
-        (rec(backend="local"), JobInfo("7", SlurmState.COMPLETED, reason="TimeLimit"), "scancel"),
+        (rec(backend="local"), slurm.answer("7", "COMPLETED", reason=LOCAL_ENDED), "failed"),
+        (rec(backend="local"), slurm.answer("7", "COMPLETED", reason="TimeLimit"), "scancel"),
     ],
 )
-def test_classify(record: ClusterRecord, info: JobInfo | None, kind: str) -> None:
+def test_classify(record: ClusterRecord, info: AllocInfo | None, kind: str) -> None:
     assert walltime.classify(record, "7", info=info, now=lambda: NOW).kind == kind
 
 
@@ -129,12 +129,32 @@ def test_a_later_allocation_is_never_overwritten(home: Path) -> None:
 
 
 def test_follow_on_submission(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clusters.update("c", next_allocation_id=None, sbatch_options=["--nodes=2", "--time=5"])
+    asked = {"name": "raystack-c", "nodes": 2, "time": "5", "native": ["--comment=x"]}
+    clusters.update("c", next_allocation_id=None, request=asked)
     seen = []
     monkeypatch.setattr(slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
     assert walltime.submit_follow_on("c", "7") == "8"
-    assert seen == [["--nodes=2", "--time=5", "--dependency=afterany:7"]]
+    # (the request in raystack's words, the dependency in SLURM's: the adapter writes both)
+    assert seen == [
+        [
+            "--job-name=raystack-c",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--time=5",
+            "--comment=x",
+            "--dependency=afterany:7",
+        ]
+    ]
     assert clusters.read("c").next_allocation_id == "8"
     assert walltime.submit_follow_on("c", "7") is None  # one at a time
     clusters.update("c", next_allocation_id=None, chain_index=3)
     assert walltime.submit_follow_on("c", "7") is None  # the chain is used up
+
+
+def test_a_chain_an_earlier_version_began_goes_on(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its record kept sbatch's options, not a request: the follow-on asks for them as they were."""
+    clusters.update("c", next_allocation_id=None, sbatch_options=["--job-name=raystack-c", "--nodes=2"])
+    seen = []
+    monkeypatch.setattr(slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
+    assert walltime.submit_follow_on("c", "7") == "8"
+    assert seen == [["--job-name=raystack-c", "--ntasks-per-node=1", "--nodes=2", "--dependency=afterany:7"]]

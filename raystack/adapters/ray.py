@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -374,6 +376,12 @@ class Dashboard:
         CPU %, memory, GPUs (utilisation, MiB), and the raylet's node id and state."""
         return list(self._get("/nodes", view="summary").get("summary") or [])
 
+    def node_busy(self, node_id: str) -> int:
+        """Actors alive and tasks running on one node: what its drain waits for."""
+        actors = self._state_list("actors", [("node_id", "=", node_id), ("state", "=", "ALIVE")])
+        tasks = self._state_list("tasks", [("node_id", "=", node_id), ("state", "=", "RUNNING")])
+        return len(actors) + len(tasks)
+
     def node_processes(self, node_id: str) -> list[dict[str, Any]]:
         """The Ray worker and agent processes of one node with their CPU % (psutil's)."""
         return list(self._get(f"/nodes/{node_id}").get("detail", {}).get("workers") or [])
@@ -452,3 +460,18 @@ def available_gpus(gcs_address: str) -> tuple[float, float]:
     except Exception as exc:
         raise RayApiError(f"GCS at {gcs_address} did not report its resources: {short(exc)}") from exc
     return status.available_resources().get("GPU", 0.0), status.total_resources().get("GPU", 0.0)
+
+
+def drain_argv(gcs: str, node_id: str, why: str, deadline_s: float) -> list[str]:
+    """`ray drain-node`: Ray's GCS drain API (the one autoscaler v2 uses): the node takes no new
+    work, and the GCS is told it goes at the deadline (its caller ends it then). Run with the
+    cluster's Ray environment (its token, its TLS)."""
+    return [
+        str(Path(sys.executable).parent / "ray"),
+        "drain-node",
+        f"--address={gcs}",
+        f"--node-id={node_id}",
+        "--reason=DRAIN_NODE_REASON_PREEMPTION",
+        f"--reason-message={why}",
+        f"--deadline-remaining-seconds={max(0, int(deadline_s))}",
+    ]

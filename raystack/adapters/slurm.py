@@ -16,12 +16,22 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from raystack import slurmtime
-from raystack.adapters.allocator import Allocator, JobInfo, SlurmState, register
+from raystack.adapters.allocator import (
+    Allocator,
+    AllocInfo,
+    AllocState,
+    NodeFacts,
+    NodeShape,
+    Request,
+    Script,
+    register,
+)
+from raystack.adapters.slurm_script import options, render
 from raystack.errors import (
     AccountingDisabled,
     JobEnding,
@@ -35,19 +45,6 @@ from raystack.errors import (
 log = logging.getLogger("raystack")
 
 CACHE_TTL = 1.0  # seconds a job's state is reused within one process
-
-
-@dataclass(frozen=True)
-class NodeShape:
-    """CPUs and GPUs every node of a partition has (the smallest node where they differ)."""
-
-    partition: str
-    cpus: int
-    gpus: int
-    nodes: int
-    uniform: bool
-    mem_mb: int | None = None  # RealMemory per node (the smallest), where sinfo lists it
-    features: frozenset[str] | None = None  # every feature of a node of it (--constraint), where listed
 
 
 # ---------------------------------------------------------------------------- command runner
@@ -88,16 +85,56 @@ def refusal(message: str) -> type[SlurmError]:
 
 
 # ---------------------------------------------------------------------------- parsers (pure)
-_STATE_TABLE = {s.value: s for s in SlurmState} | {
-    "OOM": SlurmState.OUT_OF_MEMORY,
-    "CA": SlurmState.CANCELLED,
+# SLURM's base states (squeue %T, sacct State: without flags) in raystack's words.
+STATES = {
+    "PENDING": AllocState.WAITING,
+    "REQUEUED": AllocState.WAITING,
+    "REQUEUE_HOLD": AllocState.WAITING,
+    "REQUEUE_FED": AllocState.WAITING,
+    "CONFIGURING": AllocState.STARTING,
+    "RUNNING": AllocState.RUNNING,
+    "RESIZING": AllocState.RUNNING,
+    "SIGNALING": AllocState.RUNNING,
+    "STAGE_OUT": AllocState.ENDING,
+    "SUSPENDED": AllocState.SUSPENDED,
+    "STOPPED": AllocState.SUSPENDED,
+    "COMPLETING": AllocState.ENDING,
+    **dict.fromkeys(
+        (
+            "COMPLETED",
+            "CANCELLED",
+            "FAILED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "PREEMPTED",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "OUT_OF_MEMORY",
+            "REVOKED",
+            "SPECIAL_EXIT",
+        ),
+        AllocState.ENDED,
+    ),
 }
+STATES["GONE"] = AllocState.GONE  # (raystack's word: no squeue line and no accounting row)
+ABBREVIATED = {"OOM": "OUT_OF_MEMORY", "CA": "CANCELLED"}
 
 
-def parse_state(raw: str) -> SlurmState:
-    """Map SLURM's text ("CANCELLED by 0", "RUNNING", ...) to a state; UNKNOWN otherwise."""
-    word = raw.strip().split(" ")[0].upper() if raw else ""
-    return _STATE_TABLE.get(word, SlurmState.UNKNOWN)
+def native_state(raw: str) -> str:
+    """SLURM's state word of its text ("CANCELLED by 0" -> CANCELLED, "OOM" -> OUT_OF_MEMORY)."""
+    word = raw.strip().split(" ")[0].upper().rstrip("+") if raw else ""
+    return ABBREVIATED.get(word, word)
+
+
+def answer(alloc_id: str, raw_state: str, **fields: Any) -> AllocInfo:
+    """An AllocInfo from SLURM's state text: its word kept as `native`, its meaning as the state."""
+    word = native_state(raw_state)
+    return AllocInfo(alloc_id, STATES.get(word, AllocState.UNKNOWN), native=word, **fields)
+
+
+def gone(alloc_id: str) -> AllocInfo:
+    """slurmctld says the id is invalid and accounting has no row for it."""
+    return answer(alloc_id, "GONE")
 
 
 _SBATCH_ID = re.compile(r"(\d+)(?:;\S+)?")
@@ -130,17 +167,17 @@ def parse_duration(text: str) -> int:
         return 0
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """Parse `squeue --noheader --format=SQUEUE_FORMAT` lines into JobInfo by job id."""
-    jobs: dict[str, JobInfo] = {}
+def parse_squeue(text: str) -> dict[str, AllocInfo]:
+    """Parse `squeue --noheader --format=SQUEUE_FORMAT` lines into AllocInfo by job id."""
+    jobs: dict[str, AllocInfo] = {}
     for line in text.splitlines():
         parts = line.split("|", 8)
         if len(parts) != 9 or not parts[0].strip().isdigit():
             continue
         job_id, state, reason, nodes, count, start, end, limit, name = parts
-        jobs[job_id] = JobInfo(
-            job_id=job_id,
-            state=parse_state(state),
+        jobs[job_id] = answer(
+            job_id,
+            state,
             reason=reason.strip(),
             name=name,
             nodes=nodes.strip(),
@@ -155,17 +192,17 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
 SACCT_FIELDS = ("JobIDRaw", "State", "JobName", "NodeList", "Start", "End", "ExitCode")
 
 
-def parse_sacct(text: str) -> dict[str, JobInfo]:
+def parse_sacct(text: str) -> dict[str, AllocInfo]:
     """Parse `sacct --parsable2 --noheader --format=<SACCT_FIELDS>` (allocation lines only)."""
-    jobs: dict[str, JobInfo] = {}
+    jobs: dict[str, AllocInfo] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) != len(SACCT_FIELDS) or "." in parts[0]:
             continue  # steps (123.batch, 123.0) are not allocations
         job_id, state, name, nodes, start, end, exit_code = parts
-        jobs[job_id] = JobInfo(
+        jobs[job_id] = answer(
             job_id,
-            parse_state(state),
+            state,
             name=name,
             nodes=nodes,
             start_time=parse_timestamp(start),
@@ -254,7 +291,7 @@ def sbatch(options: Sequence[str], script: str) -> str:
     return parse_sbatch_parsable(_run(["sbatch", "--parsable", *options, script]))
 
 
-def job_info(job_id: str) -> JobInfo | None:
+def job_info(job_id: str) -> AllocInfo | None:
     """One job's state: `squeue --jobs=ID`, then sacct for a job slurmctld has forgotten (asked
     every time; SlurmAllocator keeps answers for CACHE_TTL).
 
@@ -272,14 +309,14 @@ def job_info(job_id: str) -> JobInfo | None:
         return None
     try:
         out = _run(["sacct", "--parsable2", "--noheader", "-j", job_id, "--format=" + ",".join(SACCT_FIELDS)])
-        return parse_sacct(out).get(job_id) or JobInfo(job_id, SlurmState.GONE)
+        return parse_sacct(out).get(job_id) or gone(job_id)
     except AccountingDisabled:
-        return JobInfo(job_id, SlurmState.GONE)
+        return gone(job_id)
     except SlurmError:
         return None
 
 
-def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
+def jobs_named(name: str, user: str | None = None) -> dict[str, AllocInfo]:
     """This user's jobs called `name` that slurmctld knows (active or recently finished), each with
     the script it runs (`command`: which cluster folder it belongs to)."""
     # (never every user's: another user's cluster of the same name is no twin of this one)
@@ -288,15 +325,15 @@ def jobs_named(name: str, user: str | None = None) -> dict[str, JobInfo]:
     return parse_squeue_commands(_run(argv), name)
 
 
-def parse_squeue_commands(text: str, name: str) -> dict[str, JobInfo]:
+def parse_squeue_commands(text: str, name: str) -> dict[str, AllocInfo]:
     """`squeue --noheader --format=%i|%T|%o` lines of jobs called `name` (the command last: a
     path may hold '|')."""
-    jobs: dict[str, JobInfo] = {}
+    jobs: dict[str, AllocInfo] = {}
     for line in text.splitlines():
         parts = line.split("|", 2)
         if len(parts) == 3 and parts[0].strip().isdigit():
             job_id = parts[0].strip()
-            jobs[job_id] = JobInfo(job_id, parse_state(parts[1]), name=name, command=parts[2].strip())
+            jobs[job_id] = answer(job_id, parts[1], name=name, command=parts[2].strip())
     return jobs
 
 
@@ -365,6 +402,43 @@ def hostnames(nodelist: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", nodelist]).split()
 
 
+# ---------------------------------------------------------------------------- a node program's facts
+def parse_cpus_per_node(value: str) -> list[int]:
+    """SLURM_JOB_CPUS_PER_NODE, e.g. '16(x3),8' -> [16, 16, 16, 8]."""
+    counts: list[int] = []
+    for part in filter(None, value.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"cannot read SLURM_JOB_CPUS_PER_NODE={value!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def gpus_on_node(env: Mapping[str, str]) -> int:
+    """GPUs SLURM gave this node: SLURM_GPUS_ON_NODE, else the CUDA_VISIBLE_DEVICES entries."""
+    if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+def facts(env: Mapping[str, str]) -> NodeFacts | None:
+    """A node program's facts from the environment srun gives its task; None outside SLURM."""
+    alloc_id = env.get("SLURM_JOB_ID")
+    if not alloc_id:
+        return None
+    return NodeFacts(
+        alloc_id=alloc_id,
+        node_index=int(env.get("SLURM_NODEID", "0")),
+        node_count=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1),
+        gpus=gpus_on_node(env),
+        cpus=int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1),
+        restart=int(env.get("SLURM_RESTART_COUNT") or 0),
+        nodelist=env.get("SLURM_JOB_NODELIST", ""),
+        cpus_per_node=parse_cpus_per_node(env.get("SLURM_JOB_CPUS_PER_NODE", "")),
+    )
+
+
 class SlurmAllocator(Allocator):
     """Answers are kept for CACHE_TTL: one command asks SLURM once per allocation. When an
     ask found SLURM not answering (squeue gave up after its own timeout, SLOW_FAILURE or more),
@@ -373,18 +447,40 @@ class SlurmAllocator(Allocator):
     backend = "slurm"
     label = "SLURM job"
     remote = True
+    command = "sbatch"
     SLOW_FAILURE = 5.0
     QUIET = 30.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cache: dict[str, tuple[float, JobInfo | None]] = {}
+        self.cache: dict[str, tuple[float, AllocInfo | None]] = {}
         self.clock = clock
         self.quiet_until = 0.0
 
-    def submit(self, script: Path, options: Sequence[str], log: Path) -> str:
-        return sbatch(options, str(script))
+    def submit(self, script: Path, request: Request) -> str:
+        return sbatch(options(request), str(script))
 
-    def info(self, alloc_id: str) -> JobInfo | None:
+    def argv(self, script: Path, request: Request) -> list[str]:
+        return ["sbatch", "--parsable", *options(request), str(script)]
+
+    def render(self, script: Script) -> str:
+        return render(script)
+
+    def facts(self, env: Mapping[str, str]) -> NodeFacts | None:
+        return facts(env)
+
+    def named(self, name: str) -> list[AllocInfo]:
+        return list(jobs_named(name).values())
+
+    def node_shape(self, queue: str | None) -> NodeShape | None:
+        return node_shape(queue)
+
+    def time_limit(self, queue: str | None) -> tuple[str, int | None] | None:
+        return time_limit(queue)
+
+    def nodes_out(self, queue: str | None) -> tuple[int, dict[str, str]] | None:
+        return nodes_out(queue)
+
+    def info(self, alloc_id: str) -> AllocInfo | None:
         cached = self.cache.get(alloc_id)
         if cached and self.clock() - cached[0] < CACHE_TTL:
             return cached[1]
@@ -421,19 +517,19 @@ class SlurmAllocator(Allocator):
     def restarts(self, alloc_id: str) -> int | None:
         return restart_count(alloc_id)
 
-    def why_ended(self, info: JobInfo) -> tuple[str, str]:
+    def why_ended(self, info: AllocInfo) -> tuple[str, str]:
         reason = (info.reason or "").lower()
-        if "timelimit" in reason or info.state is SlurmState.TIMEOUT:
+        if "timelimit" in reason or info.native == "TIMEOUT":
             return "walltime", "walltime"
-        if "node" in reason or info.state is SlurmState.NODE_FAIL:
-            return "node lost", f"node failure ({info.reason or info.state.value})"
-        if "preempt" in reason or info.state is SlurmState.PREEMPTED:
+        if "node" in reason or info.native == "NODE_FAIL":
+            return "node lost", f"node failure ({info.reason or info.said})"
+        if "preempt" in reason or info.native == "PREEMPTED":
             return "preempted", "preempted"
         return "scancel", "cancelled by scancel or an administrator"
 
-    def time_left(self, info: JobInfo | None) -> int | None:
+    def time_left(self, info: AllocInfo | None) -> int | None:
         """Seconds to its walltime end while it runs; None without one (or not running)."""
-        if info is None or info.state is not SlurmState.RUNNING or not info.end_time:
+        if info is None or info.state is not AllocState.RUNNING or not info.end_time:
             return None
         return max(0, int(info.end_time - time.time()))
 

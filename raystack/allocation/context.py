@@ -1,4 +1,4 @@
-"""What every node program knows: its context from SLURM's environment (or a local cluster's),
+"""What every node program knows: its context from its scheduler's environment (the adapter's facts),
 its private temp folder and certificate, signals, and polling with a deadline. Its `ray start`
 is in raystart.py, its periodic duties in duties.py.
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import stat
@@ -18,8 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from raystack.adapters import local
-from raystack.adapters.allocator import Allocator, Backend, allocator
+from raystack.adapters.allocator import Allocator, allocator, node_facts
 from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import RayProcess
 from raystack.errors import RaystackError
@@ -34,6 +32,7 @@ log = logging.getLogger("raystack.node")
 T = TypeVar("T")
 
 POLL = 0.25  # seconds between readiness checks
+GROW_VAR = "RAYSTACK_GROW"  # set by a grown allocation's script: its nodes join the cluster as workers
 BEAT = 5.0  # seconds between the head's heartbeats
 BEAT_BYTES = 256  # the heartbeat file's fixed size (rewritten in place)
 GPU_REFRESH = 30.0  # seconds after which a node rewrites an unchanged GPU report
@@ -65,12 +64,15 @@ class NodeContext:
     entry: dict[str, Any] = field(default_factory=dict)  # this node's entry (nodes/<host>.json)
     folder_cap: int | None = DEFAULT_CAP  # bytes the cluster folder may take (pruned beyond)
     folder_grace: float = 300.0  # seconds the cluster folder may be gone before the head ends
-    backend: Backend = "slurm"  # where the allocation came from (adapters/allocator.py)
+    backend: str = "slurm"  # where the allocation came from (adapters/allocator.py)
     restart: int = 0  # which run of the allocation this is (SLURM_RESTART_COUNT: a requeued job's)
+    nodelist: str = ""  # the allocation's nodes in its scheduler's words (allocator.hosts expands it)
+    cpus_per_node: list[int] = field(default_factory=list)  # each node's CPUs, where the scheduler says
+    grown: bool = False  # a further allocation (`raystack grow`): every node a worker of the cluster
 
     @property
     def is_head(self) -> bool:
-        return self.node_id == 0
+        return self.node_id == 0 and not self.grown
 
     @property
     def allocator(self) -> Allocator:
@@ -79,26 +81,14 @@ class NodeContext:
     def holds(self, record: ClusterRecord) -> bool:
         """Whether the record is this run's: this allocation, and not an earlier run of it (SLURM
         starts a requeued job again under its id, while the record still shows the last run)."""
+        if self.grown:  # (its nodes serve whichever head runs the cluster, while the record keeps it)
+            entry = record.grown_entry(self.alloc_id)
+            return entry is not None and not entry.released
         return record.allocation_id == self.alloc_id and record.allocation_restart == self.restart
 
-
-def parse_cpus_per_node(value: str) -> list[int]:
-    """SLURM_JOB_CPUS_PER_NODE, e.g. '16(x3),8' -> [16, 16, 16, 8]."""
-    counts: list[int] = []
-    for part in filter(None, value.split(",")):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not match:
-            raise ValueError(f"cannot read SLURM_JOB_CPUS_PER_NODE={value!r}")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
-def gpus_on_node(env: dict[str, str]) -> int:
-    """GPUs SLURM gave this node: SLURM_GPUS_ON_NODE, else the CUDA_VISIBLE_DEVICES entries."""
-    if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
-        return int(env["SLURM_GPUS_ON_NODE"])
-    visible = env.get("CUDA_VISIBLE_DEVICES", "")
-    return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+    def head_allocation(self, record: ClusterRecord) -> str | None:
+        """The allocation whose head this node serves: its own, or the cluster's (grown)."""
+        return record.allocation_id if self.grown else self.alloc_id
 
 
 def default_object_store_bytes(shm: str = "/dev/shm") -> int:
@@ -127,25 +117,27 @@ def node_ip(host: str, env: Mapping[str, str]) -> str:
 
 
 def context_from_env(env: dict[str, str]) -> NodeContext:
-    if env.get(local.ENV_ID):
-        return local_context(env)
-    alloc_id = env["SLURM_JOB_ID"]
+    """This node's context: the facts its scheduler's environment gives (adapters/allocator.py
+    `node_facts`), and raystack's own settings (RAYSTACK_*: the profile's, through the script)."""
+    backend, facts = node_facts(env)
     host = socket.gethostname().split(".")[0]
-    cpus = int(env.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
-    scratch = Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
     store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
+    # (one machine: binds 127.0.0.1 unless RAYSTACK_NODE_IP says otherwise)
+    ip = env.get("RAYSTACK_NODE_IP") or "127.0.0.1" if facts.loopback else node_ip(host, env)
+    # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short. The host name
+    # keeps it per node even where the "local" scratch is shared between nodes.
+    temp_dir = scratch(env) / (facts.temp_name or f"rs-{facts.alloc_id}-{host}")
     return NodeContext(
-        cluster=env.get("RAYSTACK_CLUSTER") or f"slurm-{alloc_id}",
-        alloc_id=alloc_id,
-        node_id=int(env.get("SLURM_NODEID", "0")),
-        num_nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1),
+        cluster=env.get("RAYSTACK_CLUSTER") or f"{backend}-{facts.alloc_id}",
+        alloc_id=facts.alloc_id,
+        backend=backend,
+        node_id=facts.node_index,
+        num_nodes=facts.node_count,
         host=host,
-        ip=node_ip(host, env),
-        gpus=gpus_on_node(env),
-        cpus=cpus,
-        # NOTE: Unix socket paths are limited to 107 bytes: keep the temp dir short. The host
-        # name keeps it per node even where the "local" scratch is shared between nodes.
-        temp_dir=scratch / f"rs-{alloc_id}-{host}",
+        ip=ip,
+        gpus=facts.gpus,
+        cpus=facts.cpus,
+        temp_dir=temp_dir,
         object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
         join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
         head_grace=float(env.get("RAYSTACK_HEAD_GRACE") or 60),
@@ -154,8 +146,16 @@ def context_from_env(env: dict[str, str]) -> NodeContext:
         ray_logs=Caps.from_env(env),
         folder_cap=folder_cap(env),
         folder_grace=float(env.get("RAYSTACK_FOLDER_GRACE") or 300),
-        restart=int(env.get("SLURM_RESTART_COUNT") or 0),
+        restart=facts.restart,
+        nodelist=facts.nodelist or host,
+        cpus_per_node=list(facts.cpus_per_node),
+        grown=env.get(GROW_VAR) == "1",
     )
+
+
+def scratch(env: Mapping[str, str]) -> Path:
+    """Where Ray's temp folders go: RAYSTACK_LOCAL_SCRATCH (a node-local disk), else /tmp."""
+    return Path(env.get("RAYSTACK_LOCAL_SCRATCH") or "/tmp")
 
 
 def folder_cap(env: dict[str, str]) -> int | None:
@@ -187,32 +187,6 @@ def node_certificate(ctx: NodeContext, env: dict[str, str]) -> NodeContext:
         ctx.tls = tls.issue_node_cert(ctx.cluster, ctx.ip, ctx.host, tls.node_dir(ctx.alloc_id))
         log.info("node certificate for %s (%s) in %s", ctx.host, ctx.ip, ctx.tls.cert.parent)
     return ctx
-
-
-def local_context(env: dict[str, str]) -> NodeContext:
-    """A local cluster (`raystack up --local`): one node, this machine, no SLURM. It binds to
-    127.0.0.1 unless RAYSTACK_NODE_IP says otherwise: nothing is reachable from elsewhere."""
-    alloc_id = env[local.ENV_ID]
-    host = local.this_host()
-    store = env.get("RAYSTACK_OBJECT_STORE_MEMORY")
-    return NodeContext(
-        cluster=env["RAYSTACK_CLUSTER"],
-        alloc_id=alloc_id,
-        backend="local",
-        node_id=0,
-        num_nodes=1,
-        host=host,
-        ip=env.get("RAYSTACK_NODE_IP") or "127.0.0.1",
-        gpus=int(env.get("RAYSTACK_LOCAL_GPUS") or 0),
-        cpus=int(env.get("RAYSTACK_LOCAL_CPUS") or local.cpu_count()),
-        temp_dir=local.temp_prefix(alloc_id, local.scratch(env)),
-        object_store_bytes=size_to_mb(store) * 1024 * 1024 if store else default_object_store_bytes(),
-        join_timeout=float(env.get("RAYSTACK_JOIN_TIMEOUT") or 300),
-        idle_timeout=float(env.get("RAYSTACK_IDLE_TIMEOUT") or 0) or None,
-        ray_logs=Caps.from_env(env),
-        folder_cap=folder_cap(env),
-        folder_grace=float(env.get("RAYSTACK_FOLDER_GRACE") or 300),
-    )
 
 
 class Stop(BaseException):

@@ -31,6 +31,7 @@ from raystack.allocation.context import (
 )
 from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat, Reaper
 from raystack.allocation.idle import IdleWatch
+from raystack.allocation.leaving import Leaving
 from raystack.allocation.logsync import session_logs
 from raystack.allocation.progress import ProgressProbe
 from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
@@ -86,7 +87,7 @@ def claim(ctx: NodeContext) -> bool:
             holder = allocator(record.backend) if record else ctx.allocator
             info = holder.info(other)
             if info is None or not info.state.is_terminal():
-                state = info.state.value if info else "state unknown: SLURM did not answer"
+                state = info.said if info else "state unknown: SLURM did not answer"
                 raise Displaced(
                     f"cluster {ctx.cluster} is already run by {holder.where(other)} ({state}); "
                     f"allocation {ctx.alloc_id} leaves it alone and exits"
@@ -106,7 +107,6 @@ def claim(ctx: NodeContext) -> bool:
 
 def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
     info = ctx.allocator.info(ctx.alloc_id)
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", ctx.host)
     return dict(
         state=ClusterState.STARTING,
         message=f"Ray head starting on {ctx.host}; waiting for nodes",
@@ -117,7 +117,7 @@ def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, obj
         gcs_address=f"{ctx.ip}:{ports['gcs']}",
         dashboard_url=f"{'https' if ctx.tls else 'http'}://{ctx.ip}:{ports['dashboard']}",
         tls=ctx.tls is not None,
-        nodes=ctx.allocator.hosts(ctx.alloc_id, nodelist),
+        nodes=ctx.allocator.hosts(ctx.alloc_id, ctx.nodelist or ctx.host),
         nodes_expected=ctx.num_nodes,
         nodes_joined=0,
         gpus_per_node=ctx.gpus,
@@ -389,6 +389,7 @@ class Head:
                 ("queue runner", self.keep_runner),
                 ("walltime warning", self.check_warning),
                 ("node watch", self.watch_nodes),
+                ("grown allocations leaving", Leaving(self.ctx.cluster, self.dashboard, ray_env(self.ctx))),
                 ("GPU report", self.report),
                 ("reaping", self.reap),
                 ("usage sample", self.sample),

@@ -30,9 +30,7 @@ _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 class Lease:
     def __init__(self, paths: ClusterPaths, allocation: str | None = None):
         self.path = paths.runner_lease
-        self.allocation = (
-            allocation or os.environ.get("RAYSTACK_ALLOCATION") or os.environ.get("SLURM_JOB_ID")
-        )
+        self.allocation = allocation or os.environ.get("RAYSTACK_ALLOCATION")
         self.fh: IO[str] | None = None
         self.beaten = 0.0
         self.failing: tuple[float, str] | None = None  # (since, the last error) of failing passes

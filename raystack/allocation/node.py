@@ -87,6 +87,27 @@ OTHER_CLUSTERS = (
 )
 
 
+def joins(ctx: NodeContext) -> bool:
+    """A grown allocation's node: its hosts and end written into the cluster's record (its first
+    node does it), and whether the cluster still counts on it (`raystack grow` wrote its entry)."""
+    fields: dict[str, object] = {}
+    if ctx.node_id == 0:
+        info = ctx.allocator.info(ctx.alloc_id)
+        fields = {"hosts": ctx.allocator.hosts(ctx.alloc_id, ctx.nodelist or ctx.host)}
+        if info is not None and info.end_time:
+            fields["walltime_end"] = info.end_time
+    entry = records.note_grown(ctx.cluster, ctx.alloc_id, **fields) if fields else None
+    record = records.read(ctx.cluster)
+    entry = entry or record.grown_entry(ctx.alloc_id)
+    if entry is None or entry.released or record.state.is_terminal():
+        log.info("cluster %s does not count on allocation %s (any more): leaving", ctx.cluster, ctx.alloc_id)
+        with contextlib.suppress(RaystackError):
+            ctx.allocator.release(ctx.alloc_id)
+        return False
+    log.info("allocation %s grows cluster %s: this node joins it as a worker", ctx.alloc_id, ctx.cluster)
+    return True
+
+
 def main() -> None:
     for name in OTHER_CLUSTERS:
         os.environ.pop(name, None)
@@ -103,6 +124,8 @@ def main() -> None:
         ctx = node_certificate(ctx, dict(os.environ))
         announce(ctx)
         ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.alloc_id, ctx.temp_dir, ctx.ray_logs).start()
+        if ctx.grown and not joins(ctx):
+            sys.exit(0)
         code = run_head(ctx) if ctx.is_head else run_worker(ctx)
         del probe
         sys.exit(code)

@@ -4,12 +4,11 @@ within `join_timeout` of the last node that joined; and what to say when it is n
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from raystack.adapters.ray import Dashboard, NodeSummary
-from raystack.allocation.context import POLL, NodeContext, node_log, parse_cpus_per_node
+from raystack.allocation.context import POLL, NodeContext, node_log
 from raystack.allocation.rayproc import RayProcess, why_ray_ended
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
@@ -43,8 +42,7 @@ def wait_ready(
     clock: Clock = REAL,
 ) -> None:
     """Until all nodes are alive with the expected GPUs and CPUs and the Jobs API answers."""
-    cpus_env = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
-    want_cpus = sum(parse_cpus_per_node(cpus_env)) if cpus_env else ctx.cpus * ctx.num_nodes
+    want_cpus = sum(ctx.cpus_per_node) if ctx.cpus_per_node else ctx.cpus * ctx.num_nodes
     want_gpus = ctx.gpus * ctx.num_nodes
     # NOTE: the deadline moves with progress: a large start on a slow GCS may take longer than
     # join_timeout in all, but it fails only after join_timeout without a node joining.

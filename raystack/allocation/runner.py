@@ -85,12 +85,7 @@ class Runner:
         self.name = name
         self.paths = paths.cluster(name)
         self.cluster = records.read(name)
-        self.allocation = (
-            allocation
-            or os.environ.get("RAYSTACK_ALLOCATION")
-            or os.environ.get("SLURM_JOB_ID")
-            or self.cluster.allocation_id
-        )
+        self.allocation = allocation or os.environ.get("RAYSTACK_ALLOCATION") or self.cluster.allocation_id
         if api is None:
             url = self.cluster.on_head_dashboard_url  # (the runner runs on the head node)
             if not url:

@@ -107,8 +107,10 @@ class HeadWatch:
         clock: Clock = REAL,
         probe: Callable[[str, int], bool] = tcp_open,
         beat: Callable[[str], dict[str, Any] | None] = read_heartbeat,
+        head: str | None = None,
     ):
         self.ctx, self.gcs, self.clock, self.probe, self.beat = ctx, gcs, clock, probe, beat
+        self.head = head or ctx.alloc_id  # the allocation whose head beats (a grown node's: the cluster's)
         self.host, port = gcs.rsplit(":", 1)
         self.port = int(port)
         self.probe_gate, self.read_gate = Every(PROBE, clock), Every(RECORD_EVERY, clock)
@@ -130,7 +132,7 @@ class HeadWatch:
                 if head_ended(self.ctx):
                     return "ended", "the head recorded the cluster's end"
             beat = self.beat(self.ctx.cluster)
-            if beat is not None and beat.get("allocation") == self.ctx.alloc_id and beat != self.last_beat:
+            if beat is not None and beat.get("allocation") == self.head and beat != self.last_beat:
                 self.last_beat, self.beat_changed = beat, now
         silent, unanswered = now - self.beat_changed, now - self.gcs_seen
         if silent > BEAT_STALE and unanswered >= GCS_GONE:
@@ -171,7 +173,7 @@ class Worker:
         self.ctx, self.clock = ctx, clock
         self.gcs = str(record.gcs_address)
         self.reap = Reaper(clock=clock)
-        self.watch = HeadWatch(ctx, self.gcs, clock, probe)
+        self.watch = HeadWatch(ctx, self.gcs, clock, probe, head=ctx.head_allocation(record))
         self.start_ray = start_ray or self._start_ray
         progress = ProgressProbe(ctx.cluster, ctx.host, clock=clock)
         self.duties = [
@@ -211,7 +213,7 @@ class Worker:
         verdict = self.watch()
         if verdict is not None:
             kind, why = verdict
-            if kind == "lost":
+            if kind == "lost" and not self.ctx.grown:
                 end_for_lost_head(self.ctx, why)
             else:
                 log.info("%s; leaving", why)

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover (typer with click as a dependency)
     import click.exceptions as click  # type: ignore[no-redef]
 
 from raystack import __version__
-from raystack.cli import clusters, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
+from raystack.cli import clusters, grow, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.client import filesystem_error
 from raystack.errors import RaystackError

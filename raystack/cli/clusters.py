@@ -27,7 +27,7 @@ from raystack.cli.common import (
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import up_again, where
 from raystack.client.pending import expected_start
-from raystack.client.status import interconnect
+from raystack.client.status import grown_lines, interconnect
 from raystack.errors import ClusterError, ConfigError, SlurmMissing, SlurmUnavailable
 from raystack.plan.topology import plural
 from raystack.spec.profile import CANARY_MODES, Profile, load_profile
@@ -310,9 +310,9 @@ def _up_slurm(
         err.print(f"raystack: {plan.note}", markup=False)
     if dry_run:
         if as_json:
-            print_json({"argv": plan.sbatch_argv(), "script": allocate.render_script(plan)})
+            print_json({"argv": plan.argv(), "script": allocate.render_script(plan)})
         else:
-            print("# sbatch argv:\n" + shlex.join(plan.sbatch_argv()))
+            print(f"# {plan.argv()[0]} argv:\n" + shlex.join(plan.argv()))
             print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
     record = allocate.submit(plan)
@@ -339,7 +339,7 @@ def _up_local(
 ) -> None:
     plan, gpu_ids = Cluster.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
     if dry_run:
-        script = allocate.render_local_script(plan, gpu_ids)
+        script = allocate.render_script(plan, gpu_ids)
         if as_json:
             print_json({"script": script})
         else:
@@ -487,10 +487,10 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             idle = "busy" if st.idle_s is None else f"idle {duration_text(st.idle_s)}"
             auto = f"autostop after {duration_text(st.idle_timeout_s)} idle" if st.idle_timeout_s else ""
             rows.append(("idle", f"{idle}{'; ' + auto if auto else ''}"))
-        if st.prometheus:
-            rows.append(("metrics", f"Prometheus on the head at {st.prometheus}"))
+        rows += [("metrics", f"Prometheus on the head at {st.prometheus}")] if st.prometheus else []
         if st.interconnect:
             rows.append(("interconnect", st.interconnect.removeprefix("interconnect: ")))
+        rows += [("grown", line) for line in grown_lines(st.grown)]
         if st.resuming_jobs:
             rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:

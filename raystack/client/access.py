@@ -7,20 +7,20 @@ is RUNNING now (on a TLS cluster the certificate is checked too, by Dashboard.of
 
 from __future__ import annotations
 
-from raystack.adapters.allocator import JobInfo, SlurmState, allocator
+from raystack.adapters.allocator import AllocInfo, AllocState, allocator
 from raystack.adapters.ray import Dashboard
 from raystack.errors import ClusterError
 from raystack.store.cluster import ClusterRecord
 from raystack.waiting import REAL, Backoff, Clock, retry
 
 
-def live_dashboard(record: ClusterRecord, info: JobInfo | None = None, clock: Clock = REAL) -> Dashboard:
+def live_dashboard(record: ClusterRecord, info: AllocInfo | None = None, clock: Clock = REAL) -> Dashboard:
     """The dashboard of a cluster whose allocation runs now; ClusterError (nothing sent) else."""
     if not record.dashboard_url or record.state.is_terminal() or not record.allocation_id:
         raise ClusterError(f"cluster {record.name} has no dashboard ({record.state.value})")
     backend, alloc_id = allocator(record.backend), record.allocation_id
 
-    def ask(attempt: int) -> JobInfo | None:
+    def ask(attempt: int) -> AllocInfo | None:
         if attempt:
             backend.forget(alloc_id)
         return backend.info(alloc_id)
@@ -32,9 +32,9 @@ def live_dashboard(record: ClusterRecord, info: JobInfo | None = None, clock: Cl
             f"SLURM did not say whether allocation {record.allocation_id} of cluster {record.name} still "
             "runs: nothing was sent to its dashboard (try again)"
         )
-    if info.state is not SlurmState.RUNNING:
+    if info.state is not AllocState.RUNNING:
         raise ClusterError(
-            f"allocation {record.allocation_id} of cluster {record.name} is {info.state.value} in SLURM: "
+            f"allocation {record.allocation_id} of cluster {record.name} is {info.said} in SLURM: "
             f"its dashboard address {record.dashboard_url} is stale; nothing was sent to it"
         )
     return Dashboard.of(record.name, record.dashboard_url)

@@ -13,15 +13,14 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from raystack import __version__, slurmtime
-from raystack.adapters import local, slurm
-from raystack.adapters.allocator import Allocator, allocator
-from raystack.adapters.slurm import NodeShape
+from raystack import slurmtime
+from raystack.adapters import local
+from raystack.adapters.allocator import Allocator, NodeShape, Request, Script, allocator
 from raystack.client.fits import why_refused, within
 from raystack.client.reconcile import settle
 from raystack.errors import (
@@ -65,6 +64,7 @@ class AllocationPlan:
     python: str = "python3"
     extra_sbatch: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    backend: str = "slurm"  # which scheduler gives the allocation (adapters/allocator.py)
 
     @cached_property
     def cluster_paths(self) -> ClusterPaths | None:
@@ -76,42 +76,33 @@ class AllocationPlan:
     def script_path(self) -> Path | None:
         return self.cluster_paths.script if self.cluster_paths else None
 
-    def sbatch_options(self) -> list[str]:
-        """The options, one argv element each: no shell ever parses them."""
+    def request(self, after: str | None = None) -> Request:
+        """The allocation it asks for, in raystack's words (the adapter turns it into sbatch's)."""
         p = self.profile
-        opts = [f"--job-name=raystack-{self.name}" if self.name else "--job-name=raystack"]
-        if self.nodes:
-            opts.append(f"--nodes={self.nodes}")
-        opts.append("--ntasks-per-node=1")
-        if self.time:
-            opts.append(f"--time={self.time}")
-        if self.cluster_paths:
-            opts.append(f"--output={self.cluster_paths.allocation_log('%j')}")
-        for flag, value in (
-            ("partition", self.partition),
-            ("account", self.account),
-            ("qos", p.qos),
-            ("cpus-per-task", self.cpus_per_task),
-            ("mem", self.mem),
-            ("constraint", p.constraint),
-            ("reservation", p.reservation),
-            ("gres", p.gres),
-        ):
-            if value not in (None, ""):
-                opts.append(f"--{flag}={value}")
-        if p.exclusive:
-            opts.append("--exclusive")
-        if self.gpus_per_node:
-            kind = f"{p.gpu_type}:" if p.gpu_type else ""
-            opts.append(f"--gpus-per-node={kind}{self.gpus_per_node}")
-        if self.signal_lead:
-            # NOTE: B: sends it to the batch shell only. Without B:, SLURM signals every process
-            # of the step, Ray's own (they die of it). It may come up to 60 s earlier than asked.
-            opts.append(f"--signal=B:USR1@{self.signal_lead}")
-        return [*opts, *self.extra_sbatch]
+        return Request(
+            name=f"raystack-{self.name}" if self.name else "raystack",
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            gpu_type=p.gpu_type,
+            cpus_per_node=self.cpus_per_task,
+            memory=self.mem,
+            time=self.time,
+            queue=self.partition,
+            account=self.account,
+            qos=p.qos,
+            constraint=p.constraint,
+            reservation=p.reservation,
+            gres=p.gres,
+            exclusive=p.exclusive,
+            output=str(self.cluster_paths.allocation_log("%j")) if self.cluster_paths else None,
+            warn_before=self.signal_lead,
+            after=after,
+            native=self.extra_sbatch,
+        )
 
-    def sbatch_argv(self) -> list[str]:
-        return ["sbatch", "--parsable", *self.sbatch_options(), str(self.script_path or paths.SCRIPT)]
+    def argv(self) -> list[str]:
+        """The submit command a person could type (`up --dry-run`)."""
+        return allocator(self.backend).argv(self.script_path or Path(paths.SCRIPT), self.request())
 
 
 def wants_node_shape(profile: Profile, gpus_per_node: int | None, cpus_per_task: int | None) -> bool:
@@ -178,6 +169,7 @@ def plan(
         python=python or sys.executable,
         extra_sbatch=(*prof.extra_sbatch, *(sbatch.check(o) for o in extra_sbatch or [])),
         env=dict(prof.env),
+        backend=prof.backend,
     )
 
 
@@ -244,7 +236,7 @@ def _node_size(
     return gpus, cpus, mem, note
 
 
-def _environment(plan: AllocationPlan) -> list[str]:
+def environment(plan: AllocationPlan) -> list[str]:
     """The cluster folder, the profile's setup and env: the start of every launch script."""
     q = shlex.quote
     p = plan.profile
@@ -271,108 +263,18 @@ def _environment(plan: AllocationPlan) -> list[str]:
     return lines
 
 
-def render_script(plan: AllocationPlan) -> str:
-    """The allocation script: profile setup, environment, then one node program per node."""
-    p = plan.profile
-    lines = [
-        "#!/bin/bash",
-        f"# Generated by raystack {__version__} (profile {p.name}). It starts a Ray cluster on the",
-        "# nodes of this allocation: one `python -m raystack.allocation.node` per node, the head on",
-        "# the first; the cluster lives until `raystack down`, scancel or the walltime. Submit it",
-        "# again with:",
-        *(
-            [f"#   {chunk}" for chunk in _wrap(plan.sbatch_argv())]
-            if plan.nodes
-            else [
-                "#   sbatch --nodes=N [--gpus-per-node=G --time=T ...] slurm/raystack.sbatch",
-                "# (cluster name: $RAYSTACK_CLUSTER, default slurm-<jobid>; `raystack status NAME`)",
-                "#SBATCH --job-name=raystack",
-                f"#SBATCH --signal=B:USR1@{plan.signal_lead}",
-            ]
-        ),
-        *([f"# {line}" for line in _wrap_text(plan.note)] if plan.note else []),
-        "#SBATCH --ntasks-per-node=1",
-        "set -euo pipefail",
-        "umask 077  # everything of the cluster is this user's only (node files, logs, sockets)",
-        *_environment(plan),
-    ]
-    lines += [
-        "",
-        f'logs="$RAYSTACK_HOME/clusters/$RAYSTACK_CLUSTER/{paths.LOGS}"',
-        'mkdir -p "$logs"',
-        'echo "raystack: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST (cluster $RAYSTACK_CLUSTER)"',
-        "# One task per node with all of the node's CPUs and GPUs; each appends to logs/node-<host>.log",
-        "# (one file per host across allocations: a chain keeps them all).",
-        "# --overlap lets `srun --jobid=... --overlap` debug steps run beside the cluster; the task",
-        "# count is explicit because srun inherits SLURM_NTASKS from whatever sbatch was given.",
-        "# SLURM's walltime warning (--signal=B:USR1@<lead>) reaches this shell only: leave a flag",
-        "# for the head node's program (it stops the jobs in flight so they can checkpoint).",
-        f'trap \'echo "raystack: walltime warning at $(date)"; touch "$RAYSTACK_HOME/clusters/'
-        f"$RAYSTACK_CLUSTER/{paths.WARNING.format(job='$SLURM_JOB_ID')}\"' USR1",
-        "# SIGTERM (scancel, the walltime) goes to the node programs too: wait for them to end, then",
-        "# kill what a node program that was killed could not stop (allocation/sweep.py).",
-        "trap : TERM",
-        'n="$SLURM_JOB_NUM_NODES"',
-        'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --open-mode=append '
-        f'--output="$logs/{paths.NODE_LOG.format(host="%N")}" \\',
-        '    "$RAYSTACK_PYTHON" -m raystack.allocation.node &',
-        "srun_pid=$!",
-        "status=0",
-        "while true; do  # `wait` returns early when a trapped signal arrives: wait again",
-        '    wait "$srun_pid" && status=0 || status=$?',
-        '    kill -0 "$srun_pid" 2>/dev/null || break',
-        "done",
-        '"$RAYSTACK_PYTHON" -m raystack.allocation.sweep "$SLURM_JOB_ID" || true',
-        'exit "$status"',
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def render_local_script(plan: AllocationPlan, gpu_ids: list[str]) -> str:
-    """The launch script of a local cluster (`raystack up --local`): the same profile setup and
-    environment, then the node program itself as a one-node allocation on this machine."""
-    assert plan.name and plan.home
-    lines = [
-        "#!/bin/bash",
-        f"# Generated by raystack {__version__} (profile {plan.profile.name}). It starts a one-node Ray",
-        "# cluster on this machine, without SLURM (`raystack up --local`): the node program runs here",
-        "# until `raystack down`. RAYSTACK_LOCAL_ID names this run; raystack finds the program by it.",
-        "set -euo pipefail",
-        "umask 077  # everything of the cluster is this user's only (node files, logs, sockets)",
-        *_environment(plan),
-        "",
-        "# This machine's share: no SLURM to say it.",
-        f"export RAYSTACK_LOCAL_GPUS={plan.gpus_per_node} RAYSTACK_LOCAL_CPUS={plan.cpus_per_task}",
-    ]
-    if plan.gpus_per_node:
-        lines.append(f"export CUDA_VISIBLE_DEVICES={','.join(gpu_ids)}")
-    lines += [
-        "# A job must not think it runs inside a SLURM job (this shell may be inside one).",
-        'for v in $(compgen -e | grep "^SLURM_" || true); do unset "$v"; done',
-        'echo "raystack: local allocation $RAYSTACK_LOCAL_ID on $(hostname) (cluster $RAYSTACK_CLUSTER)"',
-        'exec "$RAYSTACK_PYTHON" -m raystack.allocation.node',
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _wrap(argv: list[str], width: int = 94) -> list[str]:
-    """A command over several comment lines, broken between (never inside) quoted words."""
-    out, line = [], ""
-    for word in (shlex.quote(arg).replace("\n", "\\n") for arg in argv):
-        if line and len(line) + len(word) + 1 > width:
-            out.append(line + " \\")
-            line = "    " + word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*out, line]
-
-
-def _wrap_text(text: str, width: int = 94) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width)
+def render_script(plan: AllocationPlan, gpu_ids: list[str] | None = None) -> str:
+    """The allocation script of the plan's backend around raystack's environment lines."""
+    return allocator(plan.backend).render(
+        Script(
+            request=plan.request(),
+            environment=environment(plan),
+            profile=plan.profile.name,
+            note=plan.note,
+            path=plan.script_path,
+            gpu_ids=tuple(gpu_ids or ()),
+        )
+    )
 
 
 def hand_template() -> str:
@@ -390,7 +292,7 @@ def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
     if wants_node_shape(prof, options.get("gpus_per_node"), options.get("cpus_per_task")):
         partition = options.get("partition") or prof.partition
         try:
-            shape = slurm.node_shape(partition)
+            shape = allocator(prof.backend).node_shape(partition)
         except SlurmUnavailable:  # (not there, or no answer: the caller says what it means for it)
             raise
         except NoSuchPartition as exc:
@@ -413,7 +315,7 @@ def _within_time_limit(p: AllocationPlan, what: str) -> None:
     if not p.walltime:
         return
     try:
-        found = slurm.time_limit(p.partition)
+        found = allocator(p.backend).time_limit(p.partition)
     except SlurmError:
         return
     if found is not None and found[1] is not None and p.walltime > found[1]:
@@ -431,8 +333,9 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     # its record lost) would run a second queue runner on the same queue; one that runs another
     # RAYSTACK_HOME's cluster folder (another project's cluster of the same name) is no twin.
     mine = os.path.realpath(p.script_path)
+    backend = allocator(p.backend)
     try:
-        named = slurm.jobs_named(f"raystack-{p.name}").values()
+        named = backend.named(f"raystack-{p.name}")
     except SlurmMissing:  # (no SLURM commands on this host: said with the fix)
         raise
     except SlurmUnavailable as exc:
@@ -448,23 +351,23 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     ]
     if twins:
         raise ClusterError(
-            f"SLURM job {twins[0].job_id} ({twins[0].state.value}) already runs a cluster named "
-            f"'{p.name}': `scancel {twins[0].job_id}` first, or choose another --name"
+            f"{backend.where(twins[0].alloc_id)} ({twins[0].said}) already runs a cluster named "
+            f"'{p.name}': end it first (`scancel {twins[0].alloc_id}`), or choose another --name"
         )
-    options = p.sbatch_options()
+    request = p.request()
     prepare(
         p,
         render_script(p),
         chain_count=p.chain,
         signal_lead=p.signal_lead,
-        sbatch_options=options,
+        request=request.dump(),
+        backend=p.backend,
         message="submitting",
     )
-    backend = allocator("slurm")
     try:
-        alloc_id = backend.submit(p.script_path, options, paths.cluster(p.name).logs)
+        alloc_id = backend.submit(p.script_path, request)
     except SlurmUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
-        alloc_id = _queued_all_the_same(p.name, mine, exc)
+        alloc_id = _queued_all_the_same(backend, p.name, mine, exc)
     except SlurmError as exc:
         records.update_claim(p.name, state=ClusterState.FAILED, message=str(exc))
         why = why_refused(
@@ -483,21 +386,21 @@ def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> Clu
     raise ClusterError(f"cluster {name} was stopped or begun anew meanwhile: {alloc_id} cancelled")
 
 
-def _queued_all_the_same(name: str, script: str, exc: SlurmError) -> str:
+def _queued_all_the_same(backend: Allocator, name: str, script: str, exc: SlurmError) -> str:
     """sbatch got no answer from slurmctld (a timeout): the allocation may have been queued
     anyway. Asked once (never submitted again): its id when SLURM has a job running this very
     script; otherwise the record is FAILED and the error says what to look for."""
     try:
         queued = [
             i
-            for i in slurm.jobs_named(f"raystack-{name}").values()
+            for i in backend.named(f"raystack-{name}")
             if i.state.is_active() and os.path.realpath(i.command) == script  # (not the last one's, ended)
         ]
     except SlurmError:
         queued = []
     if queued:
         log.warning("raystack: warning: sbatch did not answer (%s), but SLURM queued the allocation", exc)
-        return queued[0].job_id
+        return queued[0].alloc_id
     records.update_claim(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
     raise ClusterError(
         f"SLURM did not answer sbatch ({exc}); it may have queued the allocation all the same: "
@@ -519,7 +422,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
         tls=p.profile.tls,
         gpus_per_node=p.gpus_per_node,
         cpus_per_node=p.cpus_per_task or 0,
-        walltime=p.walltime if fields.get("backend") != "local" else None,
+        walltime=p.walltime if p.backend != "local" else None,
         history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
         **fields,
     )
@@ -582,15 +485,17 @@ def plan_local(
     # Without a GPU to see (a login node, CI), --gpus G gives Ray G logical GPUs, as the testbed
     # does: placement and masking can be tested; CUDA cannot.
     ids = ids[:count] if ids else [str(i) for i in range(count)]
-    return plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores), ids
+    planned = plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores)
+    return replace(planned, backend="local"), ids
 
 
 def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     """Start a local plan's node program on this machine, detached. The record."""
     assert p.name and p.script_path and p.cluster_paths
     check_name_free(p.name)
-    prepare(p, render_local_script(p, gpu_ids), note="local", backend="local", message="starting")
+    prepare(p, render_script(p, gpu_ids), note="local", backend="local", message="starting")
     backend = allocator("local")
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
-    alloc_id = backend.submit(p.script_path, [], p.cluster_paths.node_log(local.this_host()))
+    log_file = p.cluster_paths.node_log(local.this_host())
+    alloc_id = backend.submit(p.script_path, replace(p.request(), output=str(log_file)))
     return _recorded(p.name, backend, alloc_id, f"started {backend.where(alloc_id)}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import raystack.client.allocate as allocate
-from raystack.adapters.allocator import SlurmState, allocator
+from raystack.adapters.allocator import AllocState, allocator
 from raystack.adapters.ray import Dashboard
 from raystack.client.access import live_dashboard
 from raystack.client.job import Job
@@ -297,7 +297,7 @@ class Cluster:
                     interval = SLURM_POLL_MAX
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
-                if info is not None and info.state is SlurmState.PENDING and estimate.moved(info):
+                if info is not None and info.state is AllocState.WAITING and estimate.moved(info):
                     say(last_said := pending_line(record, info))
                 elif (
                     record.state is ClusterState.SUBMITTED
@@ -478,8 +478,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ down
     def down(self, timeout: float = 120, clock: Clock = REAL) -> ClusterRecord:
-        """End the cluster and its chain: cancel the running allocation and any pending follow-on,
-        wait until SLURM has released them, mark the record."""
+        """End the cluster and its chain: cancel the running allocation, any pending follow-on and
+        the grown allocations, wait until SLURM has released them, mark the record."""
         record = self.settle()
         if record.state.is_terminal():
             self._sweep_local(record)
@@ -505,7 +505,8 @@ class Cluster:
             # once it sees `down`, and so does this loop).
             record = records.read(self.name)
             live.clear()
-            for job in dict.fromkeys(j for j in (record.allocation_id, record.next_allocation_id) if j):
+            mine = (record.allocation_id, record.next_allocation_id, *(g.alloc_id for g in record.grown))
+            for job in dict.fromkeys(j for j in mine if j):
                 info = backend.info(job)
                 if info is None or not info.state.is_terminal():
                     backend.cancel(job)

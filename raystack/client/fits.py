@@ -7,8 +7,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from raystack.adapters import slurm
-from raystack.adapters.slurm import NodeShape
+from raystack.adapters.allocator import NodeShape, allocator
 from raystack.errors import ConfigError, NoSuchPartition, SlurmError
 from raystack.spec.values import size_to_mb
 
@@ -34,13 +33,21 @@ def within(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
 
 
 def why_refused(
-    partition: str | None, nodes: int, gpus: int, cpus: int | None, mem: str | None, constraint: str | None
+    partition: str | None,
+    nodes: int,
+    gpus: int,
+    cpus: int | None,
+    mem: str | None,
+    constraint: str | None,
+    backend: str = "slurm",
 ) -> str:
     """What sinfo says a refused request does not fit (SLURM's own words name no number: `Node
     count specification invalid`, `Memory specification can not be satisfied`), as '; ...'; ''
     when sinfo sees no misfit or cannot say."""
     try:
-        shape = slurm.node_shape(partition)
+        shape = allocator(backend).node_shape(partition)
+        if shape is None:
+            return ""
         within(shape, nodes, gpus, cpus)
         asked = size_to_mb(mem or "0")  # (sbatch's --mem units)
     except (ConfigError, NoSuchPartition) as exc:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from raystack.adapters import slurm
-from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.adapters.allocator import AllocInfo, AllocState, allocator, asked
 from raystack.errors import SlurmError
 from raystack.slurmtime import duration_text
 from raystack.store import paths
@@ -40,7 +39,7 @@ class PendingShown:
 
     ESTIMATE_MOVES = 600  # seconds
 
-    def moved(self, info: JobInfo) -> bool:
+    def moved(self, info: AllocInfo) -> bool:
         if info.reason == self.reason and (
             info.start_time == self.start
             or (
@@ -52,18 +51,19 @@ class PendingShown:
         return True
 
 
-def unseen_output(name: str, info: JobInfo | None, now: float) -> str | None:
+def unseen_output(name: str, info: AllocInfo | None, now: float) -> str | None:
     """Why an allocation SLURM has run for UNSEEN_AFTER seconds has not been heard from: its
     output file (sbatch --output, in the cluster folder) is opened by SLURM on the node as the job
     starts, so where this host cannot see it the nodes do not share RAYSTACK_HOME's filesystem
     (/tmp, a node-local disk) and the cluster can never be seen READY from here. None otherwise."""
-    if info is None or info.state is not SlurmState.RUNNING or not info.start_time:
+    if info is None or info.state is not AllocState.RUNNING or not info.start_time:
         return None
-    output = paths.cluster(name).allocation_log(info.job_id)
+    output = paths.cluster(name).allocation_log(info.alloc_id)
     if now - info.start_time < UNSEEN_AFTER or output.exists():
         return None
     return (
-        f"SLURM job {info.job_id} has run for {duration_text(now - info.start_time)} on {info.nodes or '?'}, "
+        f"SLURM job {info.alloc_id} has run for {duration_text(now - info.start_time)} "
+        f"on {info.nodes or '?'}, "
         f"but its output {output} is not here: its nodes do not see RAYSTACK_HOME ({paths.home()}); put it "
         "on a filesystem the compute nodes share (not /tmp or a node-local disk), then `raystack down` "
         "and up again"
@@ -88,10 +88,10 @@ NEVER_STARTS = {  # reason: (what it means, what to change)
 }
 
 
-def never_starts(name: str, info: JobInfo | None) -> str | None:
+def never_starts(name: str, info: AllocInfo | None) -> str | None:
     """Why a PENDING allocation will never start, and the fix: `raystack down`, then up again
     with what SLURM's reason asks; None while it may still start."""
-    if info is None or info.state is not SlurmState.PENDING or info.reason not in NEVER_STARTS:
+    if info is None or info.state is not AllocState.WAITING or info.reason not in NEVER_STARTS:
         return None
     why, fix = NEVER_STARTS[info.reason]
     return f"it never starts ({why}): `raystack down {name}`, then up with {fix}"
@@ -102,19 +102,21 @@ def never_starts(name: str, info: JobInfo | None) -> str | None:
 NODES_OUT = ("ReqNodeNotAvail", "Nodes required for job are DOWN, DRAINED")
 
 
-def nodes_out(record: ClusterRecord, info: JobInfo | None) -> str | None:
+def nodes_out(record: ClusterRecord, info: AllocInfo | None) -> str | None:
     """Which of the partition's nodes are down or drained, when SLURM says only that a PENDING
     allocation waits for some, and how many can run jobs now; None otherwise (or sinfo silent)."""
-    if info is None or info.state is not SlurmState.PENDING or not info.reason.startswith(NODES_OUT):
+    if info is None or info.state is not AllocState.WAITING or not info.reason.startswith(NODES_OUT):
         return None
-    given = [o.partition("=")[2] for o in record.sbatch_options if o.startswith("--partition=")]
-    partition = given[-1] if given else None
+    request = asked(record)
+    given = [o.partition("=")[2] for o in request.native if o.startswith("--partition=")] if request else []
+    partition = request.queue if request and request.queue else given[-1] if given else None
     try:
-        usable, out = slurm.nodes_out(partition)
+        found = allocator(record.backend).nodes_out(partition)
     except SlurmError:
         return None
-    if not out:
+    if not found or not found[1]:
         return None
+    usable, out = found
     listed = ", ".join(f"{node} {why}" for node, why in list(out.items())[:4])
     where = f"partition {partition}" if partition else "the default partition"
     said = f"{where}: {listed}{' ...' if len(out) > 4 else ''}; {usable} of its nodes can run jobs now"
@@ -126,10 +128,10 @@ def nodes_out(record: ClusterRecord, info: JobInfo | None) -> str | None:
     return said
 
 
-def pending_line(record: ClusterRecord, info: JobInfo) -> str:
+def pending_line(record: ClusterRecord, info: AllocInfo) -> str:
     """What `up` and `wait` say of a PENDING allocation: its reason, SLURM's start estimate, and
     the fix where it never starts, or which nodes it waits for."""
     why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
     when = expected_start(info.start_time, time.time(), countdown=False)
     hint = never_starts(record.name, info) or nodes_out(record, info)
-    return f"PENDING in SLURM (job {info.job_id}, reason: {why}){when}" + (f"; {hint}" if hint else "")
+    return f"{info.said} in SLURM (job {info.alloc_id}, reason: {why}){when}" + (f"; {hint}" if hint else "")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from raystack.adapters import allocator as allocated
-from raystack.adapters.allocator import JobInfo
+from raystack.adapters.allocator import AllocInfo
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
@@ -37,7 +37,7 @@ class PendingEnd:
     state: ClusterState  # the state the cluster ends in (unless a follow-on takes over)
 
 
-def pending_end(record: ClusterRecord, info: JobInfo | None = None) -> PendingEnd | None:
+def pending_end(record: ClusterRecord, info: AllocInfo | None = None) -> PendingEnd | None:
     """How a live-looking record's allocation ended, when SLURM says it did (nothing is written).
     `info` saves a query when the caller has one."""
     if record.state.is_terminal():
@@ -72,7 +72,7 @@ def interrupted(record: ClusterRecord) -> PendingEnd | None:
     return PendingEnd("", Ending(EndKind.FAILED, text, False, False), ClusterState.FAILED)
 
 
-def never_started(name: str, alloc_id: str, ended: JobInfo) -> str:
+def never_started(name: str, alloc_id: str, ended: AllocInfo) -> str:
     """Why an allocation ended before its cluster started: SLURM's state and reason, and what the
     script last printed (a site's setup line that failed: `module: command not found`, a venv
     that is not there), which is the first thing a person needs to see."""
@@ -80,7 +80,7 @@ def never_started(name: str, alloc_id: str, ended: JobInfo) -> str:
     folder = paths.cluster(name)
     said = raylogs.last_line(folder.allocation_log(alloc_id), limit=300)
     said = SPOOLED.sub(f"{folder.script}: ", said)  # (the line number is the launch script's)
-    return f"{ended.state.value}{reason} before the cluster started" + (f": {said}" if said else "")
+    return f"{ended.said}{reason} before the cluster started" + (f": {said}" if said else "")
 
 
 def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord:
@@ -105,7 +105,7 @@ def job_as_ended(job: JobRecord, pending: PendingEnd | None) -> JobRecord:
     return job.model_copy(update={"state": state, "message": message})
 
 
-def settle(record: ClusterRecord, info: JobInfo | None = None) -> ClusterRecord:
+def settle(record: ClusterRecord, info: AllocInfo | None = None) -> ClusterRecord:
     """Write down the end of a live-looking record's allocation when SLURM says it ended (its jobs
     in flight settled, a follow-on handed the cluster or cancelled). The record as it now is."""
     pending = pending_end(record, info)

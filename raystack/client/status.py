@@ -6,13 +6,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raystack.adapters.allocator import JobInfo, SlurmState, allocator
+from raystack.adapters.allocator import Allocator, AllocInfo, AllocState, allocator
 from raystack.adapters.nccl import canary_words
 from raystack.client.access import live_dashboard
 from raystack.client.pending import never_starts, nodes_out, unseen_output
 from raystack.errors import ClusterError, RayApiError
+from raystack.slurmtime import duration_text
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat, read_lease
+from raystack.store.cluster import ClusterRecord, ClusterState, Grown, read_heartbeat, read_lease
 from raystack.store.queue import active, interrupted, waiting
 
 HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
@@ -50,6 +51,7 @@ class ClusterStatus:
     prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
     interconnect: str | None = None  # the canary at READY: bus bandwidth, transports, warnings
     slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
+    grown: list[dict[str, Any]] | None = None  # the grown allocations: id, nodes, state, hosts, time left
 
     @property
     def ready(self) -> bool:
@@ -94,11 +96,12 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         message=message,
         allocation_id=record.allocation_id,
         backend=record.backend,
-        slurm_state=info.state.value if info else None,
+        slurm_state=info.said if info else None,
         slurm_reason=info.reason if info else None,
-        slurm_expected_start=info.start_time or None if info and info.state is SlurmState.PENDING else None,
+        slurm_expected_start=info.start_time or None if info and info.state is AllocState.WAITING else None,
         time_left_s=time_left,
-        nodes_expected=record.nodes_expected,
+        nodes_expected=record.nodes_expected
+        + sum(g.nodes for g in record.grown if g.hosts and not g.released),
         nodes_alive=nodes,
         gpus=gpus,
         cpus=cpus,
@@ -109,7 +112,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         chain_index=record.chain_index,
         chain_count=record.chain_count,
         next_allocation_id=record.next_allocation_id,
-        next_state=nxt.state.value if nxt else None,
+        next_state=nxt.said if nxt else None,
         next_reason=nxt.reason if nxt else None,
         resuming_jobs=interrupted(name),
         idle_s=round(time.time() - record.idle_since, 1)
@@ -118,7 +121,35 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         idle_timeout_s=record.idle_timeout,
         prometheus=record.prometheus,
         interconnect=interconnect(record),
+        grown=[grown_row(backend, g) for g in record.grown if not g.released] or None,
     )
+
+
+def grown_lines(grown: list[dict[str, Any]] | None) -> list[str]:
+    """`raystack status`'s line for each grown allocation."""
+    lines = []
+    for g in grown or []:
+        said = f"{g['scheduler_state'] or '?'}" + (f" ({g['reason']})" if g["reason"] else "")
+        hosts = f" on {', '.join(g['hosts'])}" if g["hosts"] else ""
+        left = f", {duration_text(g['time_left_s'])} left" if g["time_left_s"] is not None else ""
+        lines.append(f"{g['allocation_id']} {g['state']}: {g['nodes']} node(s){hosts}, {said}{left}")
+    return lines
+
+
+def grown_row(backend: Allocator, grown: Grown) -> dict[str, Any]:
+    """One grown allocation as `status` shows it: what the scheduler says of it, and raystack."""
+    info = backend.info(grown.alloc_id)
+    state = "leaving" if grown.leaving else "joined" if grown.hosts else "waiting"
+    return {
+        "allocation_id": grown.alloc_id,
+        "nodes": grown.nodes,
+        "gpus_per_node": grown.gpus_per_node,
+        "state": state,
+        "scheduler_state": info.said if info else None,
+        "reason": info.reason if info and info.state is AllocState.WAITING else None,
+        "hosts": grown.hosts,
+        "time_left_s": backend.time_left(info),
+    }
 
 
 def interconnect(record: ClusterRecord) -> str | None:
@@ -126,7 +157,7 @@ def interconnect(record: ClusterRecord) -> str | None:
     return canary_words(record.canary) if record.canary else None
 
 
-def said(name: str, record: ClusterRecord, info: JobInfo | None) -> tuple[str, str]:
+def said(name: str, record: ClusterRecord, info: AllocInfo | None) -> tuple[str, str]:
     """The state and message `status` shows: DEGRADED when the head has gone silent; why
     nothing is heard from an allocation whose nodes do not see the cluster folder."""
     silent = head_silent(name, record)

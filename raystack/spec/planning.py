@@ -76,13 +76,14 @@ def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRec
         cluster.gpus_per_node,
         cluster.cpus_per_node,
     )
-    if nodes is None or nodes >= cluster.nodes_expected:
+    if nodes is None or nodes >= cluster.nodes_held:
         return cluster
-    return cluster.model_copy(update={"nodes_expected": nodes})
+    return cluster.model_copy(update={"nodes_expected": nodes, "grown": []})
 
 
 def shape_of(cluster: ClusterRecord) -> Shape:
-    return Shape(cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node)
+    """The nodes the cluster holds (grown ones of its shape too), their GPUs and CPUs."""
+    return Shape(cluster.nodes_held, cluster.gpus_per_node, cluster.cpus_per_node)
 
 
 def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayout:

@@ -113,6 +113,9 @@ class Profile(SpecModel):
     """The profile's name (its file name without .yaml)."""
     description: str = ""
     """One line about the site, shown by `raystack profiles`."""
+    backend: str = "slurm"
+    """The scheduler that gives the allocations: `slurm` (adapters/slurm.py); a site's own adapter
+    registers another name (docs/development.md, "A new scheduler")."""
     partition: str | None = None
     """sbatch --partition (`up -p` overrides it)."""
     account: str | None = None
@@ -194,6 +197,18 @@ class Profile(SpecModel):
     worker logs are pruned beyond it (0/off: never)."""
     job_log_cap: Size = Size("1G")
     """Each attempt's driver log: beyond it, its start and its end are kept."""
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        from raystack.adapters.allocator import ALLOCATORS
+
+        known = [b for b, a in ALLOCATORS.items() if a.remote]  # (local: `raystack up --local`)
+        if value not in known:
+            raise ValueError(
+                f"no scheduler {value!r} here; one of {', '.join(known)} (`up --local` for this machine)"
+            )
+        return value
 
     @field_validator("setup", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raystack import slurmtime
+from raystack.adapters.allocator import asked
 from raystack.errors import ConfigError
 from raystack.plan.topology import plural
 from raystack.slurmtime import duration_text
@@ -49,7 +50,7 @@ def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
     """An SPMD job's processes in all on this cluster (its defaults: every node, every GPU)."""
     if spec.kind != "spmd":
         return None
-    return (spec.nodes or cluster.nodes_expected) * (spec.procs_per_node or cluster.gpus_per_node or 1)
+    return (spec.nodes or cluster.nodes_held) * (spec.procs_per_node or cluster.gpus_per_node or 1)
 
 
 def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | None, int | None]:
@@ -65,7 +66,7 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
 
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
-    nodes, gpn, cpn = cluster.nodes_expected, cluster.gpus_per_node, cluster.cpus_per_node
+    nodes, gpn, cpn = cluster.nodes_held, cluster.gpus_per_node, cluster.cpus_per_node
     n = spec.needs
 
     def refused(asked: str, total: str = "") -> ConfigError:
@@ -140,13 +141,14 @@ def check_time_and_resources(spec: JobSpec, cluster: ClusterRecord, source: str)
 
 
 def cluster_walltime(cluster: ClusterRecord) -> float | None:
-    """Seconds each allocation of the cluster is given (the record's, or its sbatch --time)."""
+    """Seconds each allocation of the cluster is given (the record's, or its request's time)."""
     if cluster.walltime:
         return cluster.walltime
-    for option in cluster.sbatch_options:
-        if option.startswith("--time="):
-            with contextlib.suppress(ValueError):
-                return float(slurmtime.duration(option.removeprefix("--time=")))
+    request = asked(cluster)
+    times = [o.removeprefix("--time=") for o in request.native if o.startswith("--time=")] if request else []
+    for given in ([request.time] if request and request.time else []) + times:
+        with contextlib.suppress(ValueError):
+            return float(slurmtime.duration(given))
     return None
 
 

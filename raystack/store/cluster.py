@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -25,7 +25,7 @@ log = logging.getLogger("raystack")
 
 
 class ClusterState(str, Enum):
-    """The Ray cluster's state (never SLURM's: see adapters.allocator.SlurmState)."""
+    """The Ray cluster's state (never SLURM's: see adapters.allocator.AllocState)."""
 
     SUBMITTED = "SUBMITTED"  # sbatch accepted it (or the chain's next allocation): may be pending
     STARTING = "STARTING"  # the allocation runs; Ray is coming up
@@ -99,6 +99,25 @@ class Allocation(BaseModel):
     reason: str | None = None
 
 
+class Grown(BaseModel):
+    """A further allocation whose nodes joined the cluster as Ray workers (`raystack grow`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    alloc_id: str
+    nodes: int
+    gpus_per_node: int = 0
+    cpus_per_node: int = 0
+    queue: str | None = None  # its partition, where it is not the head's
+    submitted: float = Field(default_factory=time.time)
+    hosts: list[str] = Field(default_factory=list)  # its nodes, once they run
+    walltime_end: int | None = None  # epoch seconds, once it runs
+    leaving: str | None = None  # why it is being released (shrink): drained, then ended
+    deadline: float = 60.0  # seconds its drain may wait for the work on its nodes
+    drained: float | None = None  # epoch seconds: Ray's GCS took its nodes' drain
+    released: float | None = None  # epoch seconds: its nodes were told to leave
+
+
 class ClusterRecord(BaseModel):
     """cluster.json: everything a client needs to find and judge a cluster."""
 
@@ -109,7 +128,7 @@ class ClusterRecord(BaseModel):
     state: ClusterState = ClusterState.SUBMITTED
     message: str = ""
     profile: str = "generic"
-    backend: Literal["slurm", "local"] = "slurm"  # where allocations come from (adapters/allocator.py)
+    backend: str = "slurm"  # the scheduler allocations come from (adapters/allocator.py)
     allocation_id: str | None = None  # SLURM's job id, or a local allocation's own id
     submitter: str | None = None  # host:pid of the `raystack up` that wrote the first record
     allocation_restart: int = 0  # which run of it holds the cluster (SLURM restarts a requeued job)
@@ -134,11 +153,12 @@ class ClusterRecord(BaseModel):
     chain_count: int = 1  # allocations in all (raystack up --chain K)
     chain_index: int = 1  # which of them runs (or is pending) now
     signal_lead: int = 600  # seconds before the walltime at which SLURM warns (USR1)
-    sbatch_options: list[str] = Field(default_factory=list)  # what sbatch was given: the follow-on too
+    request: dict[str, Any] | None = None  # what the allocation asked (allocator.Request): the follow-on too
     next_allocation_id: str | None = None  # the follow-on allocation, pending on this one (afterany)
     ending: EndKind | None = None  # how the current allocation is ending, once that is known
     chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
     allocations: list[Allocation] = Field(default_factory=list)  # one entry per allocation run
+    grown: list[Grown] = Field(default_factory=list)  # further allocations of workers (`raystack grow`)
     # How messages name it; `raystack check --profile` judges a job against the cluster a profile
     # would make, which is no cluster of its own name. Never written.
     described: str | None = Field(default=None, exclude=True)
@@ -170,6 +190,17 @@ class ClusterRecord(BaseModel):
         ]
         data["schema_version"] = SCHEMA
         return data
+
+    @property
+    def nodes_held(self) -> int:
+        """The nodes the cluster's jobs may count on: its own allocation's and those of grown
+        allocations of the same node shape that are not leaving (a heterogeneous one's nodes are
+        Ray's to use, by resources, but not counted in the cluster's nodes x GPUs)."""
+        same = (g for g in self.grown if g.gpus_per_node == self.gpus_per_node and not g.leaving)
+        return self.nodes_expected + sum(g.nodes for g in same)
+
+    def grown_entry(self, alloc_id: str) -> Grown | None:
+        return next((g for g in self.grown if g.alloc_id == alloc_id), None)
 
     @property
     def called(self) -> str:
@@ -291,6 +322,25 @@ def note_allocation(record: ClusterRecord, alloc_id: str, **fields: Any) -> None
         record.allocations = [*record.allocations, entry]
     for key, value in fields.items():
         setattr(entry, key, value)
+
+
+def note_grown(name: str, alloc_id: str, **fields: Any) -> Grown | None:
+    """Add (with `nodes`) or update the entry of a grown allocation, under the lock; None when the
+    record has no such entry and none is made."""
+    with locked(paths.cluster(name)):
+        record = read(name)
+        entry = record.grown_entry(alloc_id)
+        if entry is None:
+            if "nodes" not in fields:
+                return None
+            entry = Grown(alloc_id=alloc_id, **fields)
+            record.grown = [*record.grown, entry]
+        else:
+            for key, value in fields.items():
+                setattr(entry, key, value)
+            record.grown = list(record.grown)
+        write(record)
+        return entry
 
 
 def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:

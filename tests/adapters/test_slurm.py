@@ -6,7 +6,7 @@ import pytest
 
 from raystack import errors
 from raystack.adapters import slurm
-from raystack.adapters.allocator import SlurmState as JobState
+from raystack.adapters.allocator import AllocState
 from raystack.errors import NoSuchPartition, SlurmError
 from raystack.spec.values import size_to_mb
 
@@ -20,12 +20,12 @@ def fixture(name: str) -> str:
 def test_squeue_format_states_times_and_names() -> None:
     """Recorded with raystack's own --format on the testbed: finished, running and pending jobs."""
     jobs = slurm.parse_squeue(fixture("squeue-format.txt"))
-    assert {k: v.state for k, v in jobs.items()} == {
-        "2": JobState.CANCELLED,
-        "4": JobState.CANCELLED,
-        "5": JobState.FAILED,
-        "6": JobState.RUNNING,
-        "7": JobState.PENDING,
+    assert {k: (v.native, v.state) for k, v in jobs.items()} == {
+        "2": ("CANCELLED", AllocState.ENDED),
+        "4": ("CANCELLED", AllocState.ENDED),
+        "5": ("FAILED", AllocState.ENDED),
+        "6": ("RUNNING", AllocState.RUNNING),
+        "7": ("PENDING", AllocState.WAITING),
     }
     assert jobs["4"].name == "name with | pipe"  # the name is last: it may hold the separator
     assert jobs["6"].nodes == "node[1-2]" and jobs["6"].node_count == 2
@@ -146,24 +146,30 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "state"),
+    ("raw", "native", "state"),
     [
-        ("RUNNING", JobState.RUNNING),
-        ("CANCELLED by 0", JobState.CANCELLED),
-        ("OUT_OF_MEMORY", JobState.OUT_OF_MEMORY),
-        ("NODE_FAIL", JobState.NODE_FAIL),
-        ("SOMETHING_NEW", JobState.UNKNOWN),
-        ("", JobState.UNKNOWN),
+        ("RUNNING", "RUNNING", AllocState.RUNNING),
+        ("PENDING", "PENDING", AllocState.WAITING),
+        ("CONFIGURING", "CONFIGURING", AllocState.STARTING),
+        ("COMPLETING", "COMPLETING", AllocState.ENDING),
+        ("CANCELLED by 0", "CANCELLED", AllocState.ENDED),
+        ("OOM", "OUT_OF_MEMORY", AllocState.ENDED),
+        ("NODE_FAIL", "NODE_FAIL", AllocState.ENDED),
+        ("SOMETHING_NEW", "SOMETHING_NEW", AllocState.UNKNOWN),
+        ("", "", AllocState.UNKNOWN),
     ],
 )
-def test_state_table(raw: str, state: JobState) -> None:
-    assert slurm.parse_state(raw) is state
+def test_state_table(raw: str, native: str, state: AllocState) -> None:
+    """SLURM's word is kept (messages, why_ended); raystack judges by the state in its own words."""
+    got = slurm.answer("1", raw)
+    assert (got.native, got.state) == (native, state)
 
 
 def test_terminal_and_active() -> None:
-    assert JobState.TIMEOUT.is_terminal() and not JobState.TIMEOUT.is_active()
-    assert JobState.PENDING.is_active() and not JobState.PENDING.is_terminal()
-    assert not JobState.UNKNOWN.is_terminal() and not JobState.UNKNOWN.is_active()
+    assert AllocState.ENDED.is_terminal() and not AllocState.ENDED.is_active()
+    assert AllocState.GONE.is_terminal()
+    assert AllocState.WAITING.is_active() and not AllocState.WAITING.is_terminal()
+    assert not AllocState.UNKNOWN.is_terminal() and not AllocState.UNKNOWN.is_active()
 
 
 @pytest.mark.parametrize(("out", "job"), [("123\n", "123"), ("77;cluster2\n", "77"), ("warn\n9\n", "9")])
@@ -183,7 +189,7 @@ def test_sacct_parsable2_skips_steps() -> None:
     text += "42.batch|CANCELLED|batch|node1|x|y|0:15\n"
     jobs = slurm.parse_sacct(text)
     assert list(jobs) == ["42"]
-    assert jobs["42"].state is JobState.TIMEOUT
+    assert jobs["42"].state is AllocState.ENDED and jobs["42"].native == "TIMEOUT"
 
 
 def test_sacct_disabled_message_is_recorded() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import context as node
+from raystack.adapters import slurm
 from raystack.allocation import rayproc, raystart
 from raystack.allocation.context import NodeContext
 
@@ -17,12 +17,12 @@ from raystack.allocation.context import NodeContext
     [("16", [16]), ("16(x3)", [16, 16, 16]), ("16(x2),8", [16, 16, 8]), ("72,72", [72, 72])],
 )
 def test_slurm_job_cpus_per_node(value: str, counts: list[int]) -> None:
-    assert node.parse_cpus_per_node(value) == counts
+    assert slurm.parse_cpus_per_node(value) == counts
 
 
 def test_bad_cpus_per_node_is_an_error() -> None:
     with pytest.raises(ValueError, match="SLURM_JOB_CPUS_PER_NODE"):
-        node.parse_cpus_per_node("lots")
+        slurm.parse_cpus_per_node("lots")
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_bad_cpus_per_node_is_an_error() -> None:
     ],
 )
 def test_gpus_come_from_slurm_never_autodetection(env: dict[str, str], gpus: int) -> None:
-    assert node.gpus_on_node(env) == gpus
+    assert slurm.gpus_on_node(env) == gpus
 
 
 def test_ports_are_distinct_and_free() -> None:

@@ -88,11 +88,11 @@ def test_script_golden() -> None:
 
 
 def test_sbatch_argv_golden() -> None:
-    check_golden("tricky.argv", "\n".join(tricky_plan().sbatch_argv()) + "\n")
+    check_golden("tricky.argv", "\n".join(tricky_plan().argv()) + "\n")
 
 
 def test_argv_keeps_values_whole() -> None:
-    argv = tricky_plan().sbatch_argv()
+    argv = tricky_plan().argv()
     assert "--partition=gpu batch" in argv
     assert "--account=proj's" in argv
     assert "--gpus-per-node=h100:4" in argv
@@ -150,11 +150,11 @@ GH200 = NodeShape(partition="gh", cpus=288, gpus=4, nodes=10, uniform=True)
 def test_plan_uses_profile_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     plan = allocate.plan(2, profile="isambard", name="x", shape=GH200)
-    assert plan.time == "24:00:00" and plan.gpus_per_node == 4 and "--exclusive" in plan.sbatch_argv()
+    assert plan.time == "24:00:00" and plan.gpus_per_node == 4 and "--exclusive" in plan.argv()
     plan = allocate.plan(
         2, profile="isambard", name="x", time="2:00:00", gpus_per_node=2, partition="p", shape=GH200
     )
-    assert {"--time=2:00:00", "--gpus-per-node=2", "--partition=p"} <= set(plan.sbatch_argv())
+    assert {"--time=2:00:00", "--gpus-per-node=2", "--partition=p"} <= set(plan.argv())
 
 
 def test_without_a_profile_whole_nodes_are_asked_and_said(
@@ -163,13 +163,13 @@ def test_without_a_profile_whole_nodes_are_asked_and_said(
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     assert allocate.wants_node_shape(allocate.load_profile("generic"), None, None)
     plan = allocate.plan(4, name="x", shape=GH200)
-    argv = plan.sbatch_argv()
+    argv = plan.argv()
     assert {"--cpus-per-task=288", "--gpus-per-node=4", "--mem=0"} <= set(argv)
     assert "whole nodes: 288 CPUs and 4 GPUs per node, all memory, as partition gh's nodes" in plan.note
     assert "# whole nodes: 288 CPUs" in allocate.render_script(plan)
     # Flags override what sinfo says; a profile with counts needs no sinfo at all.
     plan = allocate.plan(4, name="x", shape=GH200, gpus_per_node=2, cpus_per_task=20)
-    assert {"--cpus-per-task=20", "--gpus-per-node=2"} <= set(plan.sbatch_argv())
+    assert {"--cpus-per-task=20", "--gpus-per-node=2"} <= set(plan.argv())
     assert not allocate.wants_node_shape(allocate.load_profile("testbed"), None, None)
     odd = NodeShape(partition="mix", cpus=32, gpus=8, nodes=3, uniform=False)
     assert "the smallest node: they differ" in allocate.plan(1, name="x", shape=odd).note
@@ -225,7 +225,7 @@ def test_walltime_warning_leaves_a_flag_and_the_script_keeps_waiting(tmp_path: P
     must leave the flag file the head polls for."""
     plan = tricky_plan()
     script = allocate.render_script(plan)
-    assert "--signal=B:USR1@600" in plan.sbatch_argv()
+    assert "--signal=B:USR1@600" in plan.argv()
     body = script.split('\nlogs="', 1)[1]
     fake = (
         f"RAYSTACK_HOME={tmp_path}; RAYSTACK_CLUSTER=c; SLURM_JOB_ID=42; SLURM_JOB_NUM_NODES=1\n"
@@ -303,7 +303,7 @@ def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
 
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)
-    monkeypatch.setattr(LocalAllocator, "submit", lambda self, script, options, log: "local-vm-0000")
+    monkeypatch.setattr(LocalAllocator, "submit", lambda self, script, request: "local-vm-0000")
     plan, ids = allocate.plan_local(gpus=0, cpus=1, profile=Profile(gpus_per_node=0), name="w")
     record = allocate.start_local(plan, ids)
     assert record.allocation_id == "local-vm-0000"
@@ -315,7 +315,7 @@ def test_a_walltime_shorter_than_the_profiles_signal_lead_gets_a_quarter_of_it_a
     user never gave; SLURM warns a quarter of the walltime ahead, and the note says so."""
     profile = Profile(gpus_per_node=0, cpus_per_task=1, signal_lead="10m")
     plan = allocate.plan(1, profile=profile, name="x", time="10")
-    assert plan.signal_lead == 150 and "--signal=B:USR1@150" in plan.sbatch_options()
+    assert plan.signal_lead == 150 and "--signal=B:USR1@150" in plan.argv()
     assert "the walltime 10m is not longer than profile generic's signal_lead (10m)" in plan.note
     assert allocate.plan(1, profile=profile, name="x", time="1:00:00").signal_lead == 600
     assert not allocate.plan(1, profile=profile, name="x", time="1:00:00").note
@@ -331,7 +331,7 @@ def test_the_plan_reads_the_walltime_once_for_sbatch_and_for_the_record(
 ) -> None:
     plan = allocate.plan(2, name="w", time=time, gpus_per_node=0, cpus_per_task=1)
     assert plan.time == text and plan.walltime == seconds
-    assert f"--time={text}" in plan.sbatch_options()
+    assert f"--time={text}" in plan.argv()
 
 
 def test_a_constraint_no_node_has_is_named_with_the_features_there() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from raystack import Cluster
-from raystack.adapters.allocator import JobInfo, SlurmState
+from raystack.adapters import slurm
 from raystack.client.pending import pending_line
 from raystack.errors import ClusterError
 from raystack.store import cluster as clusters
@@ -61,7 +61,6 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     and `up` would wait in silence for ever. SLURM opens the allocation's output file in the
     cluster folder as it starts: not seeing it here after a minute says why."""
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.store import paths
 
     clusters.create("c")
@@ -72,7 +71,7 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     monkeypatch.setattr(
         slurm,
         "job_info",
-        lambda alloc_id: JobInfo(alloc_id, SlurmState.RUNNING, nodes="n[1-2]", start_time=started),
+        lambda alloc_id: slurm.answer(alloc_id, "RUNNING", nodes="n[1-2]", start_time=started),
     )
     if output_seen:  # (setup lines still running: nothing to say)
         out = paths.cluster("c").allocation_log("77")
@@ -99,16 +98,14 @@ def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
     """PartitionTimeLimit (an allocation submitted by hand, or where sinfo did not answer): SLURM
     keeps it PENDING for ever; `up`, `wait` and `status` say so, and what to change."""
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import JobInfo, SlurmState, allocator
+    from raystack.adapters.allocator import allocator
 
     clusters.create("c")
     clusters.write(
         ClusterRecord(name="c", state=ClusterState.SUBMITTED, allocation_id="77", nodes_expected=2)
     )
     reason = "PartitionTimeLimit"
-    monkeypatch.setattr(
-        slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.PENDING, reason=reason)
-    )
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "PENDING", reason=reason))
     clock, said = FakeClock(0.0), []
     with pytest.raises(ClusterError, match="not READY after 30s"):
         Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock)
@@ -140,7 +137,6 @@ def test_state_history_records_every_change_once(home: Path) -> None:
 
 def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import JobInfo, SlurmState
 
     with pytest.raises(ClusterError, match=r"no clusters in .*raystack up --nodes N"):
         clusters.resolve(None)
@@ -159,7 +155,7 @@ def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A record that still says READY but whose allocation SLURM says ended is not live: its head
     # could not record the end (SIGKILL), and `raystack down` alone means the other one.
     clusters.update("c", allocation_id="77")
-    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.TIMEOUT))
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "TIMEOUT"))
     assert Cluster.get().name == "b"
     with pytest.raises(ClusterError, match=r"several clusters \(b, c\)"):
         clusters.resolve(None)  # (the store alone reads the records as they are)
@@ -215,7 +211,6 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
     before the head writes anything: the record says SLURM's reason and the script's last words,
     at the launch script's line, not just "FAILED"."""
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.store import paths
 
     clusters.create("c")
@@ -227,7 +222,7 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
             "module: command not found\n\n"
         )
     monkeypatch.setattr(
-        slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.FAILED, reason="NonZeroExitCode")
+        slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "FAILED", reason="NonZeroExitCode")
     )
     record = Cluster("c").status()
     assert record.state == "FAILED"
@@ -321,13 +316,12 @@ def test_slurms_start_estimate_is_said_once_it_has_one() -> None:
 
 
 def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_really_moves() -> None:
-    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.client.pending import PendingShown
 
     shown = PendingShown()
 
     def pending(reason: str, start: int = 0) -> bool:
-        return shown.moved(JobInfo("7", SlurmState.PENDING, reason=reason, start_time=start))
+        return shown.moved(slurm.answer("7", "PENDING", reason=reason, start_time=start))
 
     assert pending("Priority")  # the first word
     assert not pending("Priority")
@@ -343,7 +337,6 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
 ) -> None:
     """The record said `READY 2 nodes, 8 GPUs ready` while Ray had 1 (a worker's raylet killed)."""
     from raystack.adapters import slurm
-    from raystack.adapters.allocator import JobInfo, SlurmState
     from raystack.adapters.ray import NodeSummary
     from raystack.client import status
 
@@ -358,7 +351,7 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
             message="2 nodes, 8 GPUs ready",
         )
     )
-    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: JobInfo(alloc_id, SlurmState.RUNNING))
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "RUNNING"))
 
     class OneNode:
         def alive_nodes(self, timeout: float) -> list[NodeSummary]:
@@ -402,15 +395,18 @@ def test_an_allocation_waiting_for_drained_nodes_says_which_and_how_many_run_job
     (shim / "sinfo").write_text(f"#!/bin/sh\ncat {fixture}\n")
     (shim / "sinfo").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
-    record = ClusterRecord(name="big", nodes_expected=4, sbatch_options=["--nodes=4", "--partition=testbed"])
+    record = ClusterRecord(name="big", nodes_expected=4, request={"name": "raystack-big", "queue": "testbed"})
+    # (a record an earlier version wrote kept sbatch's options: its partition is read from them)
+    legacy = ClusterRecord(name="big", nodes_expected=4, sbatch_options=["--nodes=4", "--partition=testbed"])
     reason = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
-    line = pending_line(record, JobInfo("11", SlurmState.PENDING, reason=reason))
+    line = pending_line(record, slurm.answer("11", "PENDING", reason=reason))
+    assert pending_line(legacy, slurm.answer("11", "PENDING", reason=reason)) == line
     assert line.endswith(
         f"reason: {reason}); partition testbed: node3 down (bad dimm), node4 drained (maintenance); 2 of its "
         "nodes can run jobs now, and it asks 4: it starts when enough return, or `raystack down big` and up "
         "with --nodes 2"
     ), line
-    assert "partition" not in pending_line(record, JobInfo("11", SlurmState.PENDING, reason="Priority"))
+    assert "partition" not in pending_line(record, slurm.answer("11", "PENDING", reason="Priority"))
 
 
 def test_a_local_cluster_of_another_host_is_not_downed_from_here(home: Path) -> None:

@@ -95,6 +95,8 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
         ("chain: yes\n", r"field 'chain': true is a yes/no \(YAML reads yes, no, on, off so\), not a number"),
         ("prometheus: /usr/bin/prometheus\n", r"prometheus needs `metrics: true`"),
         ("grafana_host: http://g:3000\n", r"grafana_host needs `metrics: true`"),
+        ("backend: pbs\n", r"field 'backend'.*no scheduler 'pbs' here; one of slurm"),
+        ("backend: local\n", r"field 'backend'.*`up --local` for this machine"),
     ],
 )
 def test_bad_profile_is_one_line_naming_file_and_field(

@@ -22,7 +22,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.adapters import slurm
-from raystack.adapters.allocator import SlurmState
+from raystack.adapters.allocator import AllocState
 from raystack.client import Job
 from raystack.store import cluster as clusters
 from raystack.store import queue
@@ -49,7 +49,7 @@ def alive(job: str | None) -> bool:
 
 def holds_nodes(job: str) -> bool:
     info = slurm.job_info(job)
-    return info is not None and info.state is not SlurmState.PENDING
+    return info is not None and info.state is not AllocState.WAITING
 
 
 def kill_node(job: str, host: str) -> int:
@@ -97,7 +97,7 @@ def test_follow_on_waits_in_slurm_while_the_first_runs(chain: dict) -> None:
     wait_until(lambda: clusters.read("chain").next_allocation_id, 60, "the follow-on to be submitted")
     nxt = str(clusters.read("chain").next_allocation_id)
     info = slurm.job_info(nxt)
-    assert info is not None and info.state is SlurmState.PENDING and info.reason == "Dependency"
+    assert info is not None and info.state is AllocState.WAITING and info.reason == "Dependency"
     st = json.loads(raystack("status", "chain", "--json").stdout)
     assert (st["chain_index"], st["chain_count"], st["next_allocation_id"], st["next_state"]) == (
         1,

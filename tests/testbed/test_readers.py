@@ -49,7 +49,7 @@ def running_job(rs_home: Path, name: str) -> tuple[str, str]:
         [f"--job-name=raystack-{name}", "--nodes=1", f"--output={rs_home}/s.out"], str(script)
     )
     wait_until(
-        lambda: (i := slurm.job_info(alloc)) and i.state is slurm.SlurmState.RUNNING, 60, "the sleeper"
+        lambda: (i := slurm.job_info(alloc)) and i.state is slurm.AllocState.RUNNING, 60, "the sleeper"
     )
     records.create(name)
     records.write(

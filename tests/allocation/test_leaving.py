@@ -1,0 +1,81 @@
+"""A grown allocation leaving (allocation/leaving.py): drained through Ray's GCS once, released when
+its nodes run nothing or its deadline has passed; the head's own nodes are never drained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raystack.adapters.ray import NodeSummary
+from raystack.allocation.leaving import Leaving
+from raystack.store import cluster as records
+
+
+class FakeRay:
+    def __init__(self) -> None:
+        self.busy = {"n-grown-1": 2, "n-grown-2": 0}
+        self.nodes = [
+            NodeSummary("n-head", "10.0.0.1", True, {}),
+            NodeSummary("n-mine", "10.0.0.2", False, {}),
+            NodeSummary("n-grown-1", "10.0.0.3", False, {}),
+            NodeSummary("n-grown-2", "10.0.0.4", False, {}),
+        ]
+
+    def alive_nodes(self) -> list[NodeSummary]:
+        return self.nodes
+
+    def node_busy(self, node_id: str) -> int:
+        return self.busy[node_id]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
+    records.create("c")
+    records.update("c", allocation_id="7", gcs_address="10.0.0.1:6379")
+    for host, ip, alloc in (
+        ("a", "10.0.0.1", "7"),
+        ("b", "10.0.0.2", "7"),
+        ("c", "10.0.0.3", "8"),
+        ("d", "10.0.0.4", "8"),
+    ):
+        records.write_node_entry("c", host, {"ip": ip, "alloc_id": alloc})
+    records.note_grown("c", "8", nodes=2, hosts=["c", "d"])
+    return "c"
+
+
+def test_drained_once_then_released_when_idle_or_late(cluster: str) -> None:
+    ray, now, ran = FakeRay(), [1000.0], []
+    leaving = Leaving(
+        cluster, lambda: ray, {"RAY_AUTH_MODE": "token"}, lambda: now[0], lambda a, e: ran.append(a)
+    )  # type: ignore[arg-type,return-value]
+    leaving()  # (nobody asked it to leave: nothing happens)
+    assert ran == [] and records.read(cluster).grown[0].drained is None
+    records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
+    leaving()
+    drained = {a[3].removeprefix("--node-id=") for a in ran}
+    assert drained == {"n-grown-1", "n-grown-2"}  # (its own nodes only, never the head's)
+    assert all(
+        "--reason=DRAIN_NODE_REASON_PREEMPTION" in a and "--deadline-remaining-seconds=30" in a for a in ran
+    )
+    assert records.read(cluster).grown[0].drained == 1000.0
+    now[0] += 10
+    leaving()  # (an actor still runs on one of them)
+    assert records.read(cluster).grown[0].released is None and len(ran) == 2  # (drained once)
+    ray.busy["n-grown-1"] = 0
+    leaving()
+    assert records.read(cluster).grown[0].released == 1010.0
+
+
+def test_released_at_the_deadline_while_still_busy(cluster: str) -> None:
+    ray, now = FakeRay(), [1000.0]
+    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], lambda a, e: None)  # type: ignore[arg-type]
+    records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
+    leaving()
+    now[0] += 29
+    leaving()
+    assert records.read(cluster).grown[0].released is None
+    now[0] += 1
+    leaving()
+    assert records.read(cluster).grown[0].released == 1030.0
