@@ -175,7 +175,7 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     assert not [p for p in drivers if cmdline(p)], "the job's driver outlived its cluster"
     assert not temp[0].exists(), "Ray's temp folder was left"
     text = rs(home, "status", "k", check=False).stdout
-    assert "slurm" not in text and f"{job_id} COMPLETED" in text, text
+    assert "slurm" not in text and f"{job_id} ENDED" in text, text
     # What may be left after that (a process that inherited the id later): `down` sweeps it too...
     orphan = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, local.ENV_ID: job_id}
