@@ -166,6 +166,7 @@ class Allocator(ABC):
     label: ClassVar[str]  # how a person is told where it runs: "SLURM job 12"
     remote: ClassVar[bool]  # its nodes are other hosts than the one that submitted it
     command: ClassVar[str] = ""  # its submit command as a person types it ("sbatch")
+    own_env: ClassVar[tuple[str, ...]] = ()  # prefixes of the variables it gives an allocation
 
     @abstractmethod
     def submit(self, script: Path, request: Request) -> str:

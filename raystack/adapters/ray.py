@@ -376,11 +376,12 @@ class Dashboard:
         CPU %, memory, GPUs (utilisation, MiB), and the raylet's node id and state."""
         return list(self._get("/nodes", view="summary").get("summary") or [])
 
-    def node_busy(self, node_id: str) -> int:
-        """Actors alive and tasks running on one node: what its drain waits for."""
+    def node_work(self, node_id: str) -> list[str]:
+        """The Ray job id of each actor alive and each task running on one node (what its drain
+        waits for)."""
         actors = self._state_list("actors", [("node_id", "=", node_id), ("state", "=", "ALIVE")])
         tasks = self._state_list("tasks", [("node_id", "=", node_id), ("state", "=", "RUNNING")])
-        return len(actors) + len(tasks)
+        return [str(getattr(w, "job_id", "") or "") for w in [*actors, *tasks]]
 
     def node_processes(self, node_id: str) -> list[dict[str, Any]]:
         """The Ray worker and agent processes of one node with their CPU % (psutil's)."""

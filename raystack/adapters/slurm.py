@@ -448,6 +448,7 @@ class SlurmAllocator(Allocator):
     label = "SLURM job"
     remote = True
     command = "sbatch"
+    own_env = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
     SLOW_FAILURE = 5.0
     QUIET = 30.0
 

@@ -21,6 +21,7 @@ import time
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.allocation import canary, prometheus
+from raystack.allocation.autoscale import Autoscale
 from raystack.allocation.context import (
     POLL,
     NodeContext,
@@ -390,6 +391,7 @@ class Head:
                 ("walltime warning", self.check_warning),
                 ("node watch", self.watch_nodes),
                 ("grown allocations leaving", Leaving(self.ctx.cluster, self.dashboard, ray_env(self.ctx))),
+                ("growing for the queue", Autoscale(self.ctx.cluster, self.dashboard)),
                 ("GPU report", self.report),
                 ("reaping", self.reap),
                 ("usage sample", self.sample),

@@ -59,6 +59,9 @@ class IdleWatch:
         running = active(self.cluster)
         if running:
             return f"job {running[0]}"
+        grown = [g.alloc_id for g in records.read(self.cluster).grown if not g.released]
+        if grown:  # (released first, when idle: allocation/autoscale.py; then the cluster's own clock)
+            return f"grown allocation {grown[0]}"
         dashboard = self.dashboard()
         if dashboard is None:
             return "no dashboard yet"

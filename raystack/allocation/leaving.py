@@ -1,22 +1,29 @@
-"""Grown allocations leaving the cluster (`raystack shrink`): a duty of the head's node program.
+"""Grown allocations leaving the cluster (`raystack shrink`, or SLURM's walltime warning for the
+grown allocation: its script leaves the flag, as the head's does): a duty of the head's node program.
 
 Their Ray nodes are drained through Ray's GCS drain API (`ray drain-node`, the API autoscaler v2
-uses): nothing new lands there. Once no actor or task runs on them (or the allocation's drain
-deadline has passed), the record says `released`: their node programs stop their Ray and leave,
-and `shrink` ends the allocation.
+uses): nothing new lands there. A queued job with an actor or a task there is stopped and put
+back in the queue (`evicted`: the runner does it, allocation/retry.py). Once no actor or task
+runs on them (or the allocation's drain deadline has passed), the record says `released`: their
+node programs stop their Ray and leave, and `shrink` ends the allocation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import time
 from collections.abc import Callable
 
+from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard, NodeSummary, drain_argv
-from raystack.errors import RayApiError
+from raystack.errors import RayApiError, RaystackError
 from raystack.store import cluster as records
+from raystack.store import paths
+from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, Grown
+from raystack.store.ledger import JobRecord, read_job, update_job
 
 log = logging.getLogger("raystack.node")
 
@@ -37,59 +44,98 @@ class Leaving:
         dashboard: Callable[[], Dashboard | None],
         env: dict[str, str],
         now: Callable[[], float] = time.time,
-        run: Callable[[list[str], dict[str, str]], str | None] | None = None,
+        run: Callable[[list[list[str]], dict[str, str]], list[str | None]] | None = None,
     ):
         self.name, self.dashboard, self.env, self.now = name, dashboard, env, now
         self.run = run or drain
+        self.busy: dict[str, int] = {}  # (the work last seen on each leaving allocation's nodes)
 
     def __call__(self) -> None:
         record = records.read(self.name)
         api = self.dashboard()
-        for grown in record.grown:
-            if api is not None and grown.leaving and not grown.released:
+        for entry in record.grown:
+            grown: Grown | None = entry
+            if not entry.leaving and not entry.released and self.warned(entry):
+                left = max(5.0, (entry.walltime_end or self.now()) - self.now() - 15)
+                grown = records.note_grown(self.name, entry.alloc_id, leaving="its walltime", deadline=left)
+            if api is not None and grown is not None and grown.leaving and not grown.released:
                 self.step(record, grown, api)
+
+    def warned(self, grown: Grown) -> bool:
+        """SLURM's walltime warning reached the grown allocation's script (it left the flag)."""
+        return paths.cluster(self.name).warning(grown.alloc_id).exists()
 
     def step(self, record: ClusterRecord, grown: Grown, api: Dashboard) -> None:
         nodes = nodes_of(record, grown, api.alive_nodes())
         if grown.drained is None:
-            for node in nodes:
-                refused = self.run(
-                    drain_argv(
-                        str(record.gcs_address), node.node_id, grown.leaving or "shrink", grown.deadline
-                    ),
-                    self.env,
-                )
+            why = grown.leaving or "shrink"
+            argvs = [drain_argv(str(record.gcs_address), n.node_id, why, grown.deadline) for n in nodes]
+            for node, refused in zip(nodes, self.run(argvs, self.env), strict=True):
                 if refused:
                     log.warning(
                         "Ray did not drain node %s of allocation %s: %s", node.ip, grown.alloc_id, refused
                     )
-            log.info(
-                "allocation %s leaving (%s): %d Ray nodes drained", grown.alloc_id, grown.leaving, len(nodes)
-            )
-            self.mark(grown.alloc_id, drained=self.now())
-            return
-        try:
-            busy = sum(api.node_busy(n.node_id) for n in nodes)
-        except RayApiError:
-            busy = -1  # (the State API did not answer: wait for the deadline or the next pass)
-        late = self.now() - grown.drained >= grown.deadline
+            log.info("allocation %s leaving (%s): %d Ray nodes drained", grown.alloc_id, why, len(nodes))
+            grown = self.mark(grown.alloc_id, drained=self.now()) or grown
+        try:  # (in the same pass: a job with work there is stopped at once)
+            work = [job for n in nodes for job in api.node_work(n.node_id)]
+            busy = len(work)
+            if busy != self.busy.get(grown.alloc_id):
+                log.info("allocation %s leaving: %d actors and tasks on its nodes", grown.alloc_id, busy)
+                self.busy[grown.alloc_id] = busy
+            self.evict(grown, set(work), api)
+        except RayApiError as exc:
+            log.warning("allocation %s leaving: the State API did not answer (%s)", grown.alloc_id, exc)
+            busy = -1  # (wait for the deadline or the next pass)
+        late = self.now() - (grown.drained or self.now()) >= grown.deadline
         if busy == 0 or late:
             why = "its nodes are idle" if busy == 0 else f"its drain deadline ({grown.deadline:.0f}s) passed"
             log.info("allocation %s released: %s", grown.alloc_id, why)
             self.mark(grown.alloc_id, released=self.now())
+            with contextlib.suppress(RaystackError):  # (its node programs leave by themselves too)
+                allocator(record.backend).cancel(grown.alloc_id)
 
-    def mark(self, alloc_id: str, **fields: float) -> None:
-        records.note_grown(self.name, alloc_id, **fields)
+    def evict(self, grown: Grown, ray_jobs: set[str], api: Dashboard) -> None:
+        """The queue's jobs with an actor or a task on the leaving nodes: the runner stops them and
+        puts them back in the queue (allocation/retry.py)."""
+        for job_id in store.active(self.name) if ray_jobs else []:
+            record = read_job(self.name, job_id)
+            if record.evicted or record.state.is_terminal() or not record.attempts:
+                continue
+            ray_job = record.attempts[-1].ray_job_id or ray_job_of(api, record)
+            if ray_job in ray_jobs:
+                why = f"allocation {grown.alloc_id} leaves the cluster ({grown.leaving})"
+                log.info("%s has work on the leaving nodes: stopped, to start again (%s)", job_id, why)
+                update_job(self.name, job_id, evicted=why)
+
+    def mark(self, alloc_id: str, **fields: float) -> Grown | None:
+        return records.note_grown(self.name, alloc_id, **fields)
 
 
-def drain(argv: list[str], env: dict[str, str]) -> str | None:
-    """Run `ray drain-node`; None when Ray took the drain, else why not."""
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    return (
-        None
-        if done.returncode == 0
-        else (done.stderr or done.stdout).strip()[-300:] or f"exit {done.returncode}"
-    )
+def ray_job_of(api: Dashboard, record: JobRecord) -> str | None:
+    """The Ray job id of a job's current attempt (the ledger has it once the job ends)."""
+    info = api.info(record.attempts[-1].id)
+    return str(info.job_id) if info is not None and info.job_id else None
+
+
+def drain(argvs: list[list[str]], env: dict[str, str]) -> list[str | None]:
+    """Run `ray drain-node` for every node at once; for each, None when Ray took the drain, else
+    why not."""
+
+    def start(argv: list[str]) -> subprocess.Popen[str] | str:
+        try:
+            return subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        except OSError as exc:
+            return str(exc)
+
+    def said(proc: subprocess.Popen[str]) -> str | None:
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return "ray drain-node did not answer within 60s"
+        return None if proc.returncode == 0 else (out.strip()[-300:] or f"exit {proc.returncode}")
+
+    return [p if isinstance(p, str) else said(p) for p in [start(a) for a in argvs]]

@@ -30,7 +30,7 @@ from raystack.allocation.context import (
 from raystack.allocation.head import run_head
 from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import become_subreaper
-from raystack.allocation.worker import run_worker
+from raystack.allocation.worker import run_grown, run_worker
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -126,7 +126,7 @@ def main() -> None:
         ctx.log_sync = LogSync(ctx.cluster, ctx.host, ctx.alloc_id, ctx.temp_dir, ctx.ray_logs).start()
         if ctx.grown and not joins(ctx):
             sys.exit(0)
-        code = run_head(ctx) if ctx.is_head else run_worker(ctx)
+        code = run_head(ctx) if ctx.is_head else run_grown(ctx) if ctx.grown else run_worker(ctx)
         del probe
         sys.exit(code)
     except Stop as stop:

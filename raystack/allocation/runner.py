@@ -34,6 +34,7 @@ from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import Tails, gather
 from raystack.allocation.picker import Picker
 from raystack.allocation.prepare import Preparer
+from raystack.allocation.retry import evicted_outcome, may_retry
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
@@ -56,7 +57,6 @@ FIRST_VAR = "RAYSTACK_RUNNER_FIRST"  # "1": the allocation's first queue runner 
 RESCAN = 30.0  # seconds between full listings of the queue folder (the journal covers the rest)
 LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
-RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
 STOP_UNHEARD = 15.0  # seconds a job Ray keeps PENDING may ignore its stop before it is ended here
 SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
 
@@ -400,12 +400,20 @@ class Runner:
             return False
         self.watchdog.forget(attempt.id)
         self.ends.forget(attempt.id)
-        if self.interrupting and state is not JobState.SUCCEEDED and not record.stop_requested:
-            self.tails.close(record, attempt.id)
+        return self.put_back(record, state, attempt.id) or self.ended(record, state, info, seen)
+
+    def put_back(self, record: JobRecord, state: JobState, sid: str) -> bool:
+        """An attempt stopped because the allocation ends, or its nodes leave the cluster (`raystack
+        shrink`): back at the head of the queue (FAILED where the nodes left can never hold it)."""
+        if state is JobState.SUCCEEDED or record.stop_requested or not (self.interrupting or record.evicted):
+            return False
+        self.tails.close(record, sid)
+        if self.interrupting:
             store.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
-            return True
-        return self.ended(record, state, info, seen)
+        elif outcome := evicted_outcome(self.name, record):
+            self.finish(record, *outcome)
+        return True
 
     def waits(self, record: JobRecord) -> bool:
         """The job is in the queue (its file is there) and its current start was not recorded."""
@@ -422,7 +430,7 @@ class Runner:
         overdue = (
             timeout is not None and record.started is not None and time.time() - record.started > timeout
         )
-        wanted = record.stop_requested or overdue or self.interrupting or record.fault
+        wanted = record.stop_requested or overdue or self.interrupting or record.fault or record.evicted
         if wanted and sid not in self.stop_sent:
             if record.fault and not record.stop_requested and self.watchdog.stacks_pending(sid, record.id):
                 return
@@ -434,6 +442,8 @@ class Runner:
                 else record.fault.split(":")[0]
                 if record.fault
                 else "the allocation is ending"
+                if self.interrupting
+                else f"its nodes leave: {record.evicted}"
             )
             log.info("stopping %s (%s)", sid, why)
             self.api.stop(sid)
@@ -466,7 +476,7 @@ class Runner:
         elif not record.now:
             self.drain = Drain(record.id, info.job_id, self.clock() + FREE_TIMEOUT)
             self.last_end = {"after": record.id, "ended": end, "seen": seen or time.time()}
-        if self.retries(record, state, info):
+        if may_retry(record, state, info):
             n = len(record.attempts)
             outcome = f"FAILED: {self.failure_text(record, info)}"[:500]
             update_job(
@@ -513,27 +523,6 @@ class Runner:
             ended=end,
             at=end,
         )
-        return True
-
-    def retries(self, record: JobRecord, state: JobState, info: Any) -> bool:
-        """A FAILED attempt is retried while retries are left, if it failed within the retry
-        window of its start (a flaky start, not a crash hours in); never after a stop, a
-        timeout, or a fault the watchdog found (infeasible, hung)."""
-        req = record.request
-        if state is not JobState.FAILED or record.stop_requested or record.fault:
-            return False
-        if len(record.attempts) > req.retries:
-            return False
-        window = RETRY_WINDOW if req.retry_window is None else req.retry_window
-        start = (info.start_time or 0) / 1000 or record.attempts[-1].at
-        end = (info.end_time or 0) / 1000 or time.time()
-        if window and end - start > window:
-            log.info(
-                "%s failed %.0fs after its start, beyond its retry window: not retried",
-                record.id,
-                end - start,
-            )
-            return False
         return True
 
     def failure_text(self, record: JobRecord, info: Any) -> str:

@@ -12,6 +12,7 @@ cancels it, so Ray never holds the nodes until the walltime with nobody running 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -42,11 +43,17 @@ REJOINS = 3  # restarts of this node's Ray after the cluster is up, at most, per
 REJOIN_WINDOW = 600.0
 
 
-def head_record(ctx: NodeContext) -> ClusterRecord | None:
-    """The record once the head of *this* allocation has published its address."""
+def head_record(ctx: NodeContext, left: str | None = None) -> ClusterRecord | None:
+    """The record once the head of *this* allocation has published its address (a grown node's:
+    the cluster's head, another than the one at `left` that it served before; or the record that
+    no longer counts on it)."""
     if not records.exists(ctx.cluster):
         return None
     record = records.read(ctx.cluster)
+    if ctx.grown:
+        if record.state.is_terminal() or not ctx.holds(record):
+            return record
+        return record if record.gcs_address and record.gcs_address != left else None
     if ctx.holds(record) and (record.gcs_address or record.state.is_terminal()):
         return record
     return None  # (another allocation's, or an earlier run's of this requeued one: wait for the head)
@@ -263,11 +270,35 @@ class Worker:
         return True
 
 
+def run_grown(ctx: NodeContext) -> int:
+    """A grown allocation's node: a worker of whichever head runs the cluster. When that head's
+    allocation ends and the chain goes on, it waits for the next head (join_timeout) and joins it."""
+    left: str | None = None
+    while True:
+        record = wait_for(functools.partial(head_record, ctx, left), ctx.join_timeout, "the head")
+        if record.state.is_terminal() or not ctx.holds(record) or not record.gcs_address:
+            log.info(
+                "cluster %s no longer counts on this node (%s); exiting", ctx.cluster, record.state.value
+            )
+            return 0
+        left = record.gcs_address
+        code, stopped = serve(ctx, record)
+        if stopped or head_ended(ctx):
+            return code
+        log.info("the head of cluster %s is gone; waiting for the next one to join it", ctx.cluster)
+
+
 def run_worker(ctx: NodeContext) -> int:
     record = wait_for(lambda: head_record(ctx), ctx.join_timeout, "the head to publish its address")
     if record.state.is_terminal() or not record.gcs_address:
         log.info("cluster %s is %s before this node joined; exiting", ctx.cluster, record.state.value)
         return 0
+    return serve(ctx, record)[0]
+
+
+def serve(ctx: NodeContext, record: ClusterRecord) -> tuple[int, bool]:
+    """Join the head the record names and stay while it lives: (exit code, stopped by a signal)."""
+    assert record.gcs_address
     check_shared_locks(ctx)
     head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
     # NOTE: the head publishes its address before its GCS listens. A `ray start --address` that
@@ -281,13 +312,13 @@ def run_worker(ctx: NodeContext) -> int:
     wait_turn(ctx)
     if head_ended(ctx):
         log.info("cluster %s ended before this node joined; exiting", ctx.cluster)
-        return 0
+        return 0, False
     node = Worker(ctx, record)
     try:
-        return node.run()
+        return node.run(), False
     except Stop as stop:
         log.info("node %s stopping (%s)", ctx.host, stop)
-        return 0
+        return 0, True
     finally:
         if node.ray is not None:
             stop_ray(ctx, node.ray)

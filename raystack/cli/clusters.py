@@ -24,6 +24,7 @@ from raystack.cli.common import (
     out,
     print_json,
 )
+from raystack.cli.options import CanaryOpt, IdleTimeoutOpt, MaxNodesOpt, MetricsOpt, NoCanaryOpt
 from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import up_again, where
 from raystack.client.pending import expected_start
@@ -133,30 +134,6 @@ CpusOpt = Annotated[
 TlsOpt = Annotated[
     bool, typer.Option("--tls", help="Mutual TLS between Ray's processes, HTTPS for the dashboard.")
 ]
-MetricsOpt = Annotated[
-    bool, typer.Option("--metrics", help="Ray's metrics, and Prometheus for the dashboard when found.")
-]
-IdleTimeoutOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--idle-timeout",
-        metavar="TIME",
-        help="Go down after this long with no job queued, running or attached (e.g. 30m; 0 or off: never).",
-    ),
-]
-
-CanaryOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--canary",
-        metavar="MODE",
-        help="The NCCL all-reduce over every GPU at READY: auto (GPU clusters), strict (fail when NCCL "
-        "misses the profile's fabric), off.",
-    ),
-]
-NoCanaryOpt = Annotated[
-    bool, typer.Option("--no-canary", help="Skip the interconnect canary (--canary off).")
-]
 
 
 @dataclass(frozen=True)
@@ -204,6 +181,7 @@ def up(
     tls: TlsOpt = False,
     metrics: MetricsOpt = False,
     idle_timeout: IdleTimeoutOpt = None,
+    max_nodes: MaxNodesOpt = None,
     canary: CanaryOpt = None,
     no_canary: NoCanaryOpt = False,
     as_json: JsonOpt = False,
@@ -212,6 +190,7 @@ def up(
     gpu_type, gpu_count = _typed_gpus(gpus_per_node)
     site = SiteOptions(qos, mem, exclusive, constraint, reservation, gres, gpu_type)
     prof = _profile_with(load_profile(profile), tls, metrics, idle_timeout)
+    prof = prof.model_copy(update={"max_nodes": max_nodes}) if max_nodes else prof
     prof = site.apply(_with_canary(prof, "off" if no_canary else canary))
     wait_s = _timeout(timeout)
     slurm_options = {
@@ -490,7 +469,7 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
         rows += [("metrics", f"Prometheus on the head at {st.prometheus}")] if st.prometheus else []
         if st.interconnect:
             rows.append(("interconnect", st.interconnect.removeprefix("interconnect: ")))
-        rows += [("grown", line) for line in grown_lines(st.grown)]
+        rows += [("grown", line) for line in grown_lines(st.grown, st)]
         if st.resuming_jobs:
             rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:

@@ -68,6 +68,7 @@ def grow(
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
+    auto: Annotated[bool, typer.Option("--for-queue", hidden=True)] = False,
 ) -> None:
     """Submit a further allocation whose nodes join the cluster as Ray workers (its token, TLS and
     session); wait until they are in Ray. `raystack shrink` releases it; `down` ends it too."""
@@ -84,7 +85,7 @@ def grow(
     if profile or gpu_type:
         prof = load_profile(profile or Cluster.get(target).record().profile)
         options["profile"] = prof.model_copy(update={"gpu_type": gpu_type}) if gpu_type else prof
-    entry = growing.grow(target, nodes, **options)
+    entry = growing.grow(target, nodes, auto=auto, **options)
     if not as_json:
         err.print(
             f"cluster {target}: allocation {entry.alloc_id} submitted for {nodes} more node(s)", markup=False

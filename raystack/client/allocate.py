@@ -134,14 +134,10 @@ def plan(
     size, which the caller reads from sinfo (slurm.node_shape) when `wants_node_shape`.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch)
+    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes)
     name = paths.validate_name(name)
     walltime = slurmtime.validate_time(time) if time else prof.time  # (the profile's: read at load)
-    links = prof.chain if chain is None else chain
-    if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
-        raise ConfigError(
-            f"--chain: {chain!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
-        )
+    links = _links(prof.chain if chain is None else chain)
     lead, lead_note = _signal_lead(prof, signal_lead, walltime)
     gpus, cpus, mem, note = _node_size(
         prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
@@ -174,16 +170,30 @@ def plan(
 
 
 def _check_counts(
-    nodes: int, gpus_per_node: int | None, cpus_per_task: int | None, extra_sbatch: list[str] | None
+    nodes: int,
+    gpus_per_node: int | None,
+    cpus_per_task: int | None,
+    extra_sbatch: list[str] | None,
+    max_nodes: int | None = None,
 ) -> None:
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
+    if max_nodes is not None and max_nodes < nodes:
+        raise ConfigError(f"--max-nodes {max_nodes} is less than --nodes {nodes}; grow to at least {nodes}")
     if gpus_per_node is not None and gpus_per_node < 0:
         raise ConfigError(f"--gpus-per-node: {gpus_per_node} is negative; use 0 for CPU-only nodes")
     if cpus_per_task is not None and cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     for option in extra_sbatch or []:
         sbatch.check(option)
+
+
+def _links(links: object) -> int:
+    if isinstance(links, bool) or not isinstance(links, int) or not 1 <= links <= 1000:
+        raise ConfigError(
+            f"--chain: {links!r} is not a number of allocations from 1 to 1000; use e.g. --chain 3"
+        )
+    return links
 
 
 def _signal_lead(
@@ -423,6 +433,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
         gpus_per_node=p.gpus_per_node,
         cpus_per_node=p.cpus_per_task or 0,
         walltime=p.walltime if p.backend != "local" else None,
+        max_nodes=p.profile.max_nodes,
         history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
         **fields,
     )

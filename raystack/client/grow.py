@@ -28,9 +28,10 @@ from raystack.waiting import REAL, Clock, until
 GROW_VAR = "RAYSTACK_GROW"  # (allocation/context.py reads it)
 
 
-def grow(name: str, nodes: int, **options: Any) -> Grown:
+def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
     """Submit a further allocation of `nodes` workers for a READY cluster; its record entry.
-    `options`: those of allocate.plan (profile, time, partition, account, gpus_per_node, ...)."""
+    `options`: those of allocate.plan (profile, time, partition, account, gpus_per_node, ...);
+    `auto`: the queue asked for it (`up --max-nodes`), released when idle."""
     record = settle(records.read(name))
     if record.state is not ClusterState.READY:
         raise ClusterError(
@@ -60,6 +61,7 @@ def grow(name: str, nodes: int, **options: Any) -> Grown:
         gpus_per_node=planned.gpus_per_node,
         cpus_per_node=planned.cpus_per_task or 0,
         queue=planned.partition,
+        auto=auto,
     )
     assert entry is not None
     if records.read(name).state.is_terminal():  # (`down` came meanwhile)

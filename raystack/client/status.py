@@ -52,6 +52,8 @@ class ClusterStatus:
     interconnect: str | None = None  # the canary at READY: bus bandwidth, transports, warnings
     slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
     grown: list[dict[str, Any]] | None = None  # the grown allocations: id, nodes, state, hosts, time left
+    max_nodes: int | None = None  # it grows for its queue up to this many nodes (`up --max-nodes`)
+    scaling: str | None = None  # what growing it waits for now
 
     @property
     def ready(self) -> bool:
@@ -122,12 +124,18 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         prometheus=record.prometheus,
         interconnect=interconnect(record),
         grown=[grown_row(backend, g) for g in record.grown if not g.released] or None,
+        max_nodes=record.max_nodes,
+        scaling=record.scaling,
     )
 
 
-def grown_lines(grown: list[dict[str, Any]] | None) -> list[str]:
-    """`raystack status`'s line for each grown allocation."""
-    lines = []
+def grown_lines(grown: list[dict[str, Any]] | None, st: ClusterStatus | None = None) -> list[str]:
+    """`raystack status`'s line for each grown allocation (and what growing waits for)."""
+    lines = (
+        [f"up to {st.max_nodes} nodes: {st.scaling or 'the queue asks for none more'}"]
+        if st and st.max_nodes
+        else []
+    )
     for g in grown or []:
         said = f"{g['scheduler_state'] or '?'}" + (f" ({g['reason']})" if g["reason"] else "")
         hosts = f" on {', '.join(g['hosts'])}" if g["hosts"] else ""

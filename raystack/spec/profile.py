@@ -169,6 +169,9 @@ class Profile(SpecModel):
     idle_timeout: float | None = None
     """Go down after this long with an empty queue, no job running and no driver attached (`up --idle-
     timeout`; 0/off: never)."""
+    max_nodes: int | None = Field(default=None, ge=1)
+    """Grow the cluster up to this many nodes when queued jobs need them: further allocations of the
+    profile's node shape, released when idle for idle_timeout (5m without one) (`up --max-nodes`)."""
     tls: bool = False
     """Mutual TLS between Ray's processes (a CA per cluster, a certificate per node) and HTTPS in front
     of the dashboard (`up --tls`)."""

@@ -66,7 +66,12 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
 
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
-    nodes, gpn, cpn = cluster.nodes_held, cluster.gpus_per_node, cluster.cpus_per_node
+    # (a cluster that grows for its queue, `up --max-nodes`, holds up to max_nodes)
+    nodes, gpn, cpn = (
+        max(cluster.nodes_held, cluster.max_nodes or 0),
+        cluster.gpus_per_node,
+        cluster.cpus_per_node,
+    )
     n = spec.needs
 
     def refused(asked: str, total: str = "") -> ConfigError:

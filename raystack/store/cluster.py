@@ -116,6 +116,7 @@ class Grown(BaseModel):
     deadline: float = 60.0  # seconds its drain may wait for the work on its nodes
     drained: float | None = None  # epoch seconds: Ray's GCS took its nodes' drain
     released: float | None = None  # epoch seconds: its nodes were told to leave
+    auto: bool = False  # submitted by the queue (`up --max-nodes`): released when idle
 
 
 class ClusterRecord(BaseModel):
@@ -159,6 +160,8 @@ class ClusterRecord(BaseModel):
     chain_ended: str | None = None  # why no further allocation follows, once one of them ended it
     allocations: list[Allocation] = Field(default_factory=list)  # one entry per allocation run
     grown: list[Grown] = Field(default_factory=list)  # further allocations of workers (`raystack grow`)
+    max_nodes: int | None = None  # the queue grows the cluster up to this many nodes (`up --max-nodes`)
+    scaling: str | None = None  # what growing it waits for now (allocation/autoscale.py)
     # How messages name it; `raystack check --profile` judges a job against the cluster a profile
     # would make, which is no cluster of its own name. Never written.
     described: str | None = Field(default=None, exclude=True)

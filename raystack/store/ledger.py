@@ -134,6 +134,7 @@ class JobRecord(BaseModel):
     started: float | None = None
     ended: float | None = None
     fault: str | None = None  # "infeasible" or "hung": why raystack stopped it (never retried)
+    evicted: str | None = None  # why its nodes leave the cluster: stopped, then requeued (shrink)
     # Its environment, made while the job before it ran (allocation/prepare.py): what, where, how long.
     prepared: str | None = None
     # How the queue went from the job before it to this one (it waited while that one ran), as

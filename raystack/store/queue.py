@@ -373,6 +373,7 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
         message=message,
         entry=entry,
         interruptions=record.interruptions + 1,
+        evicted=None,
     )
     touch(p.queue / entry)  # (before the active marker goes: never in neither place)
     append_line(p.journal, f"+ {entry}")

@@ -3,6 +3,7 @@ its nodes run nothing or its deadline has passed; the head's own nodes are never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,14 @@ from raystack.allocation.leaving import Leaving
 from raystack.store import cluster as records
 
 
+def recorder(ran: list[list[str]]) -> Callable[[list[list[str]], dict[str, str]], list[str | None]]:
+    """Stands in for `ray drain-node`: what it would have run, each drain taken."""
+    return lambda argvs, env: [ran.append(a) for a in argvs] and [None for _ in argvs]
+
+
 class FakeRay:
     def __init__(self) -> None:
-        self.busy = {"n-grown-1": 2, "n-grown-2": 0}
+        self.busy = {"n-grown-1": ["02000000", "02000000"], "n-grown-2": []}
         self.nodes = [
             NodeSummary("n-head", "10.0.0.1", True, {}),
             NodeSummary("n-mine", "10.0.0.2", False, {}),
@@ -25,7 +31,7 @@ class FakeRay:
     def alive_nodes(self) -> list[NodeSummary]:
         return self.nodes
 
-    def node_busy(self, node_id: str) -> int:
+    def node_work(self, node_id: str) -> list[str]:
         return self.busy[node_id]
 
 
@@ -48,7 +54,11 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_drained_once_then_released_when_idle_or_late(cluster: str) -> None:
     ray, now, ran = FakeRay(), [1000.0], []
     leaving = Leaving(
-        cluster, lambda: ray, {"RAY_AUTH_MODE": "token"}, lambda: now[0], lambda a, e: ran.append(a)
+        cluster,
+        lambda: ray,
+        {"RAY_AUTH_MODE": "token"},
+        lambda: now[0],
+        recorder(ran),
     )  # type: ignore[arg-type,return-value]
     leaving()  # (nobody asked it to leave: nothing happens)
     assert ran == [] and records.read(cluster).grown[0].drained is None
@@ -63,14 +73,14 @@ def test_drained_once_then_released_when_idle_or_late(cluster: str) -> None:
     now[0] += 10
     leaving()  # (an actor still runs on one of them)
     assert records.read(cluster).grown[0].released is None and len(ran) == 2  # (drained once)
-    ray.busy["n-grown-1"] = 0
+    ray.busy["n-grown-1"] = []
     leaving()
     assert records.read(cluster).grown[0].released == 1010.0
 
 
 def test_released_at_the_deadline_while_still_busy(cluster: str) -> None:
     ray, now = FakeRay(), [1000.0]
-    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], lambda a, e: None)  # type: ignore[arg-type]
+    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder([]))  # type: ignore[arg-type]
     records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
     leaving()
     now[0] += 29
@@ -79,3 +89,19 @@ def test_released_at_the_deadline_while_still_busy(cluster: str) -> None:
     now[0] += 1
     leaving()
     assert records.read(cluster).grown[0].released == 1030.0
+
+
+def test_the_walltime_warning_of_a_grown_allocation_makes_it_leave(cluster: str) -> None:
+    """Its script left SLURM's warning flag, as the head's does: drained with what time remains."""
+    from raystack.store import paths
+
+    ray, now, ran = FakeRay(), [1000.0], []
+    records.note_grown(cluster, "8", walltime_end=1100)
+    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder(ran))  # type: ignore[arg-type,return-value]
+    leaving()
+    assert ran == [] and not records.read(cluster).grown[0].leaving  # (no warning yet)
+    paths.cluster(cluster).warning("8").touch()
+    leaving()
+    entry = records.read(cluster).grown[0]
+    assert entry.leaving == "its walltime" and entry.deadline == 85.0 and entry.drained == 1000.0
+    assert len(ran) == 2 and all("--deadline-remaining-seconds=85" in a for a in ran)

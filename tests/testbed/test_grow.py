@@ -32,6 +32,31 @@ where = ray.remote(num_cpus=1)(lambda: socket.gethostname())
 on = [where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(4)]
 print(sorted(ray.get(on)))
 """
+SPREAD = """import socket
+import time
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+ray.init()
+pg = ray.util.placement_group([{"CPU": 1}] * 4, strategy="SPREAD")  # (one per node where it can)
+ray.get(pg.ready())
+
+
+@ray.remote(num_cpus=1)
+class Part:
+    def host(self):
+        return socket.gethostname()
+
+    def work(self, seconds):
+        time.sleep(seconds)
+
+
+parts = [Part.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(4)]
+print("on", sorted(ray.get([p.host.remote() for p in parts])), flush=True)
+ray.get([p.work.remote(45) for p in parts])
+print("done")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +66,11 @@ def elastic(testbed: Path) -> Iterator[Cluster]:
         assert up.returncode == 0, up.stderr
         yield Cluster("elastic")
         raystack("down", "elastic")
+
+
+def placed(log: str) -> list[list[str]]:
+    """The hosts of the spread job's actors, one list per attempt, from its `on [...]` lines."""
+    return [eval(line[3:]) for line in log.splitlines() if line.startswith("on [")]
 
 
 def grown_ids() -> list[str]:
@@ -73,19 +103,33 @@ def test_grow_joins_a_second_allocation_and_a_four_node_job_spans_both(
     assert len(set(hosts)) == 4 and set(clusters.read("elastic").grown[0].hosts) <= set(hosts), hosts
 
 
-def test_shrink_drains_the_grown_nodes_and_ends_their_allocation(elastic: Cluster) -> None:
+def test_shrink_drains_the_grown_nodes_and_ends_their_allocation(
+    elastic: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     (alloc,) = grown_ids()
-    shrunk = raystack("shrink", alloc, "-c", "elastic", "--deadline", "20s", "--timeout", "120")
+    grown_hosts = set(clusters.read("elastic").grown[0].hosts)
+    folder = tmp_path_factory.mktemp("spread")
+    (folder / "spread.py").write_text(SPREAD)
+    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
+    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
+    first = placed(job.logs())[0]
+    assert grown_hosts <= set(first), first  # (its first attempt has actors on the grown nodes)
+    shrunk = raystack("shrink", alloc, "-c", "elastic", "--deadline", "60s", "--timeout", "180")
     assert shrunk.returncode == 0, shrunk.stderr
+    # The job was stopped before its nodes left, put back in the queue, and ran again on the nodes
+    # that remain: nothing lost, nothing run twice at once.
+    record = job.wait(timeout=180)
+    assert record.state is JobState.SUCCEEDED and record.interruptions == 1, (record.message, job.logs())
+    assert any(
+        h.get("state") == "INTERRUPTED" and "leaves the cluster" in h["message"] for h in record.history
+    )
+    last = placed(job.logs())[-1]
+    assert not grown_hosts & set(last), last
     entry = clusters.read("elastic").grown_entry(alloc)
     assert entry is not None and entry.drained and entry.released and entry.drained <= entry.released
     wait_until(lambda: (i := slurm.job_info(alloc)) is not None and i.state.is_terminal(), 60, "it to end")
     st = json.loads(raystack("status", "elastic", "--json").stdout)
     assert (st["nodes_alive"], st["nodes_expected"], st["ready"]) == (2, 2, True), st
-    # The cluster runs on, on its own allocation: a job still runs.
-    job = elastic.submit(["python", "-c", "print('still here')"])
-    job.wait(timeout=120)
-    assert job.record().state is JobState.SUCCEEDED
 
 
 def test_down_ends_a_grown_allocation_with_the_cluster(elastic: Cluster) -> None:

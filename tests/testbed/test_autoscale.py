@@ -1,0 +1,57 @@
+"""The queue asks for nodes (issue 44): `up -N 1 --max-nodes 4` with three 1-node jobs queued
+grows the cluster to run them side by side, and shrinks back once the grown nodes idle."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raystack import Cluster
+from raystack.adapters import slurm
+from raystack.store import cluster as clusters
+from raystack.store.ledger import JobState
+
+from ..conftest import module_home, wait_until
+from .test_cluster import raystack
+
+pytestmark = [pytest.mark.testbed, pytest.mark.ray]
+JOB_S = 20
+
+
+@pytest.fixture(scope="module")
+def auto(testbed: Path) -> Iterator[Cluster]:
+    with module_home(testbed, "auto"):
+        up = raystack(
+            *("up", "--nodes", "1", "--max-nodes", "4", "--idle-timeout", "20s"),
+            *("--profile", "testbed", "--time", "10", "--name", "auto"),
+        )
+        assert up.returncode == 0, up.stderr
+        yield Cluster("auto")
+        raystack("down", "auto")
+
+
+def test_the_queue_grows_the_cluster_and_it_shrinks_back_when_idle(auto: Cluster) -> None:
+    assert "up to 4 nodes" in raystack("status", "auto").stdout
+    t0 = time.time()
+    code = f"import socket, time; time.sleep({JOB_S}); print(socket.gethostname())"
+    jobs = [auto.submit(["python", "-c", code], sets=["needs.nodes=1"]) for _ in range(3)]
+    wait_until(lambda: clusters.read("auto").grown, 30, "the queue to ask for nodes")
+    (grown,) = clusters.read("auto").grown
+    assert grown.auto and grown.nodes == 2, grown  # (1 running + 2 waiting - 1 held)
+    records = [job.wait(timeout=240) for job in jobs]
+    makespan = time.time() - t0
+    assert all(r.state is JobState.SUCCEEDED for r in records), [r.message for r in records]
+    hosts = {job.logs().strip().splitlines()[-1] for job in jobs}
+    assert len(hosts) == 3, hosts  # (side by side, each on a node of its own)
+    assert makespan < 3 * JOB_S, makespan  # (one after another on 1 node would take 3 x JOB_S)
+    # Idle for idle_timeout: drained and released, the allocation ended; the cluster runs on.
+    wait_until(lambda: clusters.read("auto").grown[0].released, 120, "the idle grown nodes to be released")
+    wait_until(
+        lambda: (i := slurm.job_info(grown.alloc_id)) is not None and i.state.is_terminal(), 60, "its end"
+    )
+    st = json.loads(raystack("status", "auto", "--json").stdout)
+    assert st["nodes_expected"] == 1 and st["grown"] is None, st
