@@ -299,7 +299,7 @@ def run_worker(ctx: NodeContext) -> int:
 def serve(ctx: NodeContext, record: ClusterRecord) -> tuple[int, bool]:
     """Join the head the record names and stay while it lives: (exit code, stopped by a signal)."""
     assert record.gcs_address
-    check_shared_locks(ctx)
+    check_shared_locks(ctx, ctx.head_allocation(record))
     head_ip, gcs_port = record.gcs_address.rsplit(":", 1)
     # NOTE: the head publishes its address before its GCS listens. A `ray start --address` that
     # finds no GCS blocks in a connect timeout and then sleeps 1 s per retry (ray 2.60,
@@ -324,10 +324,10 @@ def serve(ctx: NodeContext, record: ClusterRecord) -> tuple[int, bool]:
             stop_ray(ctx, node.ray)
 
 
-def check_shared_locks(ctx: NodeContext) -> None:
+def check_shared_locks(ctx: NodeContext, head: str | None = None) -> None:
     """From a worker (another host than the head, which holds a lock on .lockprobe): where the
     head's lock is not seen here, locks are node-local and the cluster folder uses link locks."""
     p = paths.cluster(ctx.cluster)
-    if files.lock_seen(p, ctx.alloc_id) is False and not files.uses_link_locks(p):
+    if files.lock_seen(p, head or ctx.alloc_id) is False and not files.uses_link_locks(p):
         log.warning("the head's flock on %s is not seen from %s: using link locks", p.lock_probe, ctx.host)
         files.use_link_locks(p, f"flock taken on the head is not seen from node {ctx.host}")

@@ -14,14 +14,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from raystack.adapters.allocator import Script, allocator
+from raystack.adapters.allocator import Script, allocator, asked
 from raystack.client import allocate
 from raystack.client.access import live_dashboard
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.cluster import ClusterState, Grown
+from raystack.store.cluster import ClusterRecord, ClusterState, Grown
 from raystack.store.files import atomic_write
 from raystack.waiting import REAL, Clock, until
 
@@ -42,7 +42,7 @@ def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
         raise ConfigError(
             f"grow: cluster {name} runs on this machine (up --local): it has no scheduler to ask"
         )
-    options.setdefault("profile", record.profile)
+    options = {**inherited(record, options), **{k: v for k, v in options.items() if v is not None}}
     planned = allocate.plan_on_partition(nodes, name=name, chain=1, **options)
     env = {**planned.env, GROW_VAR: "1", "RAYSTACK_TLS": "1" if record.tls else "0"}
     planned = replace(planned, env=env, backend=record.backend)
@@ -68,6 +68,23 @@ def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
         backend.cancel(alloc_id)
         raise ClusterError(f"cluster {name} ended meanwhile: {backend.where(alloc_id)} cancelled")
     return entry
+
+
+def inherited(record: ClusterRecord, options: dict[str, Any]) -> dict[str, Any]:
+    """What a grow allocation asks by default: the cluster's profile and walltime, and, unless
+    another profile or partition is named (other nodes: the heterogeneous case), the head
+    allocation's partition, account and node shape."""
+    asked_for = asked(record)
+    out: dict[str, Any] = {"profile": record.profile, "time": asked_for.time if asked_for else None}
+    if options.get("profile") or options.get("partition") or asked_for is None:
+        return out
+    return {
+        **out,
+        "partition": asked_for.queue,
+        "account": asked_for.account,
+        "gpus_per_node": record.gpus_per_node,
+        "cpus_per_task": record.cpus_per_node or None,
+    }
 
 
 def joined(name: str, alloc_id: str, timeout: float | None = None, clock: Clock = REAL) -> Grown:
