@@ -94,6 +94,20 @@ class Leaving:
             self.mark(grown.alloc_id, released=self.now())
             with contextlib.suppress(RaystackError):  # (its node programs leave by themselves too)
                 allocator(record.backend).cancel(grown.alloc_id)
+            self.tell_waiting(grown)
+
+    def tell_waiting(self, grown: Grown) -> None:
+        """Queued jobs that need more nodes than remain wait, and say why and what to do."""
+        held = records.read(self.name).nodes_held
+        for entry in store.waiting(self.name)[:64]:
+            with contextlib.suppress(RaystackError, OSError):
+                record = read_job(self.name, entry.job_id)
+                want = (record.request.needs or {}).get("nodes") or 0
+                if want > held:
+                    left = f"allocation {grown.alloc_id} left ({grown.leaving})"
+                    fix = f"`raystack grow -N {want - held}`, or cancel it"
+                    message = f"waits: it needs {want} nodes and the cluster holds {held} since {left}; {fix}"
+                    update_job(self.name, entry.job_id, message=message)
 
     def evict(self, grown: Grown, ray_jobs: set[str], api: Dashboard) -> None:
         """The queue's jobs with an actor or a task on the leaving nodes: the runner stops them and

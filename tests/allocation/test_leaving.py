@@ -105,3 +105,23 @@ def test_the_walltime_warning_of_a_grown_allocation_makes_it_leave(cluster: str)
     entry = records.read(cluster).grown[0]
     assert entry.leaving == "its walltime" and entry.deadline == 85.0 and entry.drained == 1000.0
     assert len(ran) == 2 and all("--deadline-remaining-seconds=85" in a for a in ran)
+
+
+def test_a_queued_job_that_no_longer_fits_says_why_and_what_to_do(cluster: str) -> None:
+    from raystack.store import queue
+    from raystack.store.ledger import JobRequest, read_job
+
+    records.update(cluster, nodes_expected=2)
+    big = queue.enqueue(JobRequest(id="big-1", name="big", cluster="c", entrypoint="x", needs={"nodes": 4}))
+    small = queue.enqueue(
+        JobRequest(id="small-1", name="small", cluster="c", entrypoint="x", needs={"nodes": 2})
+    )
+    ray = FakeRay()
+    ray.busy = {"n-grown-1": [], "n-grown-2": []}
+    records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
+    Leaving(cluster, lambda: ray, {}, lambda: 1000.0, recorder([]))()  # type: ignore[arg-type]
+    assert records.read(cluster).grown[0].released == 1000.0
+    said = read_job(cluster, big.id).message
+    assert said.startswith("waits: it needs 4 nodes and the cluster holds 2 since allocation 8 left"), said
+    assert "raystack grow -N 2" in said
+    assert not read_job(cluster, small.id).message.startswith("waits")

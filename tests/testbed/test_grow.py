@@ -32,7 +32,8 @@ where = ray.remote(num_cpus=1)(lambda: socket.gethostname())
 on = [where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(4)]
 print(sorted(ray.get(on)))
 """
-SPREAD = """import socket
+SPREAD = """import os
+import socket
 import time
 
 import ray
@@ -54,7 +55,8 @@ class Part:
 
 parts = [Part.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote() for i in range(4)]
 print("on", sorted(ray.get([p.host.remote() for p in parts])), flush=True)
-ray.get([p.work.remote(45) for p in parts])
+# (the first run works long enough to be stopped; its rerun, RAYSTACK_RESUME=1, finishes soon)
+ray.get([p.work.remote(10 if os.environ.get("RAYSTACK_RESUME") else WORK) for p in parts])
 print("done")
 """
 
@@ -109,7 +111,7 @@ def test_shrink_drains_the_grown_nodes_and_ends_their_allocation(
     (alloc,) = grown_ids()
     grown_hosts = set(clusters.read("elastic").grown[0].hosts)
     folder = tmp_path_factory.mktemp("spread")
-    (folder / "spread.py").write_text(SPREAD)
+    (folder / "spread.py").write_text(SPREAD.replace("WORK", "60"))
     job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
     wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
     first = placed(job.logs())[0]
@@ -130,6 +132,29 @@ def test_shrink_drains_the_grown_nodes_and_ends_their_allocation(
     wait_until(lambda: (i := slurm.job_info(alloc)) is not None and i.state.is_terminal(), 60, "it to end")
     st = json.loads(raystack("status", "elastic", "--json").stdout)
     assert (st["nodes_alive"], st["nodes_expected"], st["ready"]) == (2, 2, True), st
+
+
+def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
+    elastic: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """SLURM's walltime warning reaches the grown allocation's script (a quarter of its 2 minutes
+    before the end): its nodes are drained before they go, and the job on them starts again."""
+    grew = raystack("grow", "elastic", "-N", "2", "--profile", "testbed", "--time", "2", "--timeout", "180")
+    assert grew.returncode == 0, grew.stderr
+    alloc = grown_ids()[-1]
+    grown_hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
+    folder = tmp_path_factory.mktemp("long")
+    (folder / "spread.py").write_text(SPREAD.replace("WORK", "150"))
+    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
+    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
+    assert grown_hosts <= set(placed(job.logs())[0])
+    entry = wait_until(
+        lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 150, "it"
+    )
+    assert entry.leaving == "its walltime" and entry.drained is not None
+    record = job.wait(timeout=180)
+    assert record.state is JobState.SUCCEEDED and record.interruptions == 1, (record.message, job.logs())
+    assert not grown_hosts & set(placed(job.logs())[-1])
 
 
 def test_down_ends_a_grown_allocation_with_the_cluster(elastic: Cluster) -> None:
