@@ -8,6 +8,7 @@ of its own run, one after another on the testbed (they must not share the machin
   queue_gap       the gap between two queued jobs part by part; a pip environment prepared or not
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
+  autoscale       up -N 1 --max-nodes 4 against fixed 1- and 4-node clusters: makespan, node-hours
 
 Each writes bench/results/<name>.{txt,json} (date, machine, versions); this one adds
 bench/results/bench_run.{txt,json}: what ran, how long, its headline figure and whether it
@@ -51,6 +52,11 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ["--rounds", "1", "--jobs", "4"],
         ["--rounds", "2", "--jobs", "6"],
         ("TLS / plain, 1 GiB transfer", ["ratios", "1 GiB node -> node, GiB/s"]),
+    ),
+    "autoscale": (
+        ["--jobs", "3", "--seconds", "30", "--idle", "20"],
+        ["--jobs", "3", "--seconds", "60", "--idle", "30"],
+        ("auto node-hours / fixed 4 nodes", ["auto_node_hours_vs_fixed4"]),
     ),
 }
 

@@ -137,9 +137,9 @@ def test_shrink_drains_the_grown_nodes_and_ends_their_allocation(
 def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
     elastic: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """SLURM's walltime warning reaches the grown allocation's script (a quarter of its 2 minutes
+    """SLURM's walltime warning reaches the grown allocation's script (a quarter of its 3 minutes
     before the end): its nodes are drained before they go, and the job on them starts again."""
-    grew = raystack("grow", "elastic", "-N", "2", "--profile", "testbed", "--time", "2", "--timeout", "180")
+    grew = raystack("grow", "elastic", "-N", "2", "--profile", "testbed", "--time", "3", "--timeout", "180")
     assert grew.returncode == 0, grew.stderr
     alloc = grown_ids()[-1]
     grown_hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
@@ -149,7 +149,7 @@ def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
     wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
     assert grown_hosts <= set(placed(job.logs())[0])
     entry = wait_until(
-        lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 150, "it"
+        lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 200, "its release"
     )
     assert entry.leaving == "its walltime" and entry.drained is not None
     record = job.wait(timeout=180)
