@@ -9,6 +9,7 @@ of its own run, one after another on the testbed (they must not share the machin
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
   autoscale       up -N 1 --max-nodes 4 against fixed 1- and 4-node clusters: makespan, node-hours
+  chain_grow      a grown node across a chain's hand-over: its rejoin, and a job on both nodes
 
 Each writes bench/results/<name>.{txt,json} (date, machine, versions); this one adds
 bench/results/bench_run.{txt,json}: what ran, how long, its headline figure and whether it
@@ -58,6 +59,7 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ["--jobs", "3", "--seconds", "60", "--idle", "30"],
         ("auto node-hours / fixed 4 nodes", ["auto_node_hours_vs_fixed4"]),
     ),
+    "chain_grow": ([], [], ("second head READY -> grown node in its Ray, s", ["rejoin_s"])),
 }
 
 
