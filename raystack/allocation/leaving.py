@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from raystack.adapters.allocator import allocator
+from raystack.adapters.allocator import AllocInfo, AllocState, allocator
 from raystack.adapters.ray import Dashboard, NodeSummary, drain_argv
 from raystack.errors import RayApiError, RaystackError
 from raystack.store import cluster as records
@@ -26,6 +26,7 @@ from raystack.store.cluster import ClusterRecord, Grown
 from raystack.store.ledger import JobRecord, read_job, update_job
 
 log = logging.getLogger("raystack.node")
+CHECK_ENDED = 10.0  # seconds between the scheduler's answers on whether a grown allocation ended
 
 
 def nodes_of(record: ClusterRecord, grown: Grown, alive: list[NodeSummary]) -> list[NodeSummary]:
@@ -45,21 +46,47 @@ class Leaving:
         env: dict[str, str],
         now: Callable[[], float] = time.time,
         run: Callable[[list[list[str]], dict[str, str]], list[str | None]] | None = None,
+        info: Callable[[str, str], AllocInfo | None] | None = None,
     ):
         self.name, self.dashboard, self.env, self.now = name, dashboard, env, now
         self.run = run or drain
         self.busy: dict[str, int] = {}  # (the work last seen on each leaving allocation's nodes)
+        self.asked: dict[str, float] = {}  # (when the scheduler was last asked whether one ended)
+        self.unknown: set[str] = set()  # (said GONE once)
+        self.info = info or (lambda backend, alloc_id: allocator(backend).info(alloc_id))
 
     def __call__(self) -> None:
         record = records.read(self.name)
         api = self.dashboard()
         for entry in record.grown:
             grown: Grown | None = entry
+            if not entry.released and self.gone(record, entry):
+                continue
             if not entry.leaving and not entry.released and self.warned(entry):
                 left = max(5.0, (entry.walltime_end or self.now()) - self.now() - 15)
                 grown = records.note_grown(self.name, entry.alloc_id, leaving="its walltime", deadline=left)
             if api is not None and grown is not None and grown.leaving and not grown.released:
                 self.step(record, grown, api)
+
+    def gone(self, record: ClusterRecord, grown: Grown) -> bool:
+        """A grown allocation that ended unreleased (scancel, a preemption, its walltime passed
+        unwarned, SLURM refused it): released in the record, so that nobody counts its nodes. Asked
+        of the scheduler every CHECK_ENDED seconds."""
+        if self.now() - self.asked.get(grown.alloc_id, -1e18) < CHECK_ENDED:
+            return False
+        self.asked[grown.alloc_id] = self.now()
+        info = self.info(record.backend, grown.alloc_id)
+        if info is None or not info.state.is_terminal():
+            self.unknown.discard(grown.alloc_id)
+            return False
+        if info.state is AllocState.GONE and grown.alloc_id not in self.unknown:
+            self.unknown.add(grown.alloc_id)  # (GONE is believed when said twice, a check apart)
+            return False
+        why = f"it ended: {info.said}" + (f", {info.reason}" if info.reason and info.reason != "None" else "")
+        log.warning("grown allocation %s %s; its nodes are no longer the cluster's", grown.alloc_id, why)
+        self.mark(grown.alloc_id, leaving=grown.leaving or why, released=self.now())
+        self.tell_waiting(grown)
+        return True
 
     def warned(self, grown: Grown) -> bool:
         """SLURM's walltime warning reached the grown allocation's script (it left the flag)."""
@@ -122,7 +149,7 @@ class Leaving:
                 log.info("%s has work on the leaving nodes: stopped, to start again (%s)", job_id, why)
                 update_job(self.name, job_id, evicted=why)
 
-    def mark(self, alloc_id: str, **fields: float) -> Grown | None:
+    def mark(self, alloc_id: str, **fields: object) -> Grown | None:
         return records.note_grown(self.name, alloc_id, **fields)
 
 

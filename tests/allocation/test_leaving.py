@@ -13,6 +13,10 @@ from raystack.allocation.leaving import Leaving
 from raystack.store import cluster as records
 
 
+def NOT_ENDED(backend: str, alloc_id: str) -> None:
+    return None
+
+
 def recorder(ran: list[list[str]]) -> Callable[[list[list[str]], dict[str, str]], list[str | None]]:
     """Stands in for `ray drain-node`: what it would have run, each drain taken."""
     return lambda argvs, env: [ran.append(a) for a in argvs] and [None for _ in argvs]
@@ -59,6 +63,7 @@ def test_drained_once_then_released_when_idle_or_late(cluster: str) -> None:
         {"RAY_AUTH_MODE": "token"},
         lambda: now[0],
         recorder(ran),
+        NOT_ENDED,
     )  # type: ignore[arg-type,return-value]
     leaving()  # (nobody asked it to leave: nothing happens)
     assert ran == [] and records.read(cluster).grown[0].drained is None
@@ -80,7 +85,7 @@ def test_drained_once_then_released_when_idle_or_late(cluster: str) -> None:
 
 def test_released_at_the_deadline_while_still_busy(cluster: str) -> None:
     ray, now = FakeRay(), [1000.0]
-    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder([]))  # type: ignore[arg-type]
+    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder([]), NOT_ENDED)  # type: ignore[arg-type]
     records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
     leaving()
     now[0] += 29
@@ -97,7 +102,7 @@ def test_the_walltime_warning_of_a_grown_allocation_makes_it_leave(cluster: str)
 
     ray, now, ran = FakeRay(), [1000.0], []
     records.note_grown(cluster, "8", walltime_end=1100)
-    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder(ran))  # type: ignore[arg-type,return-value]
+    leaving = Leaving(cluster, lambda: ray, {}, lambda: now[0], recorder(ran), NOT_ENDED)  # type: ignore[arg-type,return-value]
     leaving()
     assert ran == [] and not records.read(cluster).grown[0].leaving  # (no warning yet)
     paths.cluster(cluster).warning("8").touch()
@@ -119,9 +124,37 @@ def test_a_queued_job_that_no_longer_fits_says_why_and_what_to_do(cluster: str) 
     ray = FakeRay()
     ray.busy = {"n-grown-1": [], "n-grown-2": []}
     records.note_grown(cluster, "8", leaving="raystack shrink", deadline=30.0)
-    Leaving(cluster, lambda: ray, {}, lambda: 1000.0, recorder([]))()  # type: ignore[arg-type]
+    Leaving(cluster, lambda: ray, {}, lambda: 1000.0, recorder([]), NOT_ENDED)()  # type: ignore[arg-type]
     assert records.read(cluster).grown[0].released == 1000.0
     said = read_job(cluster, big.id).message
     assert said.startswith("waits: it needs 4 nodes and the cluster holds 2 since allocation 8 left"), said
     assert "raystack grow -N 2" in said
     assert not read_job(cluster, small.id).message.startswith("waits")
+
+
+def test_a_grown_allocation_that_ended_unreleased_is_no_longer_counted(cluster: str) -> None:
+    """scancel, a preemption: its Ray is gone at once (SLURM signals every process); the record
+    stops counting its nodes, and a job that needs them says so. GONE is believed said twice."""
+    from raystack.adapters import slurm
+
+    answers = {"8": slurm.answer("8", "CANCELLED", reason="None")}
+    now = [1000.0]
+    records.update(cluster, nodes_expected=1)
+    leaving = Leaving(
+        cluster, lambda: FakeRay(), {}, lambda: now[0], recorder([]), lambda b, a: answers.get(a)
+    )  # type: ignore[arg-type,return-value]
+    assert records.read(cluster).nodes_held == 3
+    leaving()
+    entry = records.read(cluster).grown[0]
+    assert entry.released == 1000.0 and entry.leaving == "it ended: CANCELLED"
+    assert records.read(cluster).nodes_held == 1
+    records.note_grown(cluster, "9", nodes=1, hosts=["x"])
+    answers["9"] = slurm.gone("9")
+    leaving()  # (said GONE once: not believed yet)
+    assert not records.read(cluster).grown_entry("9").released  # type: ignore[union-attr]
+    now[0] += 5
+    leaving()  # (asked again only after CHECK_ENDED)
+    assert not records.read(cluster).grown_entry("9").released  # type: ignore[union-attr]
+    now[0] += 5
+    leaving()
+    assert records.read(cluster).grown_entry("9").released == 1010.0  # type: ignore[union-attr]
