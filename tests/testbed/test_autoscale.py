@@ -19,7 +19,7 @@ from ..conftest import module_home, wait_until
 from .test_cluster import raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
-JOB_S = 20
+JOB_S = 30  # (3 of them one after another: 90 s; side by side, with a grow of about 20 s: about 50 s)
 
 
 @pytest.fixture(scope="module")
