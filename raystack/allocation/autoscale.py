@@ -31,7 +31,7 @@ from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, ClusterState, Grown
-from raystack.store.ledger import JobRecord, Unreadable, read_job, update_job
+from raystack.store.ledger import JobRecord, JobState, Unreadable, read_job, update_job
 
 log = logging.getLogger("raystack.node")
 CHECK = 5.0  # seconds between looks
@@ -57,6 +57,11 @@ def wanted(record: ClusterRecord, jobs: list[JobRecord]) -> int:
     return total
 
 
+def waits(job: JobRecord) -> bool:
+    """The job is in the queue, not yet (or no longer) given to Ray."""
+    return job.state in (JobState.QUEUED, JobState.INTERRUPTED)
+
+
 class Autoscale:
     def __init__(
         self,
@@ -78,7 +83,7 @@ class Autoscale:
         if not record.max_nodes or record.state is not ClusterState.READY or record.ending:
             return
         jobs = self.jobs()
-        self.release_idle(record, any(j.state.value in ("QUEUED", "INTERRUPTED") for j in jobs))
+        self.release_idle(record, any(waits(j) for j in jobs))
         self.ask(records.read(self.name), jobs)
 
     def jobs(self) -> list[JobRecord]:
@@ -146,7 +151,7 @@ class Autoscale:
         if record.scaling == scaling:
             return
         records.update(self.name, scaling=scaling)
-        first = next((j for j in jobs if j.state.value in ("QUEUED", "INTERRUPTED")), None)
+        first = next((j for j in jobs if waits(j)), None)
         if first is not None and scaling:
             with contextlib.suppress(RaystackError, OSError):
                 update_job(self.name, first.id, message=scaling)

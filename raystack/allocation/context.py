@@ -24,7 +24,7 @@ from raystack.errors import RaystackError
 from raystack.spec.profile import Caps
 from raystack.spec.values import size_to_mb
 from raystack.store import paths, tls
-from raystack.store.cluster import ClusterRecord
+from raystack.store.cluster import GROW_VAR, ClusterRecord
 from raystack.store.growth import DEFAULT_CAP
 from raystack.waiting import REAL, Clock, poll_until
 
@@ -32,7 +32,6 @@ log = logging.getLogger("raystack.node")
 T = TypeVar("T")
 
 POLL = 0.25  # seconds between readiness checks
-GROW_VAR = "RAYSTACK_GROW"  # set by a grown allocation's script: its nodes join the cluster as workers
 BEAT = 5.0  # seconds between the head's heartbeats
 BEAT_BYTES = 256  # the heartbeat file's fixed size (rewritten in place)
 GPU_REFRESH = 30.0  # seconds after which a node rewrites an unchanged GPU report

@@ -31,8 +31,7 @@ CHECK_ENDED = 10.0  # seconds between the scheduler's answers on whether a grown
 
 def nodes_of(record: ClusterRecord, grown: Grown, alive: list[NodeSummary]) -> list[NodeSummary]:
     """The alive Ray nodes of a grown allocation (by the addresses its node programs announced)."""
-    entries = records.read_node_entries(record.name)
-    ips = {e.get("ip") for e in entries.values() if e.get("alloc_id") == grown.alloc_id}
+    ips = records.allocation_ips(record.name, grown.alloc_id)
     return [n for n in alive if n.ip in ips and not n.is_head]
 
 

@@ -469,7 +469,7 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
         rows += [("metrics", f"Prometheus on the head at {st.prometheus}")] if st.prometheus else []
         if st.interconnect:
             rows.append(("interconnect", st.interconnect.removeprefix("interconnect: ")))
-        rows += [("grown", line) for line in grown_lines(st.grown, st)]
+        rows += [("grown", line) for line in grown_lines(st)]
         if st.resuming_jobs:
             rows.append(("resumes", ", ".join(st.resuming_jobs)))
         if st.ray_error:

@@ -21,11 +21,9 @@ from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError
 from raystack.store import cluster as records
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState, Grown
+from raystack.store.cluster import GROW_VAR, ClusterRecord, ClusterState, Grown
 from raystack.store.files import atomic_write
 from raystack.waiting import REAL, Clock, until
-
-GROW_VAR = "RAYSTACK_GROW"  # (allocation/context.py reads it)
 
 
 def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
@@ -110,8 +108,7 @@ def joined(name: str, alloc_id: str, timeout: float | None = None, clock: Clock 
             )
             return None
         alive = {n.ip for n in live_dashboard(current, None).alive_nodes(timeout=5)}
-        ips = {e.get("ip") for e in records.read_node_entries(name).values() if e.get("alloc_id") == alloc_id}
-        return entry if len(ips & alive) >= entry.nodes else None
+        return entry if len(records.allocation_ips(name, alloc_id) & alive) >= entry.nodes else None
 
     def late() -> ClusterError:
         return ClusterError(f"allocation {alloc_id} has not joined cluster {name} yet: {seen[0]}")

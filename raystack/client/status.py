@@ -129,14 +129,11 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
     )
 
 
-def grown_lines(grown: list[dict[str, Any]] | None, st: ClusterStatus | None = None) -> list[str]:
+def grown_lines(st: ClusterStatus) -> list[str]:
     """`raystack status`'s line for each grown allocation (and what growing waits for)."""
-    lines = (
-        [f"up to {st.max_nodes} nodes: {st.scaling or 'the queue asks for none more'}"]
-        if st and st.max_nodes
-        else []
-    )
-    for g in grown or []:
+    scaling = st.scaling or "the queue asks for none more"
+    lines = [f"up to {st.max_nodes} nodes: {scaling}"] if st.max_nodes else []
+    for g in st.grown or []:
         said = f"{g['scheduler_state'] or '?'}" + (f" ({g['reason']})" if g["reason"] else "")
         hosts = f" on {', '.join(g['hosts'])}" if g["hosts"] else ""
         left = f", {duration_text(g['time_left_s'])} left" if g["time_left_s"] is not None else ""

@@ -99,6 +99,9 @@ class Allocation(BaseModel):
     reason: str | None = None
 
 
+GROW_VAR = "RAYSTACK_GROW"  # set by a grown allocation's script: its nodes join the cluster as workers
+
+
 class Grown(BaseModel):
     """A further allocation whose nodes joined the cluster as Ray workers (`raystack grow`)."""
 
@@ -570,6 +573,11 @@ def read_lease(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- node entries
 def write_node_entry(name: str, host: str, entry: dict[str, Any]) -> None:
     atomic_write(paths.cluster(name).node_entry(host), json.dumps(entry), mode=0o600)
+
+
+def allocation_ips(name: str, alloc_id: str) -> set[str]:
+    """The addresses the node programs of one allocation announced (nodes/<host>.json)."""
+    return {str(e.get("ip")) for e in read_node_entries(name).values() if e.get("alloc_id") == alloc_id}
 
 
 def read_node_entries(name: str) -> dict[str, dict[str, Any]]:
