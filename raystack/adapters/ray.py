@@ -383,6 +383,23 @@ class Dashboard:
         tasks = self._state_list("tasks", [("node_id", "=", node_id), ("state", "=", "RUNNING")])
         return [str(getattr(w, "job_id", "") or "") for w in [*actors, *tasks]]
 
+    def dead_nodes(self) -> list[NodeSummary]:
+        """Ray nodes the GCS reports DEAD (their raylet ended or stopped answering)."""
+        from ray.util.state.common import NodeState
+
+        dead = self._state_list("nodes", [("state", "=", "DEAD")], detail=True, limit=10000)
+        return [
+            NodeSummary(node_id=n.node_id, ip=n.node_ip, is_head=bool(n.is_head_node), resources={})
+            for n in dead
+            if isinstance(n, NodeState)
+        ]
+
+    def job_nodes(self, ray_job_id: str) -> set[str]:
+        """The ids of the nodes where a Ray job's actors and tasks ran, whatever became of them."""
+        job = [("job_id", "=", ray_job_id)]
+        work = [*self._state_list("actors", job, limit=10000), *self._state_list("tasks", job, limit=10000)]
+        return {str(w.node_id) for w in work if getattr(w, "node_id", None)}
+
     def node_processes(self, node_id: str) -> list[dict[str, Any]]:
         """The Ray worker and agent processes of one node with their CPU % (psutil's)."""
         return list(self._get(f"/nodes/{node_id}").get("detail", {}).get("workers") or [])

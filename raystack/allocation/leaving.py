@@ -3,7 +3,8 @@ grown allocation: its script leaves the flag, as the head's does): a duty of the
 
 Their Ray nodes are drained through Ray's GCS drain API (`ray drain-node`, the API autoscaler v2
 uses): nothing new lands there. A queued job with an actor or a task there is stopped and put
-back in the queue (`evicted`: the runner does it, allocation/retry.py). Once no actor or task
+back in the queue (`evicted`: the runner does it, allocation/retry.py); so is one whose work
+was lost with an allocation that ended unannounced (scancel, a preemption). Once no actor or task
 runs on them (or the allocation's drain deadline has passed), the record says `released`: their
 node programs stop their Ray and leave, and `shrink` ends the allocation.
 """
@@ -15,6 +16,7 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from raystack.adapters.allocator import AllocInfo, AllocState, allocator
 from raystack.adapters.ray import Dashboard, NodeSummary, drain_argv
@@ -59,7 +61,7 @@ class Leaving:
         api = self.dashboard()
         for entry in record.grown:
             grown: Grown | None = entry
-            if not entry.released and self.gone(record, entry):
+            if not entry.released and self.gone(record, entry, api):
                 continue
             if not entry.leaving and not entry.released and self.warned(entry):
                 left = max(5.0, (entry.walltime_end or self.now()) - self.now() - 15)
@@ -67,10 +69,11 @@ class Leaving:
             if api is not None and grown is not None and grown.leaving and not grown.released:
                 self.step(record, grown, api)
 
-    def gone(self, record: ClusterRecord, grown: Grown) -> bool:
+    def gone(self, record: ClusterRecord, grown: Grown, api: Dashboard | None) -> bool:
         """A grown allocation that ended unreleased (scancel, a preemption, its walltime passed
-        unwarned, SLURM refused it): released in the record, so that nobody counts its nodes. Asked
-        of the scheduler every CHECK_ENDED seconds."""
+        unwarned, SLURM refused it): released in the record, so that nobody counts its nodes, and
+        the jobs that had work on its nodes are put back in the queue. Asked of the scheduler every
+        CHECK_ENDED seconds."""
         if self.now() - self.asked.get(grown.alloc_id, -1e18) < CHECK_ENDED:
             return False
         self.asked[grown.alloc_id] = self.now()
@@ -84,6 +87,15 @@ class Leaving:
         why = f"it ended: {info.said}" + (f", {info.reason}" if info.reason and info.reason != "None" else "")
         log.warning("grown allocation %s %s; its nodes are no longer the cluster's", grown.alloc_id, why)
         self.mark(grown.alloc_id, leaving=grown.leaving or why, released=self.now())
+        if api is not None:  # (the runner also finds them when they fail first: allocation/retry.py)
+            now = records.read(self.name)
+
+            def lost(ray_job: str) -> str | None:
+                found = lost_with(now, api, ray_job, self.info)
+                return found.why if found else None
+
+            with contextlib.suppress(RayApiError):
+                self.evict(api, lost)
         self.tell_waiting(grown)
         return True
 
@@ -109,7 +121,9 @@ class Leaving:
             if busy != self.busy.get(grown.alloc_id):
                 log.info("allocation %s leaving: %d actors and tasks on its nodes", grown.alloc_id, busy)
                 self.busy[grown.alloc_id] = busy
-            self.evict(grown, set(work), api)
+            leaves = f"allocation {grown.alloc_id} leaves the cluster ({grown.leaving})"
+            if work:
+                self.evict(api, lambda ray_job: leaves if ray_job in work else None)
         except RayApiError as exc:
             log.warning("allocation %s leaving: the State API did not answer (%s)", grown.alloc_id, exc)
             busy = -1  # (wait for the deadline or the next pass)
@@ -135,21 +149,57 @@ class Leaving:
                     message = f"waits: it needs {want} nodes and the cluster holds {held} since {left}; {fix}"
                     update_job(self.name, entry.job_id, message=message)
 
-    def evict(self, grown: Grown, ray_jobs: set[str], api: Dashboard) -> None:
-        """The queue's jobs with an actor or a task on the leaving nodes: the runner stops them and
-        puts them back in the queue (allocation/retry.py)."""
-        for job_id in store.active(self.name) if ray_jobs else []:
+    def evict(self, api: Dashboard, why: Callable[[str], str | None]) -> None:
+        """The queue's jobs for whose current attempt (by its Ray job id) `why` gives a reason: the
+        runner stops them and puts them back in the queue (allocation/retry.py)."""
+        for job_id in store.active(self.name):
             record = read_job(self.name, job_id)
             if record.evicted or record.state.is_terminal() or not record.attempts:
                 continue
             ray_job = record.attempts[-1].ray_job_id or ray_job_of(api, record)
-            if ray_job in ray_jobs:
-                why = f"allocation {grown.alloc_id} leaves the cluster ({grown.leaving})"
-                log.info("%s has work on the leaving nodes: stopped, to start again (%s)", job_id, why)
-                update_job(self.name, job_id, evicted=why)
+            if ray_job and (reason := why(ray_job)):
+                log.info("%s has work on the leaving nodes: stopped, to start again (%s)", job_id, reason)
+                update_job(self.name, job_id, evicted=reason)
 
     def mark(self, alloc_id: str, **fields: object) -> Grown | None:
         return records.note_grown(self.name, alloc_id, **fields)
+
+
+def ask(backend: str, alloc_id: str) -> AllocInfo | None:
+    return allocator(backend).info(alloc_id)
+
+
+class Lost(NamedTuple):
+    grown: Grown
+    said: str  # how it ended: "it ended: CANCELLED"
+
+    @property
+    def why(self) -> str:
+        return f"allocation {self.grown.alloc_id} left the cluster under it ({self.said})"
+
+
+def lost_with(
+    record: ClusterRecord, api: Dashboard, ray_job: str, info: Callable[[str, str], AllocInfo | None] = ask
+) -> Lost | None:
+    """The grown allocation, and why, with which a Ray job's work was lost: one that no longer runs
+    (scancel, a preemption, a walltime past unwarned: SLURM ends Ray's processes before any drain),
+    on whose Ray nodes, now DEAD, the job had an actor or a task. None for a failure of its own, or
+    a node that died while its allocation runs on."""
+    by_ip = {ip: g for g in record.grown for ip in records.allocation_ips(record.name, g.alloc_id)}
+    dead = {n.node_id: by_ip[n.ip] for n in api.dead_nodes() if n.ip in by_ip} if by_ip else {}
+    for node_id in sorted(api.job_nodes(ray_job) & dead.keys() if dead else ()):
+        grown = dead[node_id]
+        now = None if grown.leaving else info(record.backend, grown.alloc_id)
+        if grown.leaving:
+            return Lost(grown, grown.leaving)
+        if now is None or now.state is not AllocState.RUNNING:  # (PENDING again: preempted, requeued)
+            said = (
+                "it ended"
+                if now is None
+                else f"it {'ended:' if now.state.is_terminal() else 'is'} {now.said}"
+            )
+            return Lost(grown, said)
+    return None
 
 
 def ray_job_of(api: Dashboard, record: JobRecord) -> str | None:

@@ -1,5 +1,6 @@
 """What becomes of an attempt that did not succeed: retried (its spec's `retries`), or put back
-in the queue because its nodes left the cluster (`raystack shrink`: allocation/leaving.py)."""
+in the queue because its nodes left the cluster (`raystack shrink`, a grown allocation's walltime,
+scancel or preemption: allocation/leaving.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import logging
 import time
 from typing import Any
 
+from raystack.adapters.ray import Dashboard
+from raystack.allocation.leaving import lost_with
+from raystack.errors import RayApiError
 from raystack.plan.topology import plural
 from raystack.store import cluster as records
 from raystack.store import queue as store
-from raystack.store.ledger import JobRecord, JobState
+from raystack.store.ledger import JobRecord, JobState, update_job
 
 log = logging.getLogger("raystack.runner")
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
@@ -49,3 +53,23 @@ def evicted_outcome(name: str, record: JobRecord) -> tuple[JobState, str] | None
     store.requeue(name, record.id, f"{why}; it starts again on the nodes that remain")
     log.info("%s INTERRUPTED (%s): back at the head of the queue", record.id, record.evicted)
     return None
+
+
+def lost(name: str, api: Dashboard, record: JobRecord, ray_job: str | None) -> JobRecord:
+    """A job that FAILED because a grown allocation it had work on ended under it, before the head
+    could drain it (SLURM ends every process of a cancelled or preempted allocation at once): it
+    is evicted too, and put back in the queue like a job on nodes that `shrink` drains."""
+    cluster = records.read(name)
+    if not cluster.grown or not ray_job:
+        return record
+    try:
+        found = lost_with(cluster, api, ray_job)
+    except RayApiError as exc:
+        log.warning("%s failed; whether its nodes left the cluster is unknown: %s", record.id, exc)
+        return record
+    if found is None:
+        return record
+    if not found.grown.leaving:  # (its nodes are no longer counted; the head's Leaving releases it)
+        records.note_grown(name, found.grown.alloc_id, leaving=found.said)
+    log.info("%s failed with its nodes: %s", record.id, found.why)
+    return update_job(name, record.id, evicted=found.why)

@@ -34,7 +34,7 @@ from raystack.allocation.lease import Lease
 from raystack.allocation.logtail import Tails, gather
 from raystack.allocation.picker import Picker
 from raystack.allocation.prepare import Preparer
-from raystack.allocation.retry import evicted_outcome, may_retry
+from raystack.allocation.retry import evicted_outcome, lost, may_retry
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
@@ -400,11 +400,14 @@ class Runner:
             return False
         self.watchdog.forget(attempt.id)
         self.ends.forget(attempt.id)
-        return self.put_back(record, state, attempt.id) or self.ended(record, state, info, seen)
+        return self.put_back(record, state, attempt.id, info.job_id) or self.ended(record, state, info, seen)
 
-    def put_back(self, record: JobRecord, state: JobState, sid: str) -> bool:
+    def put_back(self, record: JobRecord, state: JobState, sid: str, ray_job: str | None) -> bool:
         """An attempt stopped because the allocation ends, or its nodes leave the cluster (`raystack
-        shrink`): back at the head of the queue (FAILED where the nodes left can never hold it)."""
+        shrink`, or lost with them): back at the head of the queue (FAILED where the nodes left can
+        never hold it)."""
+        if state is JobState.FAILED and not (record.evicted or record.stop_requested or self.interrupting):
+            record = lost(self.name, self.api, record, ray_job)
         if state is JobState.SUCCEEDED or record.stop_requested or not (self.interrupting or record.evicted):
             return False
         self.tails.close(record, sid)

@@ -158,3 +158,67 @@ def test_a_grown_allocation_that_ended_unreleased_is_no_longer_counted(cluster: 
     now[0] += 5
     leaving()
     assert records.read(cluster).grown_entry("9").released == 1010.0  # type: ignore[union-attr]
+
+
+class DeadRay(FakeRay):
+    """After scancel: the grown allocation's raylets are DEAD; job 03000000 had an actor on one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = self.nodes[:2]
+        self.busy = {}
+        self.used = {"03000000": {"n-mine", "n-grown-1"}, "04000000": {"n-head", "n-mine"}}
+
+    def dead_nodes(self) -> list[NodeSummary]:
+        return [
+            NodeSummary("n-grown-1", "10.0.0.3", False, {}),
+            NodeSummary("n-grown-2", "10.0.0.4", False, {}),
+        ]
+
+    def job_nodes(self, ray_job: str) -> set[str]:
+        return self.used.get(ray_job, set())
+
+
+def running_job(cluster: str, job_id: str, ray_job: str) -> None:
+    from raystack.store import queue
+    from raystack.store.ledger import JobRequest, read_job, update_job
+
+    queue.enqueue(JobRequest(id=job_id, name=job_id, cluster=cluster, entrypoint="x"))
+    entry = next(e for e in queue.waiting(cluster) if e.job_id == job_id)
+    queue.start(cluster, entry, "7")
+    attempts = read_job(cluster, job_id).attempts
+    update_job(cluster, job_id, attempts=[attempts[-1].model_copy(update={"ray_job_id": ray_job})])
+
+
+def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: str) -> None:
+    """scancel or preemption: no drain came first. A job with an actor on one of its dead nodes
+    lost its work with it; one whose work was on the head's nodes, or whose node died while its
+    allocation runs on (a crash of its own), did not."""
+    from raystack.adapters import slurm
+    from raystack.allocation.leaving import lost_with
+
+    record, ray = records.read(cluster), DeadRay()
+    found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"))  # type: ignore[arg-type]
+    assert found is not None and found.grown.alloc_id == "8" and found.said == "it ended: CANCELLED"
+    assert found.why == "allocation 8 left the cluster under it (it ended: CANCELLED)"
+    assert lost_with(record, ray, "04000000", lambda b, a: slurm.answer(a, "CANCELLED")) is None  # type: ignore[arg-type]
+    assert lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "RUNNING")) is None  # type: ignore[arg-type]
+    requeued = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "PENDING"))  # type: ignore[arg-type]
+    assert requeued is not None and requeued.said == "it is PENDING"  # (preempted and requeued)
+
+
+def test_a_job_on_an_allocation_that_ended_unreleased_is_evicted(cluster: str) -> None:
+    """The head finds the ended allocation before the job fails (a job blocked in a collective may
+    never fail by itself): the job with work there is stopped and put back; the other is not."""
+    from raystack.adapters import slurm
+    from raystack.store.ledger import read_job
+
+    running_job(cluster, "lost-1", "03000000")
+    running_job(cluster, "safe-1", "04000000")
+    answers = {"8": slurm.answer("8", "CANCELLED", reason="None")}
+    Leaving(cluster, lambda: DeadRay(), {}, lambda: 1000.0, recorder([]), lambda b, a: answers.get(a))()  # type: ignore[arg-type,return-value]
+    assert records.read(cluster).grown[0].released == 1000.0
+    assert (
+        read_job(cluster, "lost-1").evicted == "allocation 8 left the cluster under it (it ended: CANCELLED)"
+    )
+    assert read_job(cluster, "safe-1").evicted is None

@@ -1,10 +1,12 @@
 """Growing a cluster (issue 44): `up -N 2`, `grow -N 2` -> 4 nodes in one Ray cluster; a job that
 needs 4 nodes runs across both allocations; `shrink` drains the grown nodes through Ray's GCS and
-ends their allocation; `down` ends a grown allocation with the cluster."""
+ends their allocation; a job on a grown allocation that is cancelled (or preempted) under it is
+put back and reruns; `down` ends a grown allocation with the cluster."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,6 +157,36 @@ def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
     record = job.wait(timeout=180)
     assert record.state is JobState.SUCCEEDED and record.interruptions == 1, (record.message, job.logs())
     assert not grown_hosts & set(placed(job.logs())[-1])
+
+
+def test_a_cancelled_grown_allocation_s_job_is_put_back_and_reruns(
+    elastic: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """scancel (or a preemption) ends every process of the grown allocation at once: no drain
+    comes first, so the job with actors there fails. It is put back in the queue, not FAILED, and
+    finishes on the nodes that remain; the allocation's nodes are no longer counted."""
+    grew = raystack("grow", "elastic", "-N", "2", *PROFILE, "--timeout", "180")
+    assert grew.returncode == 0, grew.stderr
+    alloc = grown_ids()[-1]
+    grown_hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
+    folder = tmp_path_factory.mktemp("cancelled")
+    (folder / "spread.py").write_text(SPREAD.replace("WORK", "120"))
+    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
+    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
+    assert grown_hosts <= set(placed(job.logs())[0])
+    subprocess.run(["scancel", alloc], check=True)  # (as a user or an administrator would)
+    record = job.wait(timeout=180)
+    assert record.state is JobState.SUCCEEDED and record.interruptions == 1, (record.message, job.logs())
+    assert any(
+        h.get("state") == "INTERRUPTED" and f"allocation {alloc} left the cluster under it" in h["message"]
+        for h in record.history
+    ), record.history
+    assert not grown_hosts & set(placed(job.logs())[-1])
+    entry = wait_until(
+        lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 60, "its release"
+    )
+    assert str(entry.leaving) in ("it is COMPLETING", "it ended: CANCELLED"), entry  # (SLURM's words)
+    assert clusters.read("elastic").nodes_held == 2
 
 
 def test_down_ends_a_grown_allocation_with_the_cluster(elastic: Cluster) -> None:
