@@ -94,6 +94,7 @@ class Request:
     output: str | None = None  # where the script's output goes ("%j": the allocation's id)
     warn_before: int = 0  # seconds before the walltime end at which the script is warned (USR1)
     after: str | None = None  # start only once this allocation has ended (a chain's next link)
+    exclude: tuple[str, ...] = ()  # hosts it must not get (a grown allocation: the cluster's own)
     native: tuple[str, ...] = ()  # further options in the scheduler's own words (extra_sbatch)
 
     def dump(self) -> dict[str, object]:
@@ -103,6 +104,7 @@ class Request:
     def load(cls, data: Mapping[str, object]) -> Request:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["native"] = tuple(known.get("native") or ())  # type: ignore[arg-type]
+        known["exclude"] = tuple(known.get("exclude") or ())  # type: ignore[arg-type]
         return cls(**known)  # type: ignore[arg-type]
 
 

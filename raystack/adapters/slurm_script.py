@@ -36,6 +36,8 @@ def options(request: Request) -> list[str]:
             opts.append(f"--{flag}={value}")
     if request.exclusive:
         opts.append("--exclusive")
+    if request.exclude:
+        opts.append(f"--exclude={','.join(request.exclude)}")
     if request.gpus_per_node:
         kind = f"{request.gpu_type}:" if request.gpu_type else ""
         opts.append(f"--gpus-per-node={kind}{request.gpus_per_node}")

@@ -43,14 +43,7 @@ def wanted(record: ClusterRecord, jobs: list[JobRecord]) -> int:
     """The nodes the queue wants: those its jobs in flight and its waiting jobs occupy (pure)."""
     total = 0
     for job in jobs:
-        needs = job.request.needs or {}
-        nodes = nodes_wanted(
-            needs.get("nodes"),
-            needs.get("gpus"),
-            needs.get("cpus"),
-            record.gpus_per_node,
-            record.cpus_per_node,
-        )
+        nodes = nodes_wanted(job.request.needs or {}, record.held)
         if nodes is None and not job.state.is_terminal() and job.attempts:  # (in flight: the cluster)
             nodes = record.nodes_held
         total += nodes or 0

@@ -17,7 +17,7 @@ import socket
 import time
 from typing import IO
 
-from raystack.store.cluster import read_lease
+from raystack.store.files import read_dict
 from raystack.store.paths import ClusterPaths
 
 BEAT = 5.0  # seconds between heartbeats
@@ -37,7 +37,7 @@ class Lease:
         self.waiting_since: float | None = None  # since when the queue waits for a job's leftovers
 
     def holder(self) -> dict:
-        return read_lease(self.path)
+        return read_dict(self.path)
 
     def acquire(self) -> str | None:
         """Take the lease; None on success, else a description of who holds it."""

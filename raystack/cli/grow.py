@@ -71,7 +71,9 @@ def grow(
     auto: Annotated[bool, typer.Option("--for-queue", hidden=True)] = False,
 ) -> None:
     """Submit a further allocation whose nodes join the cluster as Ray workers (its token, TLS and
-    session); wait until they are in Ray. `raystack shrink` releases it; `down` ends it too."""
+    session); wait until they are in Ray. It never gets a host the cluster holds. GPU nodes grown
+    beside a head without GPUs are the nodes jobs count (needs, SPMD, plans; the drivers run on the
+    head). `raystack shrink` releases it; `down` ends it too."""
     target = Cluster.get(cluster_name(name, cluster)).name
     gpu_type, gpu_count = _typed_gpus(gpus_per_node)
     options: dict[str, Any] = {

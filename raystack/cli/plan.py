@@ -30,7 +30,7 @@ ClusterOpt = Annotated[
 def cluster_shape(cluster: str | None, nodes: int | None, gpus: int | None, cpus: int | None) -> Shape:
     if cluster:
         record = Cluster.get(cluster).record()
-        return Shape(record.nodes_held, record.gpus_per_node, record.cpus_per_node)
+        return Shape(*record.held)
     if not (nodes and gpus and cpus):
         given = {"--nodes": nodes, "--gpus-per-node": gpus, "--cpus-per-node": cpus}
         missing = " and ".join(k for k, v in given.items() if not v)

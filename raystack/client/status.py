@@ -13,7 +13,8 @@ from raystack.client.pending import never_starts, nodes_out, unseen_output
 from raystack.errors import ClusterError, RayApiError
 from raystack.slurmtime import duration_text
 from raystack.store import paths
-from raystack.store.cluster import ClusterRecord, ClusterState, Grown, read_heartbeat, read_lease
+from raystack.store.cluster import ClusterRecord, ClusterState, Grown, read_heartbeat
+from raystack.store.files import read_dict
 from raystack.store.queue import active, interrupted, waiting
 
 HEAD_SILENT = 30.0  # seconds without a heartbeat after which a READY head shows as DEGRADED
@@ -189,7 +190,7 @@ def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
     heartbeat (allocation/lease.py: "failing", "waiting"); None if nothing, or not live."""
     if record.state is not ClusterState.READY:
         return None
-    lease = read_lease(paths.cluster(name).runner_lease)
+    lease = read_dict(paths.cluster(name).runner_lease)
     said = lease.get(key)
     if lease.get("allocation") != record.allocation_id:
         return None

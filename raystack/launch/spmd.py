@@ -222,6 +222,13 @@ def parse(args: list[str]) -> argparse.Namespace:
     return ns
 
 
+def rank_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alive nodes the ranks go to: those with GPUs where any has some (never the node of a
+    head without GPUs, with GPU nodes grown beside it from another partition)."""
+    alive = [n for n in nodes if n["Alive"]]
+    return [n for n in alive if n["Resources"].get("GPU")] or alive
+
+
 def main(args: list[str] | None = None) -> int:
     import ray
     from ray.util.placement_group import placement_group
@@ -233,7 +240,7 @@ def main(args: list[str] | None = None) -> int:
     stopping = threading.Event()  # SIGTERM: `raystack stop`, a timeout, the walltime warning
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # NOTE: after ray.init (it sets one)
     t0 = time.time()
-    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive = rank_nodes(ray.nodes())
     nodes = ns.nodes or len(alive)
     gpus_per_node = int(min(n["Resources"].get("GPU", 0) for n in alive))
     cpus_per_node = int(min(n["Resources"].get("CPU", 1) for n in alive))

@@ -300,10 +300,11 @@ def nearest(
     return best[1] if best else None
 
 
-def nodes_wanted(
-    nodes: int | None, gpus: int | None, cpus: int | None, gpus_per_node: int, cpus_per_node: int
-) -> int | None:
-    """Whole nodes a job's `needs` occupies; None when it declares nothing (the whole cluster)."""
+def nodes_wanted(needs: dict[str, Any], held: tuple[int, int, int]) -> int | None:
+    """Whole nodes a job's `needs` occupies on nodes of the held shape (nodes, GPUs and CPUs
+    each: `ClusterRecord.held`); None when it declares nothing (the whole cluster)."""
+    nodes, gpus, cpus = needs.get("nodes"), needs.get("gpus"), needs.get("cpus")
+    _, gpus_per_node, cpus_per_node = held
     if nodes is not None:
         return nodes
     counts = []

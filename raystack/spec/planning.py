@@ -69,21 +69,17 @@ def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRec
     job side by side with others plans its layout on its own nodes)."""
     if not needs:
         return cluster
-    nodes = nodes_wanted(
-        needs.get("nodes"),
-        needs.get("gpus"),
-        needs.get("cpus"),
-        cluster.gpus_per_node,
-        cluster.cpus_per_node,
-    )
-    if nodes is None or nodes >= cluster.nodes_held:
+    held = cluster.held
+    nodes = nodes_wanted(needs, held)
+    if nodes is None or nodes >= held[0]:
         return cluster
-    return cluster.model_copy(update={"nodes_expected": nodes, "grown": []})
+    shape = {"gpus_per_node": held[1], "cpus_per_node": held[2]}
+    return cluster.model_copy(update={"nodes_expected": nodes, "grown": [], **shape})
 
 
 def shape_of(cluster: ClusterRecord) -> Shape:
     """The nodes the cluster holds (grown ones of its shape too), their GPUs and CPUs."""
-    return Shape(cluster.nodes_held, cluster.gpus_per_node, cluster.cpus_per_node)
+    return Shape(*cluster.held)
 
 
 def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayout:

@@ -50,7 +50,8 @@ def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
     """An SPMD job's processes in all on this cluster (its defaults: every node, every GPU)."""
     if spec.kind != "spmd":
         return None
-    return (spec.nodes or cluster.nodes_held) * (spec.procs_per_node or cluster.gpus_per_node or 1)
+    nodes, gpus_per_node, _ = cluster.held
+    return (spec.nodes or nodes) * (spec.procs_per_node or gpus_per_node or 1)
 
 
 def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | None, int | None]:
@@ -67,11 +68,8 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
 def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     # (a cluster that grows for its queue, `up --max-nodes`, holds up to max_nodes)
-    nodes, gpn, cpn = (
-        max(cluster.nodes_held, cluster.max_nodes or 0),
-        cluster.gpus_per_node,
-        cluster.cpus_per_node,
-    )
+    nodes, gpn, cpn = cluster.held
+    nodes = max(nodes, cluster.max_nodes or 0)
     n = spec.needs
 
     def refused(asked: str, total: str = "") -> ConfigError:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from raystack.errors import ClusterError, NoSuchCluster
 from raystack.store import paths
-from raystack.store.files import atomic_write, locked, make_private_dirs
+from raystack.store.files import atomic_write, locked, make_private_dirs, read_dict
 from raystack.store.paths import ClusterPaths
 
 log = logging.getLogger("raystack")
@@ -198,12 +198,19 @@ class ClusterRecord(BaseModel):
         return data
 
     @property
+    def held(self) -> tuple[int, int, int]:
+        """(nodes, GPUs and CPUs per node) jobs may count on: the head allocation's and staying grown
+        ones of its shape. A head without GPUs (a CPU partition) counts the grown GPU nodes of the
+        first such shape instead (drivers run on the head). Other nodes are Ray's, not counted."""
+        staying = [g for g in self.grown if not g.leaving]
+        gpu = None if self.gpus_per_node else next((g for g in staying if g.gpus_per_node), None)
+        shape = gpu or self
+        same = sum(g.nodes for g in staying if g.gpus_per_node == shape.gpus_per_node)
+        return (0 if gpu else self.nodes_expected) + same, shape.gpus_per_node, shape.cpus_per_node
+
+    @property
     def nodes_held(self) -> int:
-        """The nodes the cluster's jobs may count on: its own allocation's and those of grown
-        allocations of the same node shape that are not leaving (a heterogeneous one's nodes are
-        Ray's to use, by resources, but not counted in the cluster's nodes x GPUs)."""
-        same = (g for g in self.grown if g.gpus_per_node == self.gpus_per_node and not g.leaving)
-        return self.nodes_expected + sum(g.nodes for g in same)
+        return self.held[0]
 
     def grown_entry(self, alloc_id: str) -> Grown | None:
         return next((g for g in self.grown if g.alloc_id == alloc_id), None)
@@ -553,21 +560,7 @@ def read_token(name: str) -> str:
 def read_heartbeat(name: str) -> dict[str, Any] | None:
     """The head's last beat ({allocation, host, pid, n, t}: allocation/duties.Heartbeat writes
     it every few seconds), or None when there is none to read."""
-    try:
-        data = json.loads(paths.cluster(name).heartbeat.read_bytes().rstrip(b" \0\n"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_lease(path: Path) -> dict[str, Any]:
-    """The queue runner's lease (runner.lease: {allocation, host, pid, heartbeat, failing?}, as
-    allocation/lease.py writes it), or {} when there is none to read."""
-    try:
-        data = json.loads(path.read_bytes() or b"{}")
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_dict(paths.cluster(name).heartbeat) or None
 
 
 # ---------------------------------------------------------------------------- node entries
@@ -586,10 +579,8 @@ def read_node_entries(name: str) -> dict[str, dict[str, Any]]:
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             entries[path.stem] = json.loads(path.read_text())
-        except FileNotFoundError:
+        except (OSError, ValueError):  # (gone, or being rewritten: atomic writes make it rare)
             continue
-        except (OSError, ValueError):
-            continue  # being rewritten; atomic writes make this rare
     return entries
 
 

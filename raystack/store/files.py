@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from raystack.errors import ClusterError
 from raystack.store.paths import ClusterPaths
@@ -42,6 +42,16 @@ def naming(path: Path) -> Iterator[None]:
         if exc.filename is None:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
+
+
+def read_dict(path: Path) -> dict[str, Any]:
+    """A small JSON object written in place or aside (a heartbeat, a lease: trailing NULs and
+    blanks of an in-place rewrite ignored), or {} when there is none to read."""
+    try:
+        data = json.loads(path.read_bytes().rstrip(b" \0\n") or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:

@@ -70,7 +70,7 @@ def test_backfill_is_bounded_and_never_passes_a_whole_cluster_job() -> None:
     ],
 )
 def test_needs_round_up_to_whole_nodes(needs: dict, nodes: int | None) -> None:
-    assert nodes_wanted(needs.get("nodes"), needs.get("gpus"), needs.get("cpus"), 4, 16) == nodes
+    assert nodes_wanted(needs, (4, 4, 16)) == nodes
 
 
 # ---------------------------------------------------------------------------- in the runner

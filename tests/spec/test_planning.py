@@ -98,3 +98,29 @@ def test_describe_says_what_a_plan_comes_to_on_the_cluster() -> None:
     grpo = PlanSpec(kind="grpo", learners=20, tp=1)
     line = describe(grpo, ClusterRecord(name="c", nodes_expected=10, gpus_per_node=4, cpus_per_node=288), "t")
     assert line == "20 learners (2 2 2 2 2 2 2 2 2 2), 20 engines x TP 1 (open-instruct)"
+
+
+def test_gpu_nodes_grown_beside_a_head_without_gpus_are_what_jobs_count(tmp_path: Path) -> None:
+    """The heterogeneous case (issue 44): a head on a CPU partition, 2 GPU nodes of 4 GPUs grown
+    from another; jobs' needs, SPMD defaults and plans count the GPU nodes (drivers run on the head)."""
+    from raystack.spec.resolve import spmd_processes
+    from raystack.store.cluster import Grown
+
+    head = ClusterRecord(
+        name="het", state=ClusterState.READY, nodes_expected=1, gpus_per_node=0, cpus_per_node=8
+    )
+    with pytest.raises(ConfigError, match=r"needs.gpus=8 but .* has 1 node x 0 GPUs"):
+        resolve(load_spec(spec(tmp_path, "name: g\nentrypoint: x\nneeds: {gpus: 8}\n")), head, tmp_path, "g")
+    grown = head.model_copy(
+        update={"grown": [Grown(alloc_id="9", nodes=2, gpus_per_node=4, cpus_per_node=32)]}
+    )
+    assert grown.held == (2, 4, 32) and grown.nodes_held == 2
+    resolve(load_spec(spec(tmp_path, "name: g\nentrypoint: x\nneeds: {gpus: 8}\n")), grown, tmp_path, "g")
+    path = spec(tmp_path, "name: g\nentrypoint: python grpo.py {plan.flags}\nplan: {learners: 4, tp: 1}\n")
+    entry = submit_options(resolve(load_spec(path), grown, tmp_path, "g"), grown)["entrypoint"]
+    assert "--num_learners_per_node 2 2 --vllm_num_engines 4" in entry, entry
+    torchrun = load_spec(spec(tmp_path, "name: t\nkind: spmd\nlauncher: torchrun\ncommand: train.py\n"))
+    assert spmd_processes(torchrun, grown) == 8
+    # Once it leaves, nothing is counted but the head again.
+    left = grown.model_copy(update={"grown": [grown.grown[0].model_copy(update={"leaving": "shrink"})]})
+    assert left.held == (1, 0, 8)
