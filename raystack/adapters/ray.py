@@ -104,12 +104,13 @@ def refused_token(exc: BaseException, text: str, code: int | None) -> bool:
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """One alive Ray node as the State API reports it."""
+    """One Ray node as the State API reports it (alive, or dead since `ended`, epoch seconds)."""
 
     node_id: str
     ip: str
     is_head: bool
     resources: dict[str, float]
+    ended: float = 0.0
 
 
 class Dashboard:
@@ -389,7 +390,7 @@ class Dashboard:
 
         dead = self._state_list("nodes", [("state", "=", "DEAD")], detail=True, limit=10000)
         return [
-            NodeSummary(node_id=n.node_id, ip=n.node_ip, is_head=bool(n.is_head_node), resources={})
+            NodeSummary(n.node_id, n.node_ip, bool(n.is_head_node), {}, (n.end_time_ms or 0) / 1000)
             for n in dead
             if isinstance(n, NodeState)
         ]

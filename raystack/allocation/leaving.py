@@ -29,6 +29,7 @@ from raystack.store.ledger import JobRecord, read_job, update_job
 
 log = logging.getLogger("raystack.node")
 CHECK_ENDED = 10.0  # seconds between the scheduler's answers on whether a grown allocation ended
+LOST_RECENT = 120.0  # seconds after its node's death within which a job's failure is put on it
 
 
 def nodes_of(record: ClusterRecord, grown: Grown, alive: list[NodeSummary]) -> list[NodeSummary]:
@@ -88,10 +89,10 @@ class Leaving:
         log.warning("grown allocation %s %s; its nodes are no longer the cluster's", grown.alloc_id, why)
         self.mark(grown.alloc_id, leaving=grown.leaving or why, released=self.now())
         if api is not None:  # (the runner also finds them when they fail first: allocation/retry.py)
-            now = records.read(self.name)
+            current = records.read(self.name)
 
             def lost(ray_job: str) -> str | None:
-                found = lost_with(now, api, ray_job, self.info)
+                found = lost_with(current, api, ray_job, self.info, self.now)
                 return found.why if found else None
 
             with contextlib.suppress(RayApiError):
@@ -179,26 +180,35 @@ class Lost(NamedTuple):
 
 
 def lost_with(
-    record: ClusterRecord, api: Dashboard, ray_job: str, info: Callable[[str, str], AllocInfo | None] = ask
+    record: ClusterRecord,
+    api: Dashboard,
+    ray_job: str,
+    info: Callable[[str, str], AllocInfo | None] = ask,
+    now: Callable[[], float] = time.time,
 ) -> Lost | None:
     """The grown allocation, and why, with which a Ray job's work was lost: one that no longer runs
     (scancel, a preemption, a walltime past unwarned: SLURM ends Ray's processes before any drain),
-    on whose Ray nodes, now DEAD, the job had an actor or a task. None for a failure of its own, or
-    a node that died while its allocation runs on."""
+    on whose Ray nodes, DEAD within the last LOST_RECENT seconds, the job had an actor or a task.
+    None for a failure of its own, a node that died while its allocation runs on, or one that left
+    long before (its work there had ended: it was not evicted then)."""
     by_ip = {ip: g for g in record.grown for ip in records.allocation_ips(record.name, g.alloc_id)}
-    dead = {n.node_id: by_ip[n.ip] for n in api.dead_nodes() if n.ip in by_ip} if by_ip else {}
+    dead = {
+        n.node_id: by_ip[n.ip]
+        for n in (api.dead_nodes() if by_ip else [])
+        if n.ip in by_ip and (not n.ended or now() - n.ended <= LOST_RECENT)
+    }
     for node_id in sorted(api.job_nodes(ray_job) & dead.keys() if dead else ()):
         grown = dead[node_id]
-        now = None if grown.leaving else info(record.backend, grown.alloc_id)
         if grown.leaving:
             return Lost(grown, grown.leaving)
-        if now is None or now.state is not AllocState.RUNNING:  # (PENDING again: preempted, requeued)
+        alloc = info(record.backend, grown.alloc_id)
+        if alloc is None or alloc.state is not AllocState.RUNNING:  # (PENDING again: preempted, requeued)
             said = (
-                "it ended"
-                if now is None
-                else f"it {'ended:' if now.state.is_terminal() else 'is'} {now.said}"
+                "ended"
+                if alloc is None
+                else f"{'ended:' if alloc.state.is_terminal() else 'is'} {alloc.said}"
             )
-            return Lost(grown, said)
+            return Lost(grown, f"it {said}")
     return None
 
 

@@ -171,12 +171,16 @@ class DeadRay(FakeRay):
 
     def dead_nodes(self) -> list[NodeSummary]:
         return [
-            NodeSummary("n-grown-1", "10.0.0.3", False, {}),
+            NodeSummary("n-grown-1", "10.0.0.3", False, {}, 1000.0),  # (ended at 1000)
             NodeSummary("n-grown-2", "10.0.0.4", False, {}),
         ]
 
     def job_nodes(self, ray_job: str) -> set[str]:
         return self.used.get(ray_job, set())
+
+
+def SOON() -> float:  # (10 s after the grown node's death)
+    return 1010.0
 
 
 def running_job(cluster: str, job_id: str, ray_job: str) -> None:
@@ -198,13 +202,17 @@ def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: s
     from raystack.allocation.leaving import lost_with
 
     record, ray = records.read(cluster), DeadRay()
-    found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"))  # type: ignore[arg-type]
+    found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON)  # type: ignore[arg-type]
     assert found is not None and found.grown.alloc_id == "8" and found.said == "it ended: CANCELLED"
     assert found.why == "allocation 8 left the cluster under it (it ended: CANCELLED)"
-    assert lost_with(record, ray, "04000000", lambda b, a: slurm.answer(a, "CANCELLED")) is None  # type: ignore[arg-type]
-    assert lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "RUNNING")) is None  # type: ignore[arg-type]
-    requeued = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "PENDING"))  # type: ignore[arg-type]
+    assert lost_with(record, ray, "04000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON) is None  # type: ignore[arg-type]
+    assert lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "RUNNING"), SOON) is None  # type: ignore[arg-type]
+    requeued = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "PENDING"), SOON)  # type: ignore[arg-type]
     assert requeued is not None and requeued.said == "it is PENDING"  # (preempted and requeued)
+    # A node that left long before the job failed (a shrink that found no work of it there then):
+    # the failure is the job's own.
+    late = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), lambda: 1121.0)  # type: ignore[arg-type]
+    assert late is None
 
 
 def test_a_job_on_an_allocation_that_ended_unreleased_is_evicted(cluster: str) -> None:
