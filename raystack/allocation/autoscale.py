@@ -61,7 +61,7 @@ class Autoscale:
         name: str,
         dashboard: Callable[[], Dashboard | None],
         now: Callable[[], float] = time.time,
-        grow: Callable[[str, int, float | None], str] | None = None,
+        grow: Callable[[str, int, float | None, Grown | None], str] | None = None,
     ):
         self.name, self.dashboard, self.now = name, dashboard, now
         self.grow = grow or submit_grow
@@ -105,7 +105,7 @@ class Autoscale:
             self.say(record, None)
             return
         try:
-            alloc_id = self.grow(self.name, more, record.walltime)
+            alloc_id = self.grow(self.name, more, record.walltime, record.gpu_grown)
         except RaystackError as exc:
             self.say(record, f"could not grow by {plural(more, 'node')}: {exc}")
             return
@@ -150,9 +150,10 @@ class Autoscale:
                 update_job(self.name, first.id, message=scaling)
 
 
-def submit_grow(name: str, nodes: int, walltime: float | None) -> str:
+def submit_grow(name: str, nodes: int, walltime: float | None, like: Grown | None = None) -> str:
     """`raystack grow NAME -N nodes --no-wait` (the command a user runs): its allocation's id. Run
-    without this allocation's own scheduler variables (the new one must not inherit them)."""
+    without this allocation's own scheduler variables (the new one must not inherit them). `like`:
+    a grown allocation whose partition and node shape it asks for (GPU nodes beside a CPU head)."""
     argv = [
         sys.executable,
         "-m",
@@ -167,6 +168,10 @@ def submit_grow(name: str, nodes: int, walltime: float | None) -> str:
     ]
     if walltime:
         argv += ["--time", f"{max(1, int(walltime // 60))}"]
+    if like is not None:
+        argv += ["--gpus-per-node", str(like.gpus_per_node)]
+        argv += ["--cpus-per-task", str(like.cpus_per_node)] if like.cpus_per_node else []
+        argv += ["--partition", like.queue] if like.queue else []
     mine = allocator(records.read(name).backend).own_env
     env = {k: v for k, v in os.environ.items() if not (mine and k.startswith(mine))}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)

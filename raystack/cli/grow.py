@@ -20,11 +20,13 @@ from raystack.cli.clusters import (
     _typed_gpus,
 )
 from raystack.cli.common import (
+    CLUSTER_HELP,
     ClusterOpt,
     JsonOpt,
     NameArg,
     app,
     cluster_name,
+    complete_cluster,
     complete_profile,
     err,
     print_json,
@@ -44,6 +46,13 @@ GrowProfileOpt = Annotated[
         autocompletion=complete_profile,
     ),
 ]
+# (grow asks SLURM for nodes, as `up` does: -c is sbatch's --cpus-per-task there, not the cluster)
+GrowClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster", metavar="NAME", show_default=False, help=CLUSTER_HELP, autocompletion=complete_cluster
+    ),
+]
 AllocArg = Annotated[str, typer.Argument(metavar="ALLOC_ID", help="The grown allocation (raystack status).")]
 DeadlineOpt = Annotated[
     str,
@@ -56,7 +65,7 @@ DeadlineOpt = Annotated[
 @app.command(short_help="Add nodes to a running cluster: a further allocation of Ray workers.")
 def grow(
     name: NameArg = None,
-    cluster: ClusterOpt = None,
+    cluster: GrowClusterOpt = None,
     nodes: NodesOpt = 1,
     profile: GrowProfileOpt = None,
     time: TimeOpt = None,

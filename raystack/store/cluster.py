@@ -202,11 +202,19 @@ class ClusterRecord(BaseModel):
         """(nodes, GPUs and CPUs per node) jobs may count on: the head allocation's and staying grown
         ones of its shape. A head without GPUs (a CPU partition) counts the grown GPU nodes of the
         first such shape instead (drivers run on the head). Other nodes are Ray's, not counted."""
-        staying = [g for g in self.grown if not g.leaving]
-        gpu = None if self.gpus_per_node else next((g for g in staying if g.gpus_per_node), None)
+        gpu = self.gpu_grown
         shape = gpu or self
-        same = sum(g.nodes for g in staying if g.gpus_per_node == shape.gpus_per_node)
+        same = sum(g.nodes for g in self.grown if not g.leaving and g.gpus_per_node == shape.gpus_per_node)
         return (0 if gpu else self.nodes_expected) + same, shape.gpus_per_node, shape.cpus_per_node
+
+    @property
+    def gpu_grown(self) -> Grown | None:
+        """For a head without GPUs: the first staying grown allocation with GPUs (its shape counts)."""
+        return (
+            None
+            if self.gpus_per_node
+            else next((g for g in self.grown if not g.leaving and g.gpus_per_node), None)
+        )
 
     @property
     def nodes_held(self) -> int:

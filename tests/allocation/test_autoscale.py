@@ -65,7 +65,7 @@ def test_it_grows_by_what_is_missing_within_max_nodes_once_at_a_time(cluster: st
     asked: list[int] = []
     now = [1000.0]
 
-    def grow(name: str, nodes: int, walltime: float | None) -> str:
+    def grow(name: str, nodes: int, walltime: float | None, like: object = None) -> str:
         asked.append(nodes)
         return "8"
 
@@ -80,6 +80,24 @@ def test_it_grows_by_what_is_missing_within_max_nodes_once_at_a_time(cluster: st
     scale()  # (its allocation waits in the scheduler: no second one)
     assert asked == [2]
     assert records.read(cluster).scaling.startswith("waiting for 2 more nodes (allocation 8 ")  # type: ignore[union-attr]
+
+
+def test_beside_a_head_without_gpus_it_grows_gpu_nodes_like_those_grown_before(cluster: str) -> None:
+    """The heterogeneous cluster: a CPU head, one GPU node grown from the `gpu` partition. Jobs
+    that need 4 GPUs each count GPU nodes; the queue asks for more of that partition and shape."""
+    asked: list[tuple[int, object]] = []
+
+    def grow(name: str, nodes: int, walltime: float | None, like: object = None) -> str:
+        asked.append((nodes, like))
+        return "9"
+
+    records.update(cluster, gpus_per_node=0, cpus_per_node=8)
+    records.note_grown(cluster, "8", nodes=1, gpus_per_node=4, cpus_per_node=32, queue="gpu", hosts=["g"])
+    for i in range(2):
+        queue.enqueue(JobRequest(id=f"g-{i}", name="g", cluster="c", entrypoint="x", needs={"gpus": 4}))
+    Autoscale(cluster, lambda: None, lambda: 1000.0, grow)()
+    ((nodes, like),) = asked
+    assert nodes == 1 and like == records.read(cluster).grown[0], asked  # (2 GPU nodes wanted, 1 held)
 
 
 def test_an_idle_grown_allocation_is_released_after_the_idle_timeout(cluster: str) -> None:
