@@ -14,6 +14,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.adapters import slurm
+from raystack.client import Job
 from raystack.store import cluster as clusters
 from raystack.store.ledger import JobState
 
@@ -81,6 +82,23 @@ def grown_ids() -> list[str]:
     return [g.alloc_id for g in clusters.read("elastic").grown]
 
 
+def spread_over_a_grow(
+    elastic: Cluster, factory: pytest.TempPathFactory, work: int, *grow_args: str
+) -> tuple[str, set[str], Job]:
+    """Grow by 2 nodes, then start a job with an actor on every node (its first run works `work`
+    seconds): the grown allocation, its hosts and the job, once its actors are placed there."""
+    grew = raystack("grow", "elastic", "-N", "2", *grow_args, "--timeout", "180")
+    assert grew.returncode == 0, grew.stderr
+    alloc = grown_ids()[-1]
+    hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
+    folder = factory.mktemp("spread")
+    (folder / "spread.py").write_text(SPREAD.replace("WORK", str(work)))
+    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
+    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
+    assert hosts <= set(placed(job.logs())[0]), placed(job.logs())
+    return alloc, hosts, job
+
+
 def test_grow_joins_a_second_allocation_and_a_four_node_job_spans_both(
     elastic: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -141,15 +159,7 @@ def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
 ) -> None:
     """SLURM's walltime warning reaches the grown allocation's script (a quarter of its 3 minutes
     before the end): its nodes are drained before they go, and the job on them starts again."""
-    grew = raystack("grow", "elastic", "-N", "2", "--profile", "testbed", "--time", "3", "--timeout", "180")
-    assert grew.returncode == 0, grew.stderr
-    alloc = grown_ids()[-1]
-    grown_hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
-    folder = tmp_path_factory.mktemp("long")
-    (folder / "spread.py").write_text(SPREAD.replace("WORK", "150"))
-    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
-    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
-    assert grown_hosts <= set(placed(job.logs())[0])
+    alloc, grown_hosts, job = spread_over_a_grow(elastic, tmp_path_factory, 150, "-P", "testbed", "-t", "3")
     entry = wait_until(
         lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 200, "its release"
     )
@@ -165,15 +175,7 @@ def test_a_cancelled_grown_allocation_s_job_is_put_back_and_reruns(
     """scancel (or a preemption) ends every process of the grown allocation at once: no drain
     comes first, so the job with actors there fails. It is put back in the queue, not FAILED, and
     finishes on the nodes that remain; the allocation's nodes are no longer counted."""
-    grew = raystack("grow", "elastic", "-N", "2", *PROFILE, "--timeout", "180")
-    assert grew.returncode == 0, grew.stderr
-    alloc = grown_ids()[-1]
-    grown_hosts = set(clusters.read("elastic").grown_entry(alloc).hosts)  # type: ignore[union-attr]
-    folder = tmp_path_factory.mktemp("cancelled")
-    (folder / "spread.py").write_text(SPREAD.replace("WORK", "120"))
-    job = elastic.submit(["python", "spread.py"], sets=[f"working_dir={folder}"])
-    wait_until(lambda: placed(job.logs()), 120, "the job's actors on every node")
-    assert grown_hosts <= set(placed(job.logs())[0])
+    alloc, grown_hosts, job = spread_over_a_grow(elastic, tmp_path_factory, 120, *PROFILE)
     subprocess.run(["scancel", alloc], check=True)  # (as a user or an administrator would)
     record = job.wait(timeout=180)
     assert record.state is JobState.SUCCEEDED and record.interruptions == 1, (record.message, job.logs())
