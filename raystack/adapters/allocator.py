@@ -103,8 +103,8 @@ class Request:
     @classmethod
     def load(cls, data: Mapping[str, object]) -> Request:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["native"] = tuple(known.get("native") or ())  # type: ignore[arg-type]
-        known["exclude"] = tuple(known.get("exclude") or ())  # type: ignore[arg-type]
+        for listed in ("native", "exclude"):  # (JSON keeps them as lists)
+            known[listed] = tuple(known.get(listed) or ())  # type: ignore[arg-type]
         return cls(**known)  # type: ignore[arg-type]
 
 

@@ -55,7 +55,7 @@ class Leaving:
         self.busy: dict[str, int] = {}  # (the work last seen on each leaving allocation's nodes)
         self.asked: dict[str, float] = {}  # (when the scheduler was last asked whether one ended)
         self.unknown: set[str] = set()  # (said GONE once)
-        self.info = info or (lambda backend, alloc_id: allocator(backend).info(alloc_id))
+        self.info = info or ask
 
     def __call__(self) -> None:
         record = records.read(self.name)
@@ -167,6 +167,7 @@ class Leaving:
 
 
 def ask(backend: str, alloc_id: str) -> AllocInfo | None:
+    """The scheduler's answer on one allocation (Leaving's and lost_with's default)."""
     return allocator(backend).info(alloc_id)
 
 

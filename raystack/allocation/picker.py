@@ -21,7 +21,7 @@ from raystack.plan.topology import nodes_wanted
 from raystack.store import cluster as records
 from raystack.store import deps
 from raystack.store import queue as store
-from raystack.store.cluster import ClusterRecord, Grown
+from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRecord, JobRequest, read_job, update_job
 from raystack.store.queue import Entry
 
@@ -42,7 +42,7 @@ class Picker:
         self.dep_checked: dict[str, float] = {}
         self.overtaken: dict[str, int] = {}  # per queued job: jobs started ahead of it (backfill)
         self.nodes_seen: tuple[float, list[NodeSummary]] = (-1e9, [])
-        self.grown_seen: tuple[float, list[Grown]] = (-1e9, [])
+        self.held_seen: tuple[float, tuple[int, int, int] | None] = (-1e9, None)
 
     def pick(self, waiting: list[Entry], board: Board) -> list[JobRecord]:
         """Start --now jobs at once, then what fits, in queue order (allocation/schedule.py): a
@@ -98,13 +98,15 @@ class Picker:
     def held(self) -> tuple[int, int, int]:
         """The nodes the cluster counts and their shape, with its grown allocations (read at most
         every NODES_EVERY seconds)."""
-        if self.clock() - self.grown_seen[0] > NODES_EVERY:
-            grown = self.grown_seen[1]
-            with contextlib.suppress(ClusterError):
+        when, held = self.held_seen
+        if held is None or self.clock() - when > NODES_EVERY:
+            try:
                 grown = records.read(self.name).grown
-            self.grown_seen = (self.clock(), grown)
-        grown = self.grown_seen[1]
-        return self.cluster.model_copy(update={"grown": grown}).held if grown else self.cluster.held
+                held = self.cluster.model_copy(update={"grown": grown}).held if grown else self.cluster.held
+            except ClusterError:  # (unreadable a moment: what was counted last)
+                held = held or self.cluster.held
+            self.held_seen = (self.clock(), held)
+        return held
 
     def alive_nodes(self) -> list[NodeSummary]:
         """Ray's alive nodes, asked at most every NODES_EVERY seconds: those of the counted shape
@@ -115,7 +117,7 @@ class Picker:
             entries = records.read_node_entries(self.name)
             rank = {e.get("ip"): order.get(h, len(order)) for h, e in entries.items()}
             found = sorted(self.api.alive_nodes(), key=lambda n: (rank.get(n.ip, len(rank)), n.ip))
-            if record.held[1] and not record.gpus_per_node:
+            if record.gpu_grown:
                 found = [n for n in found if n.resources.get("GPU")]
             self.nodes_seen = (self.clock(), found)
         return self.nodes_seen[1]

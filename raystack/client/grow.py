@@ -48,8 +48,8 @@ def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
     script = paths.cluster(name).root / f"grow-{index}.sbatch"
     # (never a host the cluster holds: one Ray node per host, and a head that leaves room on its
     # node, a CPU head, would otherwise share it with the GPU workers grown beside it)
-    held = [*record.nodes, *(h for g in record.grown if not g.released for h in g.hosts)]
-    request = replace(planned.request(), name=f"raystack-{name}-grow", exclude=tuple(dict.fromkeys(held)))
+    hosts = [*record.nodes, *(h for g in record.grown if not g.released for h in g.hosts)]
+    request = replace(planned.request(), name=f"raystack-{name}-grow", exclude=tuple(dict.fromkeys(hosts)))
     text = backend.render(
         Script(request, allocate.environment(planned), planned.profile.name, planned.note, script)
     )

@@ -139,13 +139,18 @@ def jobs(cluster: Cluster, ngpu: int) -> None:
     _, log = run(
         cluster, DEBUG / "spmd.yaml", [f"command=spmd.py --steps 3 --allreduce-mb {AR_MB} --iters {AR_ITERS}"]
     )
-    ranks = [json.loads(ln.split("SPMD_RANK ", 1)[1]) for ln in log.splitlines() if "SPMD_RANK " in ln]
+    ranks = ranks_of(log)
     checks["spmd torchrun: every rank, its own GPU"] = sorted(r["rank"] for r in ranks) == list(
         range(ngpu)
     ) and all(len(r["cuda_visible_devices"].split(",")) == ngpu for r in ranks)
     figures["allreduce_spmd_torchrun_busbw_gbps"] = marker(log, "SPMD_ALLREDUCE")["busbw_gb_s"]
     _, log = run(cluster, DEBUG / "placement.yaml")
     checks["placement: every actor sees exactly its own GPU"] = marker(log, "PLACEMENT")["ok"]
+
+
+def ranks_of(text: str) -> list[dict[str, Any]]:
+    """What each rank of jobs/debug/spmd.py reported of itself (its SPMD_RANK lines)."""
+    return [json.loads(ln.split("SPMD_RANK ", 1)[1]) for ln in text.splitlines() if "SPMD_RANK " in ln]
 
 
 def plain_torchrun(ngpu: int) -> None:
@@ -179,8 +184,7 @@ def spmd_launch(cluster: Cluster, ngpu: int, repeats: int = 3) -> None:
     import queue_gap
 
     def last_rank(text: str) -> float:
-        lines = [ln.split("SPMD_RANK ", 1)[1] for ln in text.splitlines() if "SPMD_RANK " in ln]
-        stamps = [json.loads(line)["t"] for line in lines]
+        stamps = [r["t"] for r in ranks_of(text)]
         if len(stamps) != ngpu:
             raise RuntimeError(f"{len(stamps)} of {ngpu} ranks reported:\n{text[-2000:]}")
         return max(stamps)
