@@ -85,6 +85,8 @@ class EndWatch:
         self.wake = threading.Event()
         self.watched: set[str] = set()
         self.exited: set[str] = set()  # submission ids whose driver exited (Ray may not know yet)
+        self.heard: set[str] = set()  # submission ids whose driver a thread waits on
+        self.asked: dict[str, float] = {}  # submission id -> when the runner last asked Ray
         self.lock = threading.Lock()  # (an exit heard after its job was forgotten stays forgotten)
 
     def watch(self, job_id: str, sid: str) -> None:
@@ -93,6 +95,7 @@ class EndWatch:
         self.watched.add(sid)
         found = drivers(job_id, self.root)
         if found:
+            self.heard.add(sid)
             threading.Thread(target=self._wait, args=(sid, found), name=f"end-{sid}", daemon=True).start()
 
     def _wait(self, sid: str, procs: list) -> None:
@@ -107,6 +110,19 @@ class EndWatch:
         with self.lock:
             self.watched.discard(sid)
             self.exited.discard(sid)
+            self.heard.discard(sid)
+            self.asked.pop(sid, None)
+
+    def quiet(self, sid: str, now: float, steady: float) -> bool:
+        """Whether the runner may leave running job `sid` unasked in this pass: its end will wake
+        the runner (a thread waits on its driver, which has not exited) and Ray was asked less
+        than `steady` seconds ago. False records that Ray is asked now."""
+        with self.lock:
+            heard = sid in self.heard and sid not in self.exited
+            if heard and now - self.asked.get(sid, -1e18) < steady:
+                return True
+            self.asked[sid] = now
+            return False
 
     def pause(self, seconds: float) -> None:
         """Wait `seconds`, or less: until a driver exits; FAST while an exit is not in Ray yet."""

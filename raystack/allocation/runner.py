@@ -59,6 +59,9 @@ LEASE_HELD = 3  # exit code: another runner holds this cluster's queue
 RAY_LOGS_VAR = "RAYSTACK_RAY_LOGS"  # the head's Ray logs folder, given by the node program
 STOP_UNHEARD = 15.0  # seconds a job Ray keeps PENDING may ignore its stop before it is ended here
 SUBMIT_TIMEOUT = 600.0  # seconds for packaging + upload (RAYSTACK_SUBMIT_TIMEOUT)
+# Seconds between questions to Ray about a running job whose driver's exit wakes the runner
+# (endwatch.py): asking every TICK took the head's cores (runner, dashboard, GCS) from the job.
+STEADY = 1.0
 
 # Ray's JobStatus values -> ours (one table; anything unknown stays SUBMITTED).
 RAY_STATES = {
@@ -363,6 +366,9 @@ class Runner:
         if attempt.allocation != self.allocation:
             store.settle_orphans(self.name, self.allocation, "found by the queue runner")
             return True
+        quiet = record.state is JobState.RUNNING and not (record.stop_requested or self.interrupting)
+        if quiet and self.ends.quiet(attempt.id, self.clock(), STEADY):
+            return False  # (Ray asked less than STEADY s ago; its driver's exit wakes the runner)
         info = self.api.info(attempt.id)
         seen = time.time()
         if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
