@@ -62,6 +62,7 @@ def main() -> int:
         "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "-1"))),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "allreduce_ok": ok,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "nice": os.nice(0),  # raystack runs the ranks at niceness 0 (Ray's workers: 15)
         "t": time.time(),  # when this rank was up (bench/spmd_launch.py)
     }

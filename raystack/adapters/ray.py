@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 from raystack.errors import AlreadyExists, AuthRejected, NotFound, RayApiError, RayUnreachable
 
 TIMEOUT = 10  # seconds for one State API call
+# Each node's SPMD launch host (launch/pool.py) is the detached actor of this name + the node's id.
+LAUNCH_HOSTS = "raystack-launch-"
 
 
 # Why an actor died that counts as a failure (not its job's end, ray.kill or going out of scope)
@@ -379,8 +381,10 @@ class Dashboard:
 
     def node_work(self, node_id: str) -> list[str]:
         """The Ray job id of each actor alive and each task running on one node (what its drain
-        waits for)."""
+        waits for; not the node's SPMD launch host, launch/pool.py, whose launches count through
+        their job's placement group)."""
         actors = self._state_list("actors", [("node_id", "=", node_id), ("state", "=", "ALIVE")])
+        actors = [a for a in actors if not str(getattr(a, "name", "") or "").startswith(LAUNCH_HOSTS)]
         tasks = self._state_list("tasks", [("node_id", "=", node_id), ("state", "=", "RUNNING")])
         return [str(getattr(w, "job_id", "") or "") for w in [*actors, *tasks]]
 
@@ -396,10 +400,14 @@ class Dashboard:
         ]
 
     def job_nodes(self, ray_job_id: str) -> set[str]:
-        """The ids of the nodes where a Ray job's actors and tasks ran, whatever became of them."""
+        """The ids of the nodes where a Ray job's actors and tasks ran, whatever became of them, and
+        those its placement groups hold (an SPMD job's ranks on the launch hosts: launch/pool.py)."""
         job = [("job_id", "=", ray_job_id)]
         work = [*self._state_list("actors", job, limit=10000), *self._state_list("tasks", job, limit=10000)]
-        return {str(w.node_id) for w in work if getattr(w, "node_id", None)}
+        groups = self._state_list("placement_groups", [("creator_job_id", "=", ray_job_id)], detail=True)
+        bundles = [b for g in groups for b in (getattr(g, "bundles", None) or []) if isinstance(b, dict)]
+        held = {str(b["node_id"]) for b in bundles if b.get("node_id")}
+        return {str(w.node_id) for w in work if getattr(w, "node_id", None)} | held
 
     def node_processes(self, node_id: str) -> list[dict[str, Any]]:
         """The Ray worker and agent processes of one node with their CPU % (psutil's)."""

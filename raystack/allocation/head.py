@@ -267,7 +267,9 @@ class Head:
         records.update(ctx.cluster, **fields)
         wait_for(lambda: tcp_open(ctx.ip, ports["gcs"]), 120, "the GCS to listen", self.ray)
         dashboard = Dashboard.of(ctx.cluster, str(fields["dashboard_url"]))  # (HTTPS front with TLS)
-        warm = launch(ctx.cluster, dashboard.url, ctx.alloc_id, overlaps(ctx.num_nodes, ctx.gpus))
+        warm = launch(
+            ctx.cluster, dashboard.url, ctx.alloc_id, overlaps(ctx.num_nodes, ctx.gpus), nodes=ctx.num_nodes
+        )
         with contextlib.suppress(OSError):  # (else the head's duties start it after READY)
             self.keep_runner()  # (it starts meanwhile and takes its first job once the record says READY)
         wait_ready(ctx, dashboard, self.ray, self.beat, self.clock)

@@ -8,7 +8,8 @@ first job against 1.7-2.0 s for the next ones. So the head starts a process (not
 threads importing Ray's modules at once failed a start with a circular import) that submits one
 throwaway job through the Jobs API while the worker nodes join and the interconnect canary runs;
 READY waits for it (at most FINISH seconds more: a warm-up never fails a start). The job is
-deleted from Ray's list once it ended. Where there is nothing to overlap it with (one node without
+deleted from Ray's list once it ended. It also starts each node's SPMD launch host (launch/pool.py)
+once the allocation's nodes are in Ray. Where there is nothing to overlap it with (one node without
 GPUs: a local CPU cluster) it is left out, since it would only move READY later: there the Jobs
 API answers last, and READY came 4-5 s later for a first job 0.6-1 s sooner. RAYSTACK_WARMUP=1 in
 the environment of `raystack up` asks for it anyway, RAYSTACK_WARMUP=0 leaves it out.
@@ -34,7 +35,8 @@ from raystack.waiting import REAL, Clock, poll_until
 log = logging.getLogger("raystack.node")
 
 PREFIX = "raystack-warmup-"  # (its submission id: the allocation's id follows)
-ENTRYPOINT = "python -c 'import ray; ray.init(); ray.shutdown()'"
+# (it also starts each node's SPMD launch host, once the allocation's nodes are in: launch/pool.py)
+ENTRYPOINT = "python -m raystack.launch.pool --nodes {nodes}"
 START = 120.0  # seconds for the Jobs API to answer and the job to end
 FINISH = 10.0  # seconds READY waits for it at most, once the cluster is otherwise ready
 
@@ -50,9 +52,15 @@ class Warmup:
     deleted from Ray's list. Says one line when it ended (or why it did not run) through `say`."""
 
     def __init__(
-        self, cluster: str, url: str, alloc_id: str, clock: Clock = REAL, say: Callable[[str], None] = print
+        self,
+        cluster: str,
+        url: str,
+        alloc_id: str,
+        clock: Clock = REAL,
+        say: Callable[[str], None] = print,
+        nodes: int = 1,
     ):
-        self.cluster, self.url, self.clock, self.say = cluster, url, clock, say
+        self.cluster, self.url, self.clock, self.say, self.nodes = cluster, url, clock, say, nodes
         self.submission_id = f"{PREFIX}{alloc_id}"
 
     def run(self) -> None:
@@ -60,7 +68,8 @@ class Warmup:
         try:
             dashboard = Dashboard.of(self.cluster, self.url)
             poll_until(lambda: dashboard.probe() is None, START, "the Jobs API", self.clock, max_interval=0.5)
-            dashboard.submit(self.submission_id, ENTRYPOINT, {"env_vars": {"RAYSTACK_WARMUP": "1"}})
+            entrypoint = ENTRYPOINT.format(nodes=self.nodes)
+            dashboard.submit(self.submission_id, entrypoint, {"env_vars": {"RAYSTACK_WARMUP": "1"}})
             status = poll_until(lambda: self.ended(dashboard), START, "the warm-up job", self.clock)
             self.say(f"{status} in {time.monotonic() - t0:.1f}s")
             forget(dashboard, self.submission_id, self.clock)
@@ -91,18 +100,18 @@ class Started:
 
 
 def launch(
-    cluster: str, url: str, alloc_id: str, overlaps: bool, env: Mapping[str, str] = os.environ
+    cluster: str, url: str, alloc_id: str, overlaps: bool, env: Mapping[str, str] = os.environ, nodes: int = 1
 ) -> Started:
     """Start the warm-up (RAYSTACK_WARMUP: auto, 1 or 0) in a process of its own."""
     mode = env.get("RAYSTACK_WARMUP", "auto")
     if mode == "0" or (mode == "auto" and not overlaps):
         return Started(None, "RAYSTACK_WARMUP=0" if mode == "0" else "nothing to overlap (one node, no GPUs)")
-    argv = [sys.executable, "-m", "raystack.allocation.warmup", cluster, url, alloc_id]
+    argv = [sys.executable, "-m", "raystack.allocation.warmup", cluster, url, alloc_id, str(nodes)]
     pipe = subprocess.PIPE
     return Started(subprocess.Popen(argv, env=dict(env), stdout=pipe, text=True, preexec_fn=die_with_parent))
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
-    cluster, url, alloc_id = sys.argv[1:4]
-    Warmup(cluster, url, alloc_id, say=lambda line: print(line, flush=True)).run()
+    cluster, url, alloc_id, nodes = sys.argv[1:5]
+    Warmup(cluster, url, alloc_id, say=lambda line: print(line, flush=True), nodes=int(nodes)).run()

@@ -1,5 +1,6 @@
-"""SPMD launchers (torchrun, the DeepSpeed launcher, accelerate) run as Ray actors, one per node;
-and the hook that keeps a packed job on its own nodes (pinned/sitecustomize.py)."""
+"""SPMD launchers (torchrun, the DeepSpeed launcher, accelerate), one per node, on the node's
+launch host (pool.py) or in a launcher actor of the job (spmd.py); and the hook that keeps a
+packed job on its own nodes (pinned/sitecustomize.py)."""
 
 from pathlib import Path
 

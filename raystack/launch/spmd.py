@@ -2,40 +2,37 @@
 
 `python -m raystack.launch.spmd --launcher torchrun [--nodes N] [--procs-per-node P] -- CMD...`
 is the driver of a `kind: spmd` job. It holds one bundle per node (STRICT_SPREAD: that node's
-GPUs and CPUs), starts one NodeLauncher actor in each, and each runs the launcher with the
-rendezvous (node 0's address and a free port there) and the GPUs Ray assigned it
-(CUDA_VISIBLE_DEVICES). No hostfile to write and no ssh: this replaces both.
+GPUs and CPUs) and runs each node's launcher (launch/node.py) with the rendezvous (node 0's
+address and a free port there) and the node's GPUs (CUDA_VISIBLE_DEVICES): on the node's launch
+host, a Ray worker the cluster keeps running (launch/pool.py), where the job fits; else in a new
+launcher actor in the bundle, with the GPUs Ray assigned it. No hostfile to write and no ssh:
+this replaces both.
 
 Every line a launcher prints reaches the job's log prefixed with its node rank, like `srun
 --label`, and every line of a rank with its rank too (`[node 1 rank 3] ...`): each rank writes
 to files of its own (the launcher's option for it), read back as whole lines, so two ranks of a
 node never glue their lines together. When one launcher exits non-zero the others are stopped at
 once and the job fails naming the node, the rank and the exit code, with that node's last lines.
-SIGTERM (`raystack stop`, a timeout, the walltime warning) stops every node's processes; and a
-launcher whose actor dies is killed by a watchdog process beside it, so nothing is left holding
-a GPU.
+SIGTERM (`raystack stop`, a timeout, the walltime warning) stops every node's processes; a
+launcher whose actor dies is killed by a watchdog process beside it, and one on a launch host
+whose driver stopped asking (killed) within the host's lease, so nothing is left holding a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import json
 import os
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
 
-from raystack.launch import SECRET_NAMES_ENV, SUBMIT_DIR_ENV
+from raystack.launch import SECRET_NAMES_ENV, pool
 from raystack.launch.launchers import (
-    CONSOLE_COPY,
     LAUNCHERS,
     Rendezvous,
     argv,
@@ -44,167 +41,14 @@ from raystack.launch.launchers import (
     failure,
     hostfile,
     noise,
-    rank_of,
 )
-from raystack.launch.process import die_with_parent
-from raystack.waiting import REAL, at_most, until
+from raystack.launch.node import NodeLauncherImpl
+from raystack.waiting import REAL, Backoff, at_most, until
 
-POLL = 0.2  # seconds between reads of the launchers' output
+POLL = 0.2  # seconds between reads of the launchers' output while they print
+QUIET = 1.0  # ... and at most this while they do not (each read costs the ranks' cores something)
 TAIL = 20  # lines of a failed node shown in the job's failure
 FIRST_WINDOW = 3.0  # seconds to see which other nodes fail after the first (whose error came first)
-
-
-class NodeLauncherImpl:
-    """Runs one node's launcher in its own process group and keeps its output for the driver:
-    the launcher's own lines from its pipe, and each rank's from the files the launcher writes
-    for it (launchers.rank_log_args), always whole lines, each with its rank."""
-
-    def __init__(self, node_rank: int):
-        self.node_rank = node_rank
-        self.proc: subprocess.Popen | None = None
-        self.lines: collections.deque[tuple[int | None, str]] = collections.deque()
-        self.tail: collections.deque[str] = collections.deque(maxlen=400)
-        self.lock = threading.Lock()
-        self.logdir = tempfile.mkdtemp(prefix="rs-ranks-")  # (node-local: this actor's node)
-        self.procs = 1
-        self.files: dict[str, tuple[int, bytes]] = {}  # path -> (offset read, partial line)
-        self.seen_rank_files = False
-
-    def where(self) -> dict[str, Any]:
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return {
-            "host": socket.gethostname(),
-            "ip": ray.util.get_node_ip_address(),
-            "port": port,
-            "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "logdir": self.logdir,
-        }
-
-    def start(
-        self, command: list[str], files: dict[str, str], procs: int = 1, env: dict[str, str] | None = None
-    ) -> int:
-        """Start the node's launcher; `env`: what the job's driver adds (its secrets)."""
-        self.procs = procs
-        for path, text in files.items():
-            with open(path, "w") as fh:
-                fh.write(text)
-        folder = os.environ.get(SUBMIT_DIR_ENV)  # (a job without a working_dir runs there)
-        if folder and not os.path.isdir(folder):
-            here = os.getcwd()
-            self._add(None, f"raystack spmd: warning: no folder {folder} on this node; ranks run in {here}")
-            folder = None
-        self.proc = subprocess.Popen(
-            command,
-            env={**os.environ, **env} if env else None,
-            cwd=folder or None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: stopped as one
-            preexec_fn=die_with_parent,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
-        # NOTE: the same guard as Ray's own job supervisor: if this actor dies (SIGKILL included),
-        # the launcher's whole process group goes too (PDEATHSIG alone would spare its children),
-        # and so does the rank-log folder with DeepSpeed's hostfile. The watcher is started in the
-        # background of a shell that exits at once, so it is not this actor's child: Ray kills a
-        # worker's children when it exits, and the watcher died before it could clean (every
-        # rs-ranks-* folder and hostfile was left in /tmp).
-        watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
-        clean = f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}"
-        subprocess.run(
-            f"( {clean} ) </dev/null >/dev/null 2>&1 &",
-            shell=True,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._follow_ranks, daemon=True).start()
-        return self.proc.pid
-
-    def _add(self, rank: int | None, text: str) -> None:
-        with self.lock:
-            self.lines.append((rank, text))
-            self.tail.append(text if rank is None else f"[rank{rank}] {text}")
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if self.seen_rank_files and CONSOLE_COPY.match(line):
-                continue  # (accelerate's --tee copy of a line the rank files give whole)
-            self._add(None, line.rstrip("\n"))
-
-    def _follow_ranks(self) -> None:
-        assert self.proc is not None
-        proc = self.proc
-
-        def scanned() -> bool | None:
-            self._scan(final=False)
-            return None if proc.poll() is None else True
-
-        until(scanned, POLL)
-
-    def _scan(self, final: bool) -> None:
-        """Append the rank files' new complete lines (at the end, their last partial line too)."""
-        for folder, _, names in os.walk(self.logdir):
-            for name in sorted(names):
-                path = os.path.join(folder, name)
-                rank = rank_of(path, self.node_rank, self.procs)
-                if rank is None:
-                    continue
-                self.seen_rank_files = True
-                offset, partial = self.files.get(path, (0, b""))
-                try:
-                    with open(path, "rb") as fh:
-                        fh.seek(offset)
-                        data = fh.read()
-                except OSError:
-                    continue
-                *whole, partial = (partial + data).split(b"\n")
-                if final and partial:
-                    whole, partial = [*whole, partial], b""
-                for line in whole:
-                    self._add(rank, line.decode(errors="replace").rstrip("\r"))
-                self.files[path] = (offset + len(data), partial)
-
-    def poll(self) -> tuple[list[tuple[int | None, str]], int | None]:
-        """New output lines (rank or None for the launcher's own, text), and the launcher's exit
-        code once it has ended (and every line of it and its ranks has been read)."""
-        code = self.proc.poll() if self.proc else None
-        if code is not None and self.proc and self.proc.stdout and not self.proc.stdout.closed:
-            REAL.sleep(0.05)  # the reader thread catches the launcher's last lines
-            self._scan(final=True)
-        with self.lock:
-            out = list(self.lines)
-            self.lines.clear()
-        return out, code
-
-    def last_lines(self) -> list[str]:
-        with self.lock:
-            return list(self.tail)
-
-    def stop(self, grace: float) -> int | None:
-        """SIGTERM the launcher's process group, SIGKILL what is left after `grace` seconds."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the workers too, even if the launcher left
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        return self.proc.returncode
 
 
 def parse(args: list[str]) -> argparse.Namespace:
@@ -232,7 +76,6 @@ def rank_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(args: list[str] | None = None) -> int:
     import ray
     from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     ns = parse(sys.argv[1:] if args is None else args)
     began = time.time()
@@ -250,22 +93,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"raystack spmd: {nodes} nodes x {procs} processes do not fit {have}")
         return 2
     bundle = {"CPU": cpus_per_node, **({"GPU": procs} if gpus_per_node else {})}
-    # (no wait for pg.ready(): the actors are scheduled as soon as their bundle is placed)
     pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
-    actor_cls: Any = ray.remote(NodeLauncherImpl)
-    actors: list[Any] = [
-        actor_cls.options(
-            num_cpus=cpus_per_node,
-            num_gpus=procs if gpus_per_node else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
-            # NOTE: Ray starts a job's workers at niceness 15 (RAY_worker_niceness), and the
-            # launcher's ranks would inherit it: on a shared or busy node they lose the CPU to
-            # everything else. The job's own supervisor runs at 0; so do the launchers.
-            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
-        ).remote(r)
-        for r in range(nodes)
-    ]
-    places = ray.get([a.where.remote() for a in actors], timeout=600)
+    actors, places, env, how = launchers(pg, nodes, procs, cpus_per_node, gpus_per_node)
     placed = time.time()
     hosts = tuple(p["host"] for p in places)
     starts = []
@@ -274,21 +103,71 @@ def main(args: list[str] | None = None) -> int:
         files = {}
         hf = ""
         if ns.launcher == "deepspeed":
-            # (in the node's rank-log folder, which goes with its launcher actor: it was left in /tmp)
+            # (in the node's rank-log folder, which goes with its launch: it was left in /tmp)
             hf = os.path.join(places[r]["logdir"], "hostfile")
             files[hf] = hostfile(rdv)
         line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
         print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)
-        starts.append(actor.start.remote(line, files, procs, secret_env()))
+        starts.append(actor.start.remote(line, files, procs, env))
     ray.get(starts)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
-        f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}; "
+        f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}, {how}; "
         f"connected in {t0 - began:.2f}s, nodes placed {placed - t0:.2f}s after, launchers started "
         f"{time.time() - placed:.2f}s after",
         flush=True,
     )
-    return follow(actors, hosts, ns, t0, stopping)
+    try:
+        return follow(actors, hosts, ns, t0, stopping, began)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get([a.close() for a in actors if isinstance(a, pool.Pooled)], timeout=30)
+
+
+def launchers(
+    pg: Any, nodes: int, procs: int, cpus: int, gpus: int
+) -> tuple[list, list, dict[str, str], str]:
+    """Each node's launcher (a launch host's, launch/pool.py, where the job fits; else a new
+    actor in its bundle), where each runs, the environment the driver gives their ranks, and
+    which of the two it was."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    renv = dict(ray.get_runtime_context().runtime_env or {})
+    why = pool.unfit(renv, procs, gpus, dict(os.environ))
+    if why is None:
+        where = pool.placed(pg, 600)
+        found = pool.find(where)
+        missing = [n for n in where if n not in found]
+        if not missing:
+            key = f"{ray.get_runtime_context().get_job_id()}-{os.getpid()}"
+            pooled = [pool.Pooled(found[n], f"{key}-{r}") for r, n in enumerate(where)]
+            wd = renv.get("working_dir")
+            opened = [
+                found[n].open.remote(p.key, r, procs if gpus else 0, wd)
+                for r, (n, p) in enumerate(zip(where, pooled, strict=True))
+            ]
+            env = {**(renv.get("env_vars") or {}), **secret_env()}
+            return pooled, ray.get(opened, timeout=600), env, "on the cluster's launch hosts"
+        why = f"no launch host on {len(missing)} of its nodes"
+        if not renv.get("working_dir"):  # (a host made by a job inherits its runtime_env)
+            pool.make(missing)  # (for the next job; not waited for)
+    actor_cls: Any = ray.remote(NodeLauncherImpl)
+    actors: list[Any] = [
+        actor_cls.options(
+            num_cpus=cpus,
+            num_gpus=procs if gpus else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r),
+            # NOTE: Ray starts a job's workers at niceness 15 (RAY_worker_niceness), and the
+            # launcher's ranks would inherit it: on a shared or busy node they lose the CPU to
+            # everything else. The job's own supervisor runs at 0; so do the launchers.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
+        ).remote(r)
+        for r in range(nodes)
+    ]
+    # (no wait for the placement group: the actors are scheduled as soon as their bundle is placed)
+    places = ray.get([a.where.remote() for a in actors], timeout=600)
+    return actors, places, secret_env(), f"new launcher actors ({why})"
 
 
 def secret_env() -> dict[str, str]:
@@ -298,13 +177,19 @@ def secret_env() -> dict[str, str]:
 
 
 def follow(
-    actors: list, hosts: tuple[str, ...], ns: argparse.Namespace, t0: float, stopping: threading.Event
+    actors: list,
+    hosts: tuple[str, ...],
+    ns: argparse.Namespace,
+    t0: float,
+    stopping: threading.Event,
+    began: float = 0.0,
 ) -> int:
     """Print every node's lines with its rank until all end; stop all when one fails or on SIGTERM."""
     import ray
 
     codes: dict[int, int] = {}
     first_line: dict[int, float] = {}
+    delays = Backoff(first=POLL, cap=QUIET, factor=1.5, jitter=0.0)
 
     def one_pass() -> int | None:
         """Every node's new lines printed; the job's exit code once it is decided."""
@@ -315,6 +200,8 @@ def follow(
             )
             return 143
         for r, (lines, code) in enumerate(ray.get([a.poll.remote() for a in actors])):
+            if lines:
+                delays.reset()
             for rank, line in lines:
                 first_line.setdefault(r, time.time() - t0)
                 print(f"[node {r}] {line}" if rank is None else f"[node {r} rank {rank}] {line}", flush=True)
@@ -324,7 +211,7 @@ def follow(
                     return failed(actors, hosts, {r: code}, ns)
         return 0 if len(codes) == len(actors) else None
 
-    code = until(one_pass, POLL)
+    code = until(one_pass, delays.next)
     if code:
         return code
     summary = {
@@ -332,6 +219,7 @@ def follow(
         "hosts": list(hosts),
         "first_line_s": first_line,
         "seconds": round(time.time() - t0, 2),
+        "began": round(began, 3),  # (when the driver's imports were done: the benches' breakdown)
     }
     print("SPMD " + json.dumps(summary), flush=True)
     return 0

@@ -189,10 +189,11 @@ def spmd_launch(cluster: Cluster, ngpu: int, repeats: int = 3) -> None:
             raise RuntimeError(f"{len(stamps)} of {ngpu} ranks reported:\n{text[-2000:]}")
         return max(stamps)
 
-    ours, plain, floor = [], [], []
+    ours, plain, floor, hosts = [], [], [], []
     for _ in range(repeats):
         t0 = time.time()
         job, log = run(cluster, DEBUG / "spmd.yaml", ["command=spmd.py --steps 1", "name=launch"])
+        hosts.append("on the cluster's launch hosts" in log)
         ours.append(last_rank(log) - t0)
         started = (job.record().started or t0) - t0  # (the driver RUNNING in Ray)
         said = [ln for ln in log.splitlines() if ln.startswith("raystack spmd: torchrun")]
@@ -211,6 +212,7 @@ def spmd_launch(cluster: Cluster, ngpu: int, repeats: int = 3) -> None:
     figures["spmd_launch_ray_floor_s"] = [round(x, 3) for x in floor]
     figures["spmd_launch_ratio"] = round(med["ours"] / med["plain"], 3)
     figures["spmd_launch_less_ray_floor_ratio"] = round((med["ours"] - med["floor"]) / med["plain"], 3)
+    checks["spmd launch: on the launch hosts, no new actor (launch/pool.py)"] = all(hosts)
 
 
 def start_overhead(cluster: Cluster, first_of_cluster: bool, repeats: int = 5) -> None:

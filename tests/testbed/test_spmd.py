@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from raystack import Cluster
 from raystack.client import Job
+from raystack.launch.pool import LEASE
 from raystack.store import cluster as clusters
 from raystack.store.ledger import JobState
 
@@ -30,7 +32,8 @@ def sp(testbed: Path) -> Iterator[dict]:
     if NODES < 4:
         pytest.skip("needs 4 testbed nodes")
     with module_home(testbed, "spmd") as home:
-        cluster = Cluster.up(4, profile="testbed", name="sp", timeout=300)
+        # (2 GPUs a node: a job of 2 processes per node takes whole nodes, on the launch hosts)
+        cluster = Cluster.up(4, profile="testbed", name="sp", timeout=300, gpus_per_node=2)
         yield {"cluster": cluster, "home": home, "job": clusters.read("sp").allocation_id}
         cluster.down()
 
@@ -66,12 +69,14 @@ def test_torchrun_across_four_nodes(sp: dict) -> None:
     assert sorted(r["rank"] for r in ranks) == list(range(8)) and {r["world"] for r in ranks} == {8}
     assert all(r["allreduce_ok"] for r in ranks)
     assert {r["nice"] for r in ranks} == {0}  # not Ray's worker niceness (15)
+    assert {r["omp_num_threads"] for r in ranks} == {"1"}  # torchrun's, as under srun (not Ray's 4)
     by_node: dict[int, set] = {}
     for r in ranks:
         by_node.setdefault(r["node_rank"], set()).add(r["host"])
     assert sorted(by_node) == [0, 1, 2, 3] and all(len(h) == 1 for h in by_node.values())
     assert len({h for hs in by_node.values() for h in hs}) == 4  # four different nodes
     assert all(len(r["cuda_visible_devices"].split(",")) == 2 for r in ranks)  # the GPUs Ray gave the node
+    assert "on the cluster's launch hosts" in job.logs()  # (launch/pool.py: no new actor per node)
     assert lines(job, "SPMD_DEBUG")[0]["ddp_in_sync"]
     assert "[node 3] " in job.logs()  # every line carries its node's rank
 
@@ -159,6 +164,23 @@ def test_stop_leaves_no_process_on_any_node(sp: dict) -> None:
     assert "raystack spmd: stopped" in job.logs()
 
 
+def test_a_killed_driver_leaves_no_rank_on_the_launch_hosts(sp: dict) -> None:
+    """The ranks of a job on the launch hosts (launch/pool.py) outlive no driver: SIGKILL, which
+    no handler sees, stops them within the hosts' lease, as a launcher actor's death would."""
+    cluster: Cluster = sp["cluster"]
+    job = cluster.submit(
+        DEBUG / "spmd.yaml", sets=["name=orphan", "procs_per_node=2", "command=spmd.py --sleep 600"]
+    )
+    wait_until(lambda: len(lines(job, "SPMD_RANK")) == 8, 300, "every rank to start")
+    assert "on the cluster's launch hosts" in job.logs()
+    drivers = [pid for pid, cmd in processes_of_job(sp["job"]) if "raystack.launch.spmd" in cmd]
+    assert drivers  # (its python, and the shell Ray's job supervisor started it with)
+    for pid in drivers:
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait(timeout=120).state is not JobState.SUCCEEDED
+    wait_until(lambda: launched(sp["job"]) == [], LEASE + 30, "every rank and launcher to end")
+
+
 def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
     sp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,7 +190,7 @@ def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
     here = tmp_path / "project"
     here.mkdir()
     (here / "where.py").write_text("import os\nprint('WHERE', os.environ.get('RANK', 'driver'), os.getcwd())")
-    spec = "name: ranks\nkind: spmd\nlauncher: torchrun\ncommand: where.py\nnodes: 2\nprocs_per_node: 1\n"
+    spec = "name: ranks\nkind: spmd\nlauncher: torchrun\ncommand: where.py\nnodes: 2\nprocs_per_node: 2\n"
     (here / "ranks.yaml").write_text(spec)
     monkeypatch.chdir(here)
     driver = sp["cluster"].submit(["python", "where.py"])
@@ -183,7 +205,8 @@ def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
         assert job.wait(timeout=300).state is JobState.SUCCEEDED, job.logs()[-3000:]
     assert f"WHERE driver {here}" in driver.logs()
     seen = [ln.split("WHERE ", 1)[1] for ln in ranks.logs().splitlines() if "WHERE " in ln]
-    assert sorted(seen) == [f"0 {here}", f"1 {here}"], ranks.logs()[-3000:]
+    assert sorted(seen) == [f"{r} {here}" for r in range(4)], ranks.logs()[-3000:]
+    assert "on the cluster's launch hosts" in ranks.logs()
     log = late.logs()
     warned = [ln for ln in log.splitlines() if str(gone) in ln and "Running entrypoint" not in ln]
     assert warned and "raystack: warning: the job runs in " in log and "WHERE late " in log, log[-2000:]
@@ -203,6 +226,7 @@ def test_trl_grpo_trainer_unchanged_twice_in_one_allocation_with_the_plans_batch
         assert record.state is JobState.SUCCEEDED, job.logs()[-4000:]
         [trl] = lines(job, "TRL_GRPO")
         assert trl["processes"] == 2 and trl["deepspeed"] and trl["zero_stage"] == 2
+        assert "new launcher actors (1 of a node's 2 GPUs)" in job.logs()  # (not the launch hosts)
         assert (trl["per_device_train_batch_size"], trl["gradient_accumulation_steps"]) == (16, 2)
         assert trl["effective_batch"] == 64 and trl["steps"] == 30 and len(trl["rewards"]) == 30
         assert max(trl["rewards"][15:]) > trl["rewards"][0] and len(trl["losses"]) == 30

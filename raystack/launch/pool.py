@@ -1,0 +1,263 @@
+"""Launch hosts: the SPMD launchers of a job start in Ray workers that are already running.
+
+A `kind: spmd` job's driver used to start one launcher actor per node: a new Ray worker on every
+node, which costs seconds (a python, `import ray`, a runtime_env's setup) before torchrun can
+start: 4.8 s of an 18 s launch on the testbed, 3.8-4.8 s on an H100 node. So the cluster keeps
+one idle, detached `LaunchHost` actor per node (zero CPUs, zero GPUs, niceness 0), made by the
+warm-up job during `up` (allocation/warmup.py); a driver whose job fits takes them:
+
+* its placement group still reserves every node's CPUs and GPUs (Ray's accounting and the
+  queue's are unchanged: nothing else is given them); once placed, the host of each bundle's node
+  starts that node's launcher as the launcher actor would have (launch/spmd.py: NodeLauncherImpl);
+* the ranks get what Ray would have given a launcher actor of the job: the job's env_vars, its
+  working_dir (the package the submit uploaded, read from the GCS and unpacked once per node, as
+  the cwd and first on PYTHONPATH), the node's GPUs as CUDA_VISIBLE_DEVICES;
+* a launch whose driver stopped asking for LEASE seconds (the driver was killed) is stopped, its
+  processes killed, like a launcher actor that died with its job.
+
+A job fits when its runtime_env has nothing else that Ray creates on the nodes (pip, uv, conda,
+py_modules, an image: those need Ray's runtime_env agent), its working_dir is a package Ray
+uploaded (gcs://), and it takes whole nodes (its processes per node are the node's GPUs). Any
+other job, a node without a host (one grown later) or RAYSTACK_SPMD_POOL=0 in the job's
+environment: new launcher actors, as before. The driver's first line says which and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import zipfile
+from typing import Any
+
+from raystack.launch.node import NodeLauncherImpl
+from raystack.waiting import REAL, at_most, until
+
+NAMESPACE = "raystack"
+LEASE = 15.0  # seconds without a call from its driver after which a launch is stopped
+KEEP = 8  # unpacked working_dir packages kept per node (the newest)
+OFF_ENV = "RAYSTACK_SPMD_POOL"
+JOIN = 90.0  # seconds the warm-up waits for the allocation's nodes before it makes the hosts
+FIT_KEYS = ("env_vars", "working_dir", "config", "excludes")  # what a host can give the ranks
+
+
+def name_of(node_id: str) -> str:
+    """A node's host's name (Dashboard.node_work does not count it as the node's work)."""
+    from raystack.adapters.ray import LAUNCH_HOSTS
+
+    return LAUNCH_HOSTS + node_id
+
+
+def unfit(runtime_env: dict[str, Any], procs: int, gpus_per_node: int, env: dict[str, str]) -> str | None:
+    """Why a job's launchers cannot start on the launch hosts (None: they can)."""
+    if env.get(OFF_ENV, "1") == "0":
+        return f"{OFF_ENV}=0"
+    other = [k for k, v in runtime_env.items() if v and k not in FIT_KEYS and not k.startswith("_")]
+    if other:
+        return f"its runtime_env has {', '.join(sorted(other))}"
+    wd = runtime_env.get("working_dir")
+    if wd and not (str(wd).startswith("gcs://") and str(wd).endswith(".zip")):
+        return f"its working_dir {wd} is not a package Ray uploaded"
+    if gpus_per_node and procs != gpus_per_node:
+        return f"{procs} of a node's {gpus_per_node} GPUs"
+    return None
+
+
+def visible_gpus(base: dict[str, str], count: int) -> str:
+    """A whole node's GPUs as Ray numbers them: the node's own CUDA_VISIBLE_DEVICES (SLURM's) if
+    set, else 0..count-1."""
+    own = [g for g in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return ",".join((own or [str(i) for i in range(count)])[:count])
+
+
+class LaunchHost:
+    """One node's host: starts and follows the launchers of the jobs that come to it (one
+    NodeLauncherImpl per launch, called through `call`)."""
+
+    def __init__(self) -> None:
+        import ray
+
+        own = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
+        # (what the job that made it added, the warm-up's or a driver's, is not the next job's)
+        self.base = {k: v for k, v in os.environ.items() if k not in own}
+        self.launches: dict[str, Any] = {}
+        self.called: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.root = tempfile.mkdtemp(prefix="rs-pool-")  # (node-local: the unpacked working_dirs)
+        clean = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; rm -rf {shlex.quote(self.root)}"
+        subprocess.run(
+            f"( {clean} ) </dev/null >/dev/null 2>&1 &", shell=True, start_new_session=True, check=False
+        )
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def ready(self) -> str:
+        return socket.gethostname()
+
+    def open(self, key: str, node_rank: int, gpus: int, working_dir: str | None) -> dict[str, Any]:
+        """A new launch of node `node_rank` holding `gpus` of it: where it runs (launch/spmd.py's
+        `where`)."""
+        workdir = self._unpack(working_dir) if working_dir else None
+        launcher = NodeLauncherImpl(node_rank, base=self.base, workdir=workdir)
+        if gpus:
+            launcher.gpus = visible_gpus(self.base, gpus).split(",")
+        with self.lock:
+            self.launches[key], self.called[key] = launcher, time.monotonic()
+        return launcher.where()
+
+    def call(self, key: str, method: str, *args: Any) -> Any:
+        with self.lock:
+            launcher = self.launches[key]
+            self.called[key] = time.monotonic()
+        return getattr(launcher, method)(*args)
+
+    def close(self, key: str) -> None:
+        """The driver is done with a launch: stopped if it still runs, its rank logs removed."""
+        with self.lock:
+            launcher = self.launches.pop(key, None)
+            self.called.pop(key, None)
+        if launcher is not None:
+            launcher.stop(2.0)
+            shutil.rmtree(launcher.logdir, ignore_errors=True)
+
+    def _reap(self) -> None:
+        def once() -> None:
+            now = time.monotonic()
+            with self.lock:
+                late = [k for k, t in self.called.items() if now - t > LEASE]
+            for key in late:  # (its driver is gone: killed, or its job stopped hard)
+                self.close(key)
+
+        until(once, 1.0)  # (for the host's life)
+
+    def _unpack(self, uri: str) -> str:
+        """The working_dir package `uri` unpacked on this node (once; the KEEP newest are kept)."""
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        folder = os.path.join(self.root, uri.rsplit("/", 1)[-1].removesuffix(".zip"))
+        with self.lock:
+            if os.path.isdir(folder):
+                os.utime(folder)
+                return folder
+            data = _internal_kv_get(uri)
+            if data is None:
+                raise FileNotFoundError(f"the job's working_dir package {uri} is not in Ray's GCS")
+            part = tempfile.mkdtemp(dir=self.root)
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                archive.extractall(part)
+            os.rename(part, folder)
+            kept = sorted((os.path.join(self.root, n) for n in os.listdir(self.root)), key=os.path.getmtime)
+            for old in kept[:-KEEP]:
+                shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+
+class Pooled:
+    """One node's launch on its host, called as a launcher actor is: `.poll.remote()`."""
+
+    def __init__(self, host: Any, key: str):
+        self.host, self.key = host, key
+
+    def __getattr__(self, method: str) -> Any:
+        host, key = self.host, self.key
+
+        class Method:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                return host.call.remote(key, method, *args)
+
+        return Method
+
+    def close(self) -> Any:
+        return self.host.close.remote(self.key)
+
+
+def options(node_id: str) -> dict[str, Any]:
+    """A host's actor options: detached, on its node, taking nothing of it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {
+        "name": name_of(node_id),
+        "namespace": NAMESPACE,
+        "lifetime": "detached",
+        "get_if_exists": True,
+        "num_cpus": 0,
+        "max_concurrency": 64,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        # (its ranks would inherit Ray's worker niceness 15; and the node's GPUs stay visible)
+        "runtime_env": {
+            "env_vars": {"RAY_worker_niceness": "0", "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+        },
+    }
+
+
+def make(node_ids: list[str]) -> list[Any]:
+    """Each node's host, made where missing (`get_if_exists`: one per node however many ask)."""
+    import ray
+
+    cls: Any = ray.remote(LaunchHost)
+    return [cls.options(**options(n)).remote() for n in node_ids]
+
+
+def find(node_ids: list[str]) -> dict[str, Any]:
+    """The hosts that exist among these nodes' (node id -> handle)."""
+    import ray
+
+    found = {}
+    for node in dict.fromkeys(node_ids):
+        with contextlib.suppress(ValueError):
+            found[node] = ray.get_actor(name_of(node), namespace=NAMESPACE)
+    return found
+
+
+def placed(pg: Any, timeout: float) -> list[str]:
+    """The node of each bundle once the placement group is placed. (Not `pg.ready()`: that runs a
+    task in it, which would start a worker, the cost this module avoids.)"""
+    from ray.util import placement_group_table
+
+    def step() -> list[str] | None:
+        table = placement_group_table(pg)
+        if table.get("state") != "CREATED":
+            return None
+        nodes = table.get("bundles_to_node_id") or {}
+        return [str(nodes[i]) for i in sorted(nodes)]
+
+    def late() -> BaseException:
+        return TimeoutError(f"the job's placement group was not placed in {timeout:.0f}s")
+
+    return until(step, 0.01, REAL, timeout, late)
+
+
+def main(args: list[str] | None = None) -> int:
+    """`python -m raystack.launch.pool [--nodes N]`: a host on every alive node once N are alive
+    (at most JOIN seconds; the warm-up job runs it while the allocation's nodes join)."""
+    import argparse
+
+    import ray
+
+    parser = argparse.ArgumentParser(prog="python -m raystack.launch.pool")
+    parser.add_argument("--nodes", type=int, default=1)
+    nodes_wanted = parser.parse_args(args).nodes
+    if unfit({}, 0, 0, dict(os.environ)):  # (RAYSTACK_SPMD_POOL=0 where the cluster runs)
+        print(f"raystack: no launch hosts ({OFF_ENV}=0)", flush=True)
+        return 0
+    t0 = time.monotonic()
+    ray.init()
+
+    def alive() -> list[str]:
+        return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+    at_most(lambda: True if len(alive()) >= nodes_wanted else None, 0.2, REAL, JOIN)
+    hosts = ray.get([h.ready.remote() for h in make(alive())], timeout=120)
+    print(f"raystack: launch hosts on {len(hosts)} node(s) in {time.monotonic() - t0:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
