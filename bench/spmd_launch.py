@@ -1,25 +1,31 @@
 """Benchmark: what launching an SPMD job through raystack costs, against srun + torchrun.
 
-On one warm 4-node testbed cluster, in the same run, alternating (--repeats times each):
+On one warm 4-node testbed cluster (2 GPUs a node), in the same run, alternating (--repeats
+times each):
   raystack  `kind: spmd` torchrun job (4 nodes x 2 processes, jobs/debug/spmd.py) submitted to
-            the queue: the queue runner, the Ray job, one launcher actor per node, torchrun.
+            the queue: the queue runner, the Ray job, each node's launch host (launch/pool.py),
+            torchrun.
   srun      the same torchrun started directly inside the same allocation, the way a
             hand-written sbatch script does: `srun --jobid J --overlap --nodes 4 torchrun ...`.
   ray job   Ray's own floor on the same cluster: Ray's SDK submits `python -c` printing one line
             (queue_gap.floor): what every job through the Ray Jobs API pays before its entrypoint
             runs (the job supervisor's worker, the driver's python), raystack or not.
+Then, on a second cluster started with RAYSTACK_SPMD_POOL=0 (--no-actors leaves it out):
+  actors    the same job with a new launcher actor per node (as before the launch hosts), and
+            srun again beside it (the ratio of that pair).
 Measured: submit (or srun start) -> the last rank's first line (each rank stamps the time it
 reported itself, after its process group is up and an all-reduce is done). Target: raystack
 within 1.1x of srun (medians; issue 43, 1.5x before). Also reported: raystack less Ray's floor
 against srun, the share of the launch that is raystack's and the launchers'.
 
-    python bench/spmd_launch.py [--repeats 3]
+    python bench/spmd_launch.py [--repeats 3] [--no-actors]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,7 +59,7 @@ def first_lines(text: str) -> list[float]:
     return list(stamps.values())
 
 
-def through_raystack(cluster: Cluster, i: int) -> float:
+def through_raystack(cluster: Cluster, i: int, how: list[str] | None = None) -> float:
     t0 = time.time()
     job = cluster.submit(
         JobSpec.model_validate(
@@ -68,9 +74,14 @@ def through_raystack(cluster: Cluster, i: int) -> float:
             }
         )
     )
-    record = job.wait(timeout=600)
+    # (a wait that asks every second: on the testbed this client shares the nodes' 2 cores, where
+    # on a real cluster it runs on a login node; srun's own wait costs nothing either)
+    record = job.wait(timeout=600, poll=1.0)
     assert record.state is JobState.SUCCEEDED, record.message
-    return max(first_lines(job.logs())) - t0
+    logs = job.logs()
+    if how is not None:  # (which launchers, as the driver says)
+        how.append("launch hosts" if "on the cluster's launch hosts" in logs else "new launcher actors")
+    return max(first_lines(logs)) - t0
 
 
 def through_srun(cluster: Cluster, i: int) -> float:
@@ -91,46 +102,84 @@ def through_srun(cluster: Cluster, i: int) -> float:
     return max(first_lines(proc.stdout + proc.stderr)) - t0
 
 
+def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, list]:
+    """raystack and srun alternating on one cluster (and Ray's floor): the seconds of each run."""
+    out: dict[str, list] = {"raystack": [], "srun": [], "floor": [], "how": []}
+    through_raystack(cluster, -1)  # warm-up: the working_dir package, torch's first import
+    through_srun(cluster, 99)
+    for i in range(repeats):
+        out["raystack"].append(through_raystack(cluster, i, out["how"]))
+        out["srun"].append(through_srun(cluster, i))
+        if floor_too:
+            out["floor"] += floor(cluster, 1)
+    return out
+
+
+def cluster_up(name: str, env: dict[str, str]) -> Cluster:
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, env):  # (up's environment goes to the allocation's nodes)
+        return Cluster.up(NODES, profile="testbed", name=name, timeout=300, gpus_per_node=PROCS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-actors", action="store_true", help="leave out the launcher-actor cluster")
     args = parser.parse_args()
     on_testbed("bench-spmd-", NODES)
-    cluster = Cluster.up(NODES, profile="testbed", name="spmdbench", timeout=300)
-    ray_s, srun_s, floor_s = [], [], []
-    try:
-        through_raystack(cluster, -1)  # warm-up: the working_dir package, torch's first import
-        through_srun(cluster, 99)
-        for i in range(args.repeats):
-            ray_s.append(through_raystack(cluster, i))
-            srun_s.append(through_srun(cluster, i))
-            floor_s += floor(cluster, 1)
-    finally:
-        cluster.down()
-    ray_m, srun_m, floor_m = (statistics.median(x) for x in (ray_s, srun_s, floor_s))
+    runs = {}
+    for name, env in (
+        ("spmdbench", {}),
+        *([] if args.no_actors else [("spmdactors", {"RAYSTACK_SPMD_POOL": "0"})]),
+    ):
+        cluster = cluster_up(name, env)
+        try:
+            runs[name] = arms(cluster, args.repeats, floor_too=not env)
+        finally:
+            cluster.down()
+    pooled = runs["spmdbench"]
+    ray_m, srun_m, floor_m = (statistics.median(pooled[k]) for k in ("raystack", "srun", "floor"))
     ratio, ours = ray_m / srun_m, (ray_m - floor_m) / srun_m
+    rows = [("raystack", pooled["raystack"]), ("srun", pooled["srun"]), ("ray job", pooled["floor"])]
+    actors = runs.get("spmdactors")
+    if actors:
+        rows += [("actors", actors["raystack"]), ("srun", actors["srun"])]
     lines = [
         f"{'launch':>10} {'median s':>9} {'runs s':>30}",
         *(
-            f"{name:>10} {statistics.median(runs):>9.2f} {' '.join(f'{x:.2f}' for x in runs):>30}"
-            for name, runs in (("raystack", ray_s), ("srun", srun_s), ("ray job", floor_s))
+            f"{name:>10} {statistics.median(x):>9.2f} {' '.join(f'{v:.2f}' for v in x):>30}"
+            for name, x in rows
         ),
         f"submit -> every rank's first line, {NODES} nodes x {PROCS} processes: "
         f"raystack / srun = {ratio:.2f}x (target <= {TARGET}x); less Ray's job floor "
-        f"(submit -> a trivial entrypoint's first line): {ours:.2f}x",
+        f"(submit -> a trivial entrypoint's first line): {ours:.2f}x; launchers: {sorted(set(pooled['how']))}",
     ]
+    if actors:
+        a_ratio = statistics.median(actors["raystack"]) / statistics.median(actors["srun"])
+        lines.append(f"with new launcher actors (RAYSTACK_SPMD_POOL=0): {a_ratio:.2f}x srun in that cluster")
     publish(
         "spmd_launch",
         "\n".join(lines),
         {
             "nodes": NODES,
             "procs_per_node": PROCS,
-            "raystack_s": [round(x, 3) for x in ray_s],
-            "srun_s": [round(x, 3) for x in srun_s],
-            "ray_job_floor_s": [round(x, 3) for x in floor_s],
+            "raystack_s": [round(x, 3) for x in pooled["raystack"]],
+            "srun_s": [round(x, 3) for x in pooled["srun"]],
+            "ray_job_floor_s": [round(x, 3) for x in pooled["floor"]],
+            "launchers": sorted(set(pooled["how"])),
             "ratio": round(ratio, 3),
             "ratio_less_ray_floor": round(ours, 3),
             "target_within": ratio <= TARGET,
+            **(
+                {
+                    "actors_s": [round(x, 3) for x in actors["raystack"]],
+                    "actors_srun_s": [round(x, 3) for x in actors["srun"]],
+                    "actors_ratio": round(a_ratio, 3),
+                }
+                if actors
+                else {}
+            ),
         },
     )
 
