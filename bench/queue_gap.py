@@ -134,14 +134,15 @@ def pip_alone(cluster: Cluster, folder: Path, tag: str, count: int = 1) -> float
     return floor(cluster, 1, pip_env(folder / tag, tag, count))[0]
 
 
-def up(name: str, local: bool, env: dict[str, str] | None = None) -> Cluster:
-    """A cluster started with `env` added to the environment `up` passes to the allocation."""
+def up(name: str, local: bool, env: dict[str, str] | None = None, **options: Any) -> Cluster:
+    """A cluster started with `env` added to the environment `up` passes to the allocation
+    (`options`: the testbed allocation's, e.g. gpus_per_node)."""
     from unittest import mock
 
     with mock.patch.dict(os.environ, env or {}):
         if local:
             return Cluster.up_local(name=name, timeout=300)
-        return Cluster.up(4, profile="testbed", name=name, timeout=300)
+        return Cluster.up(4, profile="testbed", name=name, timeout=300, **options)
 
 
 def measure(cluster: Cluster, jobs: int, pips: int, folder: Path, count: int = 1) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _report import on_testbed, publish  # noqa: E402
-from queue_gap import floor  # noqa: E402
+from queue_gap import floor, up  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.spec.job import JobSpec  # noqa: E402
@@ -115,13 +114,6 @@ def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, list]:
     return out
 
 
-def cluster_up(name: str, env: dict[str, str]) -> Cluster:
-    from unittest import mock
-
-    with mock.patch.dict(os.environ, env):  # (up's environment goes to the allocation's nodes)
-        return Cluster.up(NODES, profile="testbed", name=name, timeout=300, gpus_per_node=PROCS)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -133,7 +125,7 @@ def main() -> None:
         ("spmdbench", {}),
         *([] if args.no_actors else [("spmdactors", {"RAYSTACK_SPMD_POOL": "0"})]),
     ):
-        cluster = cluster_up(name, env)
+        cluster = up(name, False, env, gpus_per_node=PROCS)  # (the job takes whole nodes)
         try:
             runs[name] = arms(cluster, args.repeats, floor_too=not env)
         finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 from raystack.launch import SUBMIT_DIR_ENV
 from raystack.launch.launchers import CONSOLE_COPY, rank_of
-from raystack.launch.process import die_with_parent
+from raystack.launch.process import after_exit, die_with_parent
 from raystack.waiting import REAL
 
 
@@ -128,20 +128,9 @@ class NodeLauncherImpl:
         )
         # NOTE: the same guard as Ray's own job supervisor: if this actor dies (SIGKILL included),
         # the launcher's whole process group goes too (PDEATHSIG alone would spare its children),
-        # and so does the rank-log folder with DeepSpeed's hostfile. The watcher is started in the
-        # background of a shell that exits at once, so it is not this actor's child: Ray kills a
-        # worker's children when it exits, and the watcher died before it could clean (every
-        # rs-ranks-* folder and hostfile was left in /tmp).
-        watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
-        clean = f"{watch}; kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}"
-        subprocess.run(
-            f"( {clean} ) </dev/null >/dev/null 2>&1 &",
-            shell=True,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
+        # and so does the rank-log folder with DeepSpeed's hostfile (every rs-ranks-* folder and
+        # hostfile was left in /tmp while the watcher was this actor's child: process.after_exit).
+        after_exit(f"kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}")
         threading.Thread(target=self._read, daemon=True).start()
         return self.proc.pid
 

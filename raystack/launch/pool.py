@@ -30,7 +30,6 @@ import os
 import shlex
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ import zipfile
 from typing import Any
 
 from raystack.launch.node import NodeLauncherImpl
+from raystack.launch.process import after_exit
 from raystack.waiting import REAL, at_most, until
 
 NAMESPACE = "raystack"
@@ -55,9 +55,14 @@ def name_of(node_id: str) -> str:
     return LAUNCH_HOSTS + node_id
 
 
+def off(env: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether the launch hosts are turned off where the cluster runs (RAYSTACK_SPMD_POOL=0)."""
+    return env.get(OFF_ENV, "1") == "0"
+
+
 def unfit(runtime_env: dict[str, Any], procs: int, gpus_per_node: int, env: dict[str, str]) -> str | None:
     """Why a job's launchers cannot start on the launch hosts (None: they can)."""
-    if env.get(OFF_ENV, "1") == "0":
+    if off(env):
         return f"{OFF_ENV}=0"
     other = [k for k, v in runtime_env.items() if v and k not in FIT_KEYS and not k.startswith("_")]
     if other:
@@ -91,10 +96,8 @@ class LaunchHost:
         self.called: dict[str, float] = {}
         self.lock = threading.Lock()
         self.root = tempfile.mkdtemp(prefix="rs-pool-")  # (node-local: the unpacked working_dirs)
-        clean = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; rm -rf {shlex.quote(self.root)}"
-        subprocess.run(
-            f"( {clean} ) </dev/null >/dev/null 2>&1 &", shell=True, start_new_session=True, check=False
-        )
+        self.unpacking = threading.Lock()  # (not `lock`: the other launches' calls go on meanwhile)
+        after_exit(f"rm -rf {shlex.quote(self.root)}")
         threading.Thread(target=self._reap, daemon=True).start()
 
     def ready(self) -> str:
@@ -141,7 +144,7 @@ class LaunchHost:
         from ray.experimental.internal_kv import _internal_kv_get
 
         folder = os.path.join(self.root, uri.rsplit("/", 1)[-1].removesuffix(".zip"))
-        with self.lock:
+        with self.unpacking:
             if os.path.isdir(folder):
                 os.utime(folder)
                 return folder
@@ -165,17 +168,20 @@ class Pooled:
         self.host, self.key = host, key
 
     def __getattr__(self, method: str) -> Any:
-        host, key = self.host, self.key
-
-        class Method:
-            @staticmethod
-            def remote(*args: Any) -> Any:
-                return host.call.remote(key, method, *args)
-
-        return Method
+        return _Method(self, method)
 
     def close(self) -> Any:
         return self.host.close.remote(self.key)
+
+
+class _Method:
+    """`pooled.poll`: its `.remote(*args)` calls the launch's method on its host."""
+
+    def __init__(self, launch: Pooled, name: str):
+        self.launch, self.name = launch, name
+
+    def remote(self, *args: Any) -> Any:
+        return self.launch.host.call.remote(self.launch.key, self.name, *args)
 
 
 def options(node_id: str) -> dict[str, Any]:
@@ -244,7 +250,7 @@ def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raystack.launch.pool")
     parser.add_argument("--nodes", type=int, default=1)
     nodes_wanted = parser.parse_args(args).nodes
-    if unfit({}, 0, 0, dict(os.environ)):  # (RAYSTACK_SPMD_POOL=0 where the cluster runs)
+    if off(os.environ):
         print(f"raystack: no launch hosts ({OFF_ENV}=0)", flush=True)
         return 0
     t0 = time.monotonic()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
+import subprocess
 
 _PR_SET_PDEATHSIG = 1
 
@@ -14,3 +16,18 @@ def die_with_parent() -> None:  # pragma: no cover (runs in the child, before ex
     included, which no handler of the parent sees)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def after_exit(commands: str) -> None:
+    """Run shell `commands` once this process has exited (SIGKILL included): a watcher started in
+    the background of a shell that exits at once, so it is not this process's child (Ray kills a
+    worker's children when it exits, and a child watcher died before it could clean)."""
+    watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
+    subprocess.run(
+        f"( {watch}; {commands} ) </dev/null >/dev/null 2>&1 &",
+        shell=True,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
