@@ -61,6 +61,8 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAY_USAGE_STATS_ENABLED="0",
         RAYSTACK_CLUSTER=ctx.cluster,
         RAYSTACK_ALLOCATION=ctx.alloc_id,  # SLURM's job id, or a local cluster's id
+        # (the node's private temp folder, removed by stop_ray: the launch hosts' working_dirs)
+        RAYSTACK_NODE_TMP=str(ctx.temp_root or ctx.temp_dir),
     )
     if not metrics_on():
         # Ray's Prometheus exporter listens on every interface without auth (task and actor

@@ -44,6 +44,7 @@ NAMESPACE = "raystack"
 LEASE = 15.0  # seconds without a call from its driver after which a launch is stopped
 KEEP = 8  # unpacked working_dir packages kept per node (the newest)
 OFF_ENV = "RAYSTACK_SPMD_POOL"
+NODE_TMP_ENV = "RAYSTACK_NODE_TMP"  # (allocation/raystart.py gives every Ray process of a node)
 JOIN = 90.0  # seconds the warm-up waits for the allocation's nodes before it makes the hosts
 FIT_KEYS = ("env_vars", "working_dir", "config", "excludes")  # what a host can give the ranks
 
@@ -95,7 +96,9 @@ class LaunchHost:
         self.launches: dict[str, Any] = {}
         self.called: dict[str, float] = {}
         self.lock = threading.Lock()
-        self.root = tempfile.mkdtemp(prefix="rs-pool-")  # (node-local: the unpacked working_dirs)
+        # (node-local: the unpacked working_dirs; in the node's temp folder, which the node program
+        # removes at the cluster's end: the watcher below dies with the allocation's processes)
+        self.root = tempfile.mkdtemp(prefix="rs-pool-", dir=os.environ.get(NODE_TMP_ENV) or None)
         self.unpacking = threading.Lock()  # (not `lock`: the other launches' calls go on meanwhile)
         after_exit(f"rm -rf {shlex.quote(self.root)}")
         threading.Thread(target=self._reap, daemon=True).start()
