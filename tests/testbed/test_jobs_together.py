@@ -215,7 +215,12 @@ def test_py_modules_and_pip_from_local_wheels_are_made_on_every_node_while_the_j
         f"runtime_env={{py_modules: [{lib}], pip: {{packages: [rstiny], "
         f"pip_install_options: [--no-index, --find-links={wheels}]}}}}"
     )
-    code = "import rstiny, rsmod; print('RENV', rstiny.VALUE, rsmod.WORD)"
+    # (and Ray's modules in the pip environment byte-compiled: Ray copies a virtualenv without its
+    # .pyc files, and under PYTHONDONTWRITEBYTECODE=1 every process there compiled Ray again)
+    code = (
+        "import importlib.util as u, os, ray, rstiny, rsmod; "
+        "print('RENV', rstiny.VALUE, rsmod.WORD, os.path.exists(u.cache_from_source(ray.__file__)))"
+    )
     good = cluster.submit(["python", "-c", code], sets=["name=renv", renv])
     prepared = str(wait_until(lambda: good.record().prepared, 300, "the pip job prepared"))
     assert good.record().state is JobState.QUEUED  # (made while the hold job ran)
@@ -226,7 +231,7 @@ def test_py_modules_and_pip_from_local_wheels_are_made_on_every_node_while_the_j
     go.write_text("")
     before, record = hold.wait(timeout=120), good.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.message + good.logs()[-2000:]
-    assert "RENV 42 from py_modules" in good.logs()
+    assert "RENV 42 from py_modules True" in good.logs()
     running = record.time_in(JobState.RUNNING)
     assert before.ended and running and record.gap and record.gap["after"] == before.id
     # (the setup alone took `took` seconds on the nodes; the start found it made)
