@@ -10,7 +10,8 @@ On one cluster (the 4-node testbed, or `--local`: this machine), in the same run
               submit    -> the Jobs API answered (Ray's start_time: the job exists in Ray)
               start     -> the entrypoint's first line (Ray's supervisor, runtime_env, driver)
             and "end -> submitted" (the queue's part), "end -> first line" (all of it).
-  floor     Ray's SDK on the same cluster: submit -> first line of the same job, one at a time.
+  floor     Ray's SDK on the same cluster: submit -> first line of the same job, one at a time,
+            each right after one of the 5 jobs through the queue on an idle cluster (`later`).
   pip       a 20 s job, then a job whose runtime_env installs a pip package from a local wheel
             folder (a fresh name each time: nothing cached), with the runner preparing it while
             the first one runs, and on a second cluster with RAYSTACK_PREPARE=0 (as before):
@@ -151,14 +152,14 @@ def measure(cluster: Cluster, jobs: int, pips: int, folder: Path, count: int = 1
     first = cluster.submit(["python", "-c", FIRST], sets=["name=first"])
     first.wait(timeout=300)
     first_s = first_line(first) - t0
-    later = []
-    for i in range(3):  # (and the next ones, on an idle queue)
+    later, flo = [], []
+    for i in range(5):  # (the next ones, on an idle queue, each beside one through Ray's SDK)
         t0 = time.time()
         job = cluster.submit(["python", "-c", FIRST], sets=[f"name=later{i}"])
         job.wait(timeout=300)
         later.append(first_line(job) - t0)
+        flo += floor(cluster, 1)
     gaps = trivial(cluster, jobs)
-    flo = floor(cluster, 5)
     stamp = f"{os.getpid()}x{int(time.time()) % 100000}"
     alone = pip_alone(cluster, folder, f"rsp{stamp}a", count)
     prepared = [pip_gap(cluster, folder, f"rsp{stamp}p{i}", count) for i in range(pips)]
