@@ -18,7 +18,10 @@ def context() -> dict[str, Any]:
 
     from raystack import __version__
 
-    slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:  # (the GPU machine: no SLURM)
+        slurm = "none"
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {

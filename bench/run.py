@@ -8,6 +8,8 @@ of its own run, one after another on the testbed (they must not share the machin
   queue_gap       the gap between two queued jobs part by part; a pip environment prepared or not
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
+  tls_one_host    Ray's object transfer with and without TLS between two Ray nodes of this host
+                  (on a machine with cores to spare it shows what the testbed's 2 shared cores hide)
   autoscale       up -N 1 --max-nodes 4 against fixed 1- and 4-node clusters: makespan, node-hours
   chain_grow      a grown node across a chain's hand-over: its rejoin, and a job on both nodes
 
@@ -53,6 +55,11 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ["--rounds", "1", "--jobs", "4"],
         ["--rounds", "2", "--jobs", "6"],
         ("TLS / plain, 1 GiB transfer", ["ratios", "1 GiB node -> node, GiB/s"]),
+    ),
+    "tls_one_host": (
+        ["--rounds", "1", "--cpus", "4"],
+        ["--rounds", "3", "--cpus", "4"],
+        ("TLS / plain, 1 GiB between 2 Ray nodes of one host", ["ratio"]),
     ),
     "autoscale": (
         ["--jobs", "3", "--seconds", "30", "--idle", "20"],

@@ -15,6 +15,8 @@ from raystack.store import paths, tls
 
 log = logging.getLogger("raystack.node")
 
+TLS_CONNECTIONS = "16"  # Ray's object-manager connections per peer with TLS on [4]
+
 
 def metrics_on() -> bool:
     """The profile's `metrics: true` (RAYSTACK_METRICS=1 from the allocation script)."""
@@ -70,6 +72,10 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         env["RAY_enable_metrics_collection"] = "0"
     if ctx.tls is not None:
         env.update(tls.ray_env(ctx.tls, tls.ca_cert(ctx.cluster)))
+        # Each of Ray's object-manager connections to a peer encrypts on one thread: with its
+        # default 4, a TLS transfer stopped near 1 GiB/s whatever the cores (bench/tls_one_host.py,
+        # 16-core host: 0.98 GiB/s; with 16: 2.6 GiB/s). (The profile's env wins.)
+        env.setdefault("RAY_object_manager_client_connection_num", TLS_CONNECTIONS)
     else:
         for name in tls.RAY_VARIABLES:
             env.pop(name, None)  # (a shell that had a TLS cluster's `raystack env`)

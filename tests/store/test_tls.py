@@ -146,6 +146,9 @@ def test_ray_gets_the_tls_variables_and_a_loopback_dashboard(home: Path, tmp_pat
     env = ray_env(ctx_with(tmp_path, ident))
     assert env["RAY_USE_TLS"] == "1" and env["RAY_TLS_SERVER_CERT"] == str(ident.cert)
     assert env["RAY_TLS_CA_CERT"] == str(tls.ca_cert("c"))
+    # (more object-manager connections per peer: each encrypts on one thread of its own)
+    assert env["RAY_object_manager_client_connection_num"] == "16"
+    assert "RAY_object_manager_client_connection_num" not in ray_env(ctx_with(tmp_path, None))
     ports = dict.fromkeys(["object_manager", "node_manager", "agent_listen", "agent_grpc"], 1)
     ports |= {"metrics": 2, "runtime_env": 3, "min_worker": 4, "max_worker": 5, "gcs": 6}
     ports |= {"dashboard": 7, "client_server": 8, "dashboard_http": 9}
@@ -162,6 +165,15 @@ def test_without_tls_a_shells_tls_variables_are_not_passed_to_ray(
     monkeypatch.setenv("RAY_TLS_CA_CERT", "/elsewhere/ca.crt")
     env = ray_env(ctx_with(tmp_path, None))
     assert "RAY_USE_TLS" not in env and "RAY_TLS_CA_CERT" not in env
+
+
+def test_a_profiles_object_manager_connections_win_over_the_tls_default(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tls.create_ca("c")
+    ident = tls.issue_node_cert("c", "10.0.0.1", "node1", tls.node_dir("9", base=tmp_path))
+    monkeypatch.setenv("RAY_object_manager_client_connection_num", "8")  # (the profile's env)
+    assert ray_env(ctx_with(tmp_path, ident))["RAY_object_manager_client_connection_num"] == "8"
 
 
 @pytest.fixture
