@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from raystack.adapters.allocator import Allocator, allocator, node_facts
+from raystack.allocation import tempsweep
 from raystack.allocation.logsync import LogSync
 from raystack.allocation.rayproc import RayProcess
 from raystack.errors import RaystackError
@@ -55,6 +56,7 @@ class NodeContext:
     join_timeout: float
     head_grace: float = 60.0  # seconds a worker waits for an unreachable head before leaving
     temp_root: Path | None = None  # the private folder (0700) that holds temp_dir
+    alive: int | None = None  # the lock held on temp_root while this node program lives (tempsweep)
     tls: tls.Identity | None = None  # this node's certificate, on a `tls: true` cluster
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     join_window: int = 0  # workers registering with the head at once (0: all at once)
@@ -176,6 +178,8 @@ def private_temp_dir(ctx: NodeContext) -> NodeContext:
         raise RaystackError(f"{root} is not a private folder of this user; check {prefix.parent}")
     ctx.temp_root = root
     ctx.temp_dir = root / "r"  # (short: Unix socket paths inside it are limited to 107 bytes)
+    ctx.alive = tempsweep.hold(root)
+    tempsweep.sweep(prefix.parent, root)  # (those of node programs gone before theirs were removed)
     return ctx
 
 

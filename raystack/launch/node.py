@@ -15,7 +15,7 @@ import tempfile
 import threading
 from typing import Any
 
-from raystack.launch import SUBMIT_DIR_ENV
+from raystack.launch import NODE_TMP_ENV, SUBMIT_DIR_ENV
 from raystack.launch.launchers import CONSOLE_COPY, rank_of
 from raystack.launch.process import after_exit, die_with_parent
 from raystack.waiting import REAL
@@ -71,7 +71,9 @@ class NodeLauncherImpl:
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self.lock = threading.Lock()
         self.scan_lock = threading.Lock()
-        self.logdir = tempfile.mkdtemp(prefix="rs-ranks-")  # (node-local: this actor's node)
+        # (node-local: in the node's temp folder, which goes with the cluster even where this
+        # launcher is killed before it removes it)
+        self.logdir = tempfile.mkdtemp(prefix="rs-ranks-", dir=os.environ.get(NODE_TMP_ENV) or None)
         self.procs = 1
         self.files: dict[str, tuple[int, bytes]] = {}  # path -> (offset read, partial line)
         self.seen_rank_files = False

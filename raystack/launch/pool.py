@@ -36,6 +36,7 @@ import time
 import zipfile
 from typing import Any
 
+from raystack.launch import NODE_TMP_ENV
 from raystack.launch.node import NodeLauncherImpl
 from raystack.launch.process import after_exit
 from raystack.waiting import REAL, at_most, until
@@ -44,7 +45,6 @@ NAMESPACE = "raystack"
 LEASE = 15.0  # seconds without a call from its driver after which a launch is stopped
 KEEP = 8  # unpacked working_dir packages kept per node (the newest)
 OFF_ENV = "RAYSTACK_SPMD_POOL"
-NODE_TMP_ENV = "RAYSTACK_NODE_TMP"  # (allocation/raystart.py gives every Ray process of a node)
 JOIN = 90.0  # seconds the warm-up waits for the allocation's nodes before it makes the hosts
 FIT_KEYS = ("env_vars", "working_dir", "config", "excludes")  # what a host can give the ranks
 
