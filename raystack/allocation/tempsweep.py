@@ -33,13 +33,20 @@ GONE = "rs-gone-"  # the name a folder of a gone node program is given before it
 PREFIX = "rs-"  # node folders are rs-<allocation>-<host>-<random> (and rs-local-...)
 
 
-def hold(root: Path) -> int:
+def hold(root: Path) -> int | None:
     """Lock `root`'s lock file for as long as this process lives; the descriptor (never closed,
     not inherited by children). Made under another name and renamed, so that the file is never
-    seen unlocked."""
+    seen unlocked. None where the filesystem has no locks (a Lustre scratch mounted without
+    `flock`): then there is no lock file, and no later start takes the folder."""
     made = root / f"{ALIVE}-{os.getpid()}"
     fd = os.open(made, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        os.close(fd)
+        made.unlink(missing_ok=True)
+        log.warning("no lock on %s (%s): a later start will not remove it if this one cannot", root, exc)
+        return None
     os.replace(made, root / ALIVE)
     return fd
 

@@ -3,12 +3,15 @@ start; a live one's, another's, an older raystack's stay (real processes, real l
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from raystack.allocation import tempsweep
 from raystack.allocation.context import NodeContext, private_temp_dir
@@ -91,3 +94,18 @@ def test_two_starts_at_once_take_a_gone_folder_once(tmp_path: Path) -> None:
     assert 1 in took and max(took) == 1, took
     wait_until(lambda: not any(tmp_path.iterdir()), 30, "the folder removed")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_filesystem_without_locks_leaves_the_folder_unheld_and_never_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")  # (Lustre without -o flock)
+
+    folder = tmp_path / "rs-7-node1-abc"
+    folder.mkdir()
+    monkeypatch.setattr(tempsweep.fcntl, "flock", no_locks)
+    assert tempsweep.hold(folder) is None
+    assert list(folder.iterdir()) == []  # (no lock file: the node starts all the same)
+    monkeypatch.undo()
+    assert not tempsweep.gone(folder) and tempsweep.sweep(tmp_path) == []
