@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from raystack.allocation import tempsweep
 from raystack.allocation.context import NodeContext, ignore_signals
 from raystack.allocation.rayproc import RayProcess
 from raystack.store import paths, tls
@@ -131,7 +132,7 @@ def stop_ray(ctx: NodeContext, ray: RayProcess) -> None:
     ray.stop()
     if ctx.log_sync is not None:
         ctx.log_sync.final()  # (Ray has stopped: its logs are complete; the temp dir goes next)
-    shutil.rmtree(ctx.temp_root or ctx.temp_dir, ignore_errors=True)
+    shutil.rmtree(tempsweep.retire(ctx.temp_root or ctx.temp_dir), ignore_errors=True)
     if ctx.tls is not None:
         shutil.rmtree(ctx.tls.cert.parent, ignore_errors=True)
     log.info("node %s: Ray processes of cluster %s stopped", ctx.host, ctx.cluster)

@@ -51,6 +51,18 @@ def hold(root: Path) -> int | None:
     return fd
 
 
+def retire(root: Path) -> Path:
+    """`root` renamed as a gone node program's folder, before its removal at the node's stop: a
+    removal cut short (SLURM's KillWait) is finished by the next start, whatever it had removed
+    already (the lock file too); `root` itself where it cannot be renamed."""
+    target = root.parent / f"{GONE}{root.name}"
+    try:
+        os.rename(root, target)
+    except OSError:
+        return root
+    return target
+
+
 def gone(folder: Path) -> bool:
     """Whether the node program that made `folder` is gone: its lock file is there, unlocked."""
     try:

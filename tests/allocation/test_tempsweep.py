@@ -109,3 +109,16 @@ def test_a_filesystem_without_locks_leaves_the_folder_unheld_and_never_taken(
     assert list(folder.iterdir()) == []  # (no lock file: the node starts all the same)
     monkeypatch.undo()
     assert not tempsweep.gone(folder) and tempsweep.sweep(tmp_path) == []
+
+
+def test_a_removal_at_stop_cut_short_is_finished_by_the_next_start(tmp_path: Path) -> None:
+    folder = tmp_path / "rs-7-node1-abc"
+    proc = holder(folder)
+    (folder / "r" / "big").mkdir(parents=True)
+    retired = tempsweep.retire(folder)  # (the node's stop, before its rm: SIGKILLed half-way,
+    (retired / tempsweep.ALIVE).unlink()  # its lock file among the first removed)
+    proc.kill()
+    proc.wait()
+    assert not folder.exists() and retired.name == f"{tempsweep.GONE}{folder.name}"
+    assert tempsweep.sweep(tmp_path) == [retired]
+    wait_until(lambda: not retired.exists(), 30, "the retired folder removed")
