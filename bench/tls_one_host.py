@@ -76,7 +76,6 @@ def tls_env(home: Path) -> dict[str, str]:
     from raystack.store import paths, tls
 
     paths.cluster("bench").tls.parent.mkdir(parents=True)
-
     tls.create_ca("bench")
     into = home / "node"
     into.mkdir(mode=0o700)
@@ -85,10 +84,11 @@ def tls_env(home: Path) -> dict[str, str]:
 
 
 def run_arm(use_tls: bool, args: argparse.Namespace, home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_TLS") and k != "RAY_USE_TLS"}
-    if use_tls:  # (what a `tls: true` node gets from raystack: its certificate, more connections)
-        from raystack.allocation.raystart import TLS_CONNECTIONS
+    from raystack.allocation.raystart import TLS_CONNECTIONS
+    from raystack.store.tls import RAY_VARIABLES
 
+    env = {k: v for k, v in os.environ.items() if k not in RAY_VARIABLES}
+    if use_tls:  # (what a `tls: true` node gets from raystack: its certificate, more connections)
         env.update(tls_env(home))
         env.setdefault("RAY_object_manager_client_connection_num", TLS_CONNECTIONS)
     command = [sys.executable, __file__, "--arm", "--mib", str(args.mib), "--cpus", str(args.cpus)]

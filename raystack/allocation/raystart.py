@@ -12,6 +12,7 @@ from pathlib import Path
 from raystack.allocation import tempsweep
 from raystack.allocation.context import NodeContext, ignore_signals
 from raystack.allocation.rayproc import RayProcess
+from raystack.launch import NODE_TMP_ENV
 from raystack.store import paths, tls
 
 log = logging.getLogger("raystack.node")
@@ -64,9 +65,9 @@ def ray_env(ctx: NodeContext) -> dict[str, str]:
         RAY_USAGE_STATS_ENABLED="0",
         RAYSTACK_CLUSTER=ctx.cluster,
         RAYSTACK_ALLOCATION=ctx.alloc_id,  # SLURM's job id, or a local cluster's id
-        # (the node's private temp folder, removed by stop_ray: the launch hosts' working_dirs)
-        RAYSTACK_NODE_TMP=str(ctx.temp_root or ctx.temp_dir),
     )
+    # (the node's private temp folder, removed by stop_ray: the launchers' working_dirs and logs)
+    env[NODE_TMP_ENV] = str(ctx.temp_root or ctx.temp_dir)
     if not metrics_on():
         # Ray's Prometheus exporter listens on every interface without auth (task and actor
         # names, node addresses, resource use): off unless the profile asks (`metrics: true`).

@@ -52,9 +52,9 @@ def hold(root: Path) -> int | None:
 
 
 def retire(root: Path) -> Path:
-    """`root` renamed as a gone node program's folder, before its removal at the node's stop: a
-    removal cut short (SLURM's KillWait) is finished by the next start, whatever it had removed
-    already (the lock file too); `root` itself where it cannot be renamed."""
+    """`root` renamed as a gone node program's folder (at the node's stop, before its removal: a
+    removal cut short by SLURM's KillWait is finished by the next start, whatever it had removed
+    already, the lock file too; and by `sweep`); `root` itself where it cannot be renamed."""
     target = root.parent / f"{GONE}{root.name}"
     try:
         os.rename(root, target)
@@ -99,10 +99,8 @@ def sweep(parent: Path, mine: Path | None = None) -> list[Path]:
         if entry.name.startswith(GONE):
             taken.append(path)  # (a removal cut short)
         elif gone(path):
-            target = parent / f"{GONE}{entry.name}"
-            try:
-                os.rename(path, target)
-            except OSError:
+            target = retire(path)
+            if target == path:
                 continue  # (another node program of this machine took it first)
             taken.append(target)
     if taken:
