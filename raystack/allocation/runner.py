@@ -38,6 +38,7 @@ from raystack.allocation.retry import evicted_outcome, lost, may_retry
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
+from raystack.launch import NODE_TMP_ENV
 from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
 from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_options
@@ -136,6 +137,9 @@ class Runner:
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
+        pipe = os.path.join(os.environ.get(NODE_TMP_ENV) or "", "runner.wake")  # (node-local)
+        if pipe != "runner.wake" and self.pause == self.ends.pause and self.ends.listen(pipe):
+            records.update(self.name, runner_wake=pipe)  # (a submit on this machine knocks)
         # Started while the head still warms the cluster up: its own first submit is paid
         # meanwhile (about a second; tried again until the Jobs API answers), and the first pass
         # waits for READY.

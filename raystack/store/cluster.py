@@ -152,6 +152,7 @@ class ClusterRecord(BaseModel):
     walltime: float | None = None  # seconds each allocation is given (--time); None: no limit
     ray_version: str | None = None
     runner_pid: int | None = None  # the queue runner on the head
+    runner_wake: str | None = None  # its named pipe (node-local: store/queue.py knock)
     runner_restarts: int = 0
     # A chain of allocations: one cluster (and queue) across walltimes.
     chain_count: int = 1  # allocations in all (raystack up --chain K)

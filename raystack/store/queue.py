@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from raystack.errors import ClusterError
+from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
 from raystack.store import deps, paths
 from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
@@ -148,7 +149,29 @@ def enqueue_all(
                 _uncreate(p, record)
             raise
         places = positions(name)
+    with contextlib.suppress(OSError, RaystackError):  # (a wake-up never fails a submit)
+        knock(records.read(name).runner_wake)
     return [Queued(record, places.get(record.id, 0), note) for record in made]
+
+
+def knock(pipe: str | None) -> None:
+    """Wake the queue runner where it runs on this machine (its named pipe is here: the head node,
+    a local cluster, the testbed), so a new job goes to Ray at once, not at its next pass
+    (allocation/endwatch.py: listen). Elsewhere, or with no runner reading, nothing happens."""
+    if not pipe:
+        return
+    try:
+        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
+            return
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # (ENXIO: nobody reads it)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"+")
+    except OSError:  # (full: a wake-up is pending anyway)
+        pass
+    finally:
+        os.close(fd)
 
 
 def _uncreate(p: paths.ClusterPaths, record: JobRecord) -> None:
