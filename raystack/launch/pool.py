@@ -263,9 +263,27 @@ def main(args: list[str] | None = None) -> int:
         return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 
     at_most(lambda: True if len(alive()) >= nodes_wanted else None, 0.2, REAL, JOIN)
-    hosts = ray.get([h.ready.remote() for h in make(alive())], timeout=120)
+    hosts = make(alive())
+    # NOTE: not until every host is up: READY waits for this job, and on nodes whose cores are
+    # few the hosts' workers took seconds to start (4.3 s of the testbed's READY at 4 nodes). A
+    # job that comes sooner queues its call until its host is up. Only until the GCS has each
+    # one to create: a detached actor whose creation never left this driver would never start.
+    until(lambda: True if all(created(h) for h in hosts) else None, 0.05, REAL, 120)
     print(f"raystack: launch hosts on {len(hosts)} node(s) in {time.monotonic() - t0:.1f}s", flush=True)
     return 0
+
+
+def created(host: Any) -> bool:
+    """Whether the GCS is creating a host or has created it (its creation left the driver)."""
+    from ray._private import state
+
+    try:
+        info = state.actors(actor_id=host._actor_id.hex())
+    except Exception:  # (a Ray without this table: wait for the host itself)
+        import ray
+
+        return bool(ray.get(host.ready.remote(), timeout=120))
+    return str((info or {}).get("State", "")).upper() in ("PENDING_CREATION", "ALIVE", "PENDING")
 
 
 if __name__ == "__main__":
