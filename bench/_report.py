@@ -22,6 +22,13 @@ def context() -> dict[str, Any]:
         slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
     except FileNotFoundError:  # (the GPU machine: no SLURM)
         slurm = "none"
+    try:  # (the package's version is the one last installed: the checkout's commit says which code ran)
+        commit = subprocess.run(
+            ["git", "-C", str(RESULTS.parent), "describe", "--always", "--dirty", "--exclude=*"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {
@@ -31,6 +38,7 @@ def context() -> dict[str, Any]:
         },
         "versions": {
             "raystack": __version__,
+            "commit": commit or "unknown",
             "ray": ray.__version__,
             "slurm": slurm,
             "python": platform.python_version(),
