@@ -283,7 +283,7 @@ def created(host: Any) -> bool:
         import ray
 
         return bool(ray.get(host.ready.remote(), timeout=120))
-    return str((info or {}).get("State", "")).upper() in ("PENDING_CREATION", "ALIVE", "PENDING")
+    return str((info or {}).get("State", "")).upper() in ("PENDING_CREATION", "ALIVE")
 
 
 if __name__ == "__main__":
