@@ -127,13 +127,13 @@ class EndWatch:
     def listen(self, path: str) -> bool:
         """Wake the runner when a byte comes down the named pipe `path` (made here, 0600, in the
         head's node-local temp folder): `raystack submit` on this machine writes one once its job
-        is queued (store/queue.py: knock), so the job goes to Ray at once, not at the next pass.
+        is queued (store/queue.py: enqueue_all), so the job goes to Ray at once, not at the next pass.
         From another machine (a login node) the pipe is not there: the runner's TICK finds it."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # (a runner before this one's)
         try:
             os.mkfifo(path, 0o600)
-            # (this side holds a writer too: the reader never sees an end-of-file between knocks)
+            # (this side holds a writer too: the reader never sees an end-of-file between writes)
             fds = (os.open(path, os.O_RDONLY | os.O_NONBLOCK), os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         except OSError as exc:
             log.warning("no wake-up pipe at %s (%s): new jobs are found every pass", path, exc)
@@ -146,7 +146,7 @@ class EndWatch:
                     os.read(fds[0], 4096)
                 self.wake.set()
 
-        threading.Thread(target=read, name="knock", daemon=True).start()
+        threading.Thread(target=read, name="runner-wake", daemon=True).start()
         return True
 
     def pause(self, seconds: float) -> None:

@@ -138,9 +138,9 @@ class Runner:
         for job_id in store.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
         pipe = os.path.join(os.environ.get(NODE_TMP_ENV) or "", "runner.wake")  # (node-local)
-        if pipe != "runner.wake" and self.pause == self.ends.pause and self.ends.listen(pipe):
+        if NODE_TMP_ENV in os.environ and self.pause == self.ends.pause and self.ends.listen(pipe):
             with contextlib.suppress(OSError, ClusterError):  # (a wake-up is a shortcut only)
-                records.update(self.name, runner_wake=pipe)  # (a submit on this machine knocks)
+                records.update(self.name, runner_wake=pipe)  # (a submit on this machine pokes it)
         # Started while the head still warms the cluster up: its own first submit is paid
         # meanwhile (about a second; tried again until the Jobs API answers), and the first pass
         # waits for READY.

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from raystack.store import stacks as store
+from raystack.store.files import poke
 from raystack.waiting import REAL, Clock, Every, at_most, retry
 
 log = logging.getLogger("raystack.node")
@@ -122,18 +122,8 @@ def ask_flight_recorders(procs: list[psutil.Process]) -> list[Path]:
         target = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         if not stem or not rank.isdigit() or not target:
             continue
-        pipe = f"{stem}{rank}.pipe"
-        try:
-            if not stat.S_ISFIFO(os.stat(pipe).st_mode):
-                continue
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # (ENXIO: nobody reads it any more)
-            try:
-                os.write(fd, b"1")
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        files.append(Path(f"{target}{rank}"))
+        if poke(f"{stem}{rank}.pipe"):  # (not where the rank no longer reads it)
+            files.append(Path(f"{target}{rank}"))
     return files
 
 

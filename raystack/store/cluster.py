@@ -152,7 +152,7 @@ class ClusterRecord(BaseModel):
     walltime: float | None = None  # seconds each allocation is given (--time); None: no limit
     ray_version: str | None = None
     runner_pid: int | None = None  # the queue runner on the head
-    runner_wake: str | None = None  # its named pipe (node-local: store/queue.py knock)
+    runner_wake: str | None = None  # its named pipe (node-local: a submit there writes to it)
     runner_restarts: int = 0
     # A chain of allocations: one cluster (and queue) across walltimes.
     chain_count: int = 1  # allocations in all (raystack up --chain K)
@@ -374,11 +374,12 @@ def note(name: str, alloc_id: str, **fields: Any) -> ClusterRecord:
         return record
 
 
-def check_open(name: str) -> str | None:
-    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended; for one
-    that takes it, what becomes of it where the allocation is ending (`ending_note`), else None.
-    `enqueue` asks under the cluster lock, so an autostop deciding meanwhile cannot strand it, and
-    what a submit is told comes from the same read that let its job in."""
+def check_open(name: str) -> ClusterRecord | None:
+    """Refuse a job for a cluster that is going down (`down`, idle autostop) or has ended; the
+    record that let it in (None: no cluster of that name yet), whose `ending_note` says what
+    becomes of the job where the allocation is ending. `enqueue` asks under the cluster lock, so
+    an autostop deciding meanwhile cannot strand it, and what a submit is told comes from the same
+    read that let its job in."""
     try:
         record = read(name)
     except NoSuchCluster:
@@ -389,7 +390,7 @@ def check_open(name: str) -> str | None:
             f"cluster {name} is {record.state.value}{why}: start it again with `{up_again(record)}`, "
             "then submit"
         )
-    return ending_note(record)
+    return record
 
 
 def up_again(record: ClusterRecord) -> str:

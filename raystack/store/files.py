@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -107,6 +108,24 @@ def private(path: str, flags: int) -> int:
     """An opener for open(): a file it creates is 0600 whatever the umask (the cluster folder's
     lock, journal and logs are the user's only, as its 0700 folders are)."""
     return os.open(path, flags, 0o600)
+
+
+def poke(pipe: str, byte: bytes = b"1") -> bool:
+    """Write one byte to the named pipe `pipe` if someone reads it; False where it is missing,
+    not a pipe (a regular file is never written), read by nobody (ENXIO) or full."""
+    try:
+        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
+            return False
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        os.write(fd, byte)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def append_line(path: Path, line: str) -> None:

@@ -18,17 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from raystack.errors import ClusterError, RaystackError
+from raystack.errors import ClusterError
 from raystack.store import cluster as records
 from raystack.store import deps, paths
-from raystack.store.files import append_line, locked, make_private_dirs, quarantine, touch
+from raystack.store.files import append_line, locked, make_private_dirs, poke, quarantine, touch
 from raystack.store.ledger import (
     Attempt,
     JobRecord,
@@ -139,7 +138,8 @@ def enqueue_all(
     p = paths.cluster(name)
     make_private_dirs(p)
     with locked(p):
-        note = records.check_open(name)
+        cluster = records.check_open(name)
+        note = records.ending_note(cluster) if cluster else None
         made: list[JobRecord] = []
         try:
             for request, resume in items:
@@ -149,29 +149,9 @@ def enqueue_all(
                 _uncreate(p, record)
             raise
         places = positions(name)
-    with contextlib.suppress(OSError, RaystackError):  # (a wake-up never fails a submit)
-        knock(records.read(name).runner_wake)
+    if cluster and cluster.runner_wake:  # (the runner on this machine takes it at once)
+        poke(cluster.runner_wake, b"+")
     return [Queued(record, places.get(record.id, 0), note) for record in made]
-
-
-def knock(pipe: str | None) -> None:
-    """Wake the queue runner where it runs on this machine (its named pipe is here: the head node,
-    a local cluster, the testbed), so a new job goes to Ray at once, not at its next pass
-    (allocation/endwatch.py: listen). Elsewhere, or with no runner reading, nothing happens."""
-    if not pipe:
-        return
-    try:
-        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
-            return
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # (ENXIO: nobody reads it)
-    except OSError:
-        return
-    try:
-        os.write(fd, b"+")
-    except OSError:  # (full: a wake-up is pending anyway)
-        pass
-    finally:
-        os.close(fd)
 
 
 def _uncreate(p: paths.ClusterPaths, record: JobRecord) -> None:

@@ -77,36 +77,36 @@ def test_an_exit_heard_after_its_job_was_forgotten_does_not_keep_the_runner_fast
         proc.wait()
 
 
-def test_a_knock_on_the_runners_pipe_wakes_it_and_a_knock_elsewhere_is_harmless(tmp_path) -> None:
+def test_a_byte_down_the_runners_pipe_wakes_it_and_one_elsewhere_is_harmless(tmp_path) -> None:
     """`raystack submit` on the head's machine writes a byte down the runner's named pipe
-    (store/queue.py: knock): the runner's pause ends at once instead of at its next pass."""
-    from raystack.store.queue import knock
+    (store/queue.py: enqueue_all, store/files.py: poke): the runner's pause ends at once instead
+    of at its next pass."""
+    from raystack.store.files import poke
 
     pipe = str(tmp_path / "runner.wake")
     ends = EndWatch(root=os.getpid())
     assert ends.listen(pipe)
     assert oct(os.stat(pipe).st_mode & 0o777) == "0o600"
     t0 = time.monotonic()
-    knock(pipe)
+    assert poke(pipe, b"+")
     ends.pause(5.0)
     assert time.monotonic() - t0 < 2.0  # (woken, not the 5 s pause)
     t0 = time.monotonic()
-    ends.pause(0.3)  # (the knock was read: the next pause is a whole one)
+    ends.pause(0.3)  # (the byte was read: the next pause is a whole one)
     assert time.monotonic() - t0 >= 0.25
     # another runner takes the place: a new pipe, the old one's reader keeps nothing
     again = EndWatch(root=os.getpid())
     assert again.listen(pipe)
-    knock(pipe)
+    assert poke(pipe, b"+")
     t0 = time.monotonic()
     again.pause(5.0)
     assert time.monotonic() - t0 < 2.0
     # no pipe, a regular file (never written), a pipe nobody reads: nothing happens, no error
     plain = tmp_path / "file"
     plain.write_text("")
-    knock(str(plain))
+    assert not poke(str(plain))
     assert plain.read_text() == ""
-    knock(str(tmp_path / "missing"))
-    knock(None)
+    assert not poke(str(tmp_path / "missing"))
     lonely = str(tmp_path / "lonely")
     os.mkfifo(lonely)
-    knock(lonely)
+    assert not poke(lonely)

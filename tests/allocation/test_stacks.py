@@ -61,3 +61,37 @@ def test_a_failed_py_spy_dump_is_tried_again_and_a_last_failure_says_why(tmp_pat
         assert text.splitlines()[1] == "[py-spy: Error: Failed to copy PyCodeObject]", text
     finally:
         child.kill()
+
+
+def test_each_rank_still_reading_its_flight_recorder_pipe_is_asked(tmp_path: Path) -> None:
+    """A rank's pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + .pipe) gets a byte and its dump
+    file is waited for; a rank whose pipe nobody reads any more is not waited for."""
+    from raystack.allocation.stacks import ask_flight_recorders
+
+    reader = (
+        "import os, sys, time; p = sys.argv[1]; os.mkfifo(p); fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK); "
+        "open(p + '.ready', 'w').close(); time.sleep(60)"
+    )
+    procs = []
+    for rank, reads in ((0, True), (1, False)):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_"),
+            "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "dump_"),
+        }
+        pipe = str(tmp_path / f"fr_{rank}.pipe")
+        code = reader if reads else "import time; time.sleep(60)"
+        if not reads:
+            os.mkfifo(pipe)  # (the rank left it: nobody reads it)
+        procs.append(subprocess.Popen([sys.executable, "-c", code, pipe], env=env))
+    try:
+        deadline = time.time() + 20
+        while not (tmp_path / "fr_0.pipe.ready").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        asked = ask_flight_recorders([psutil.Process(p.pid) for p in procs])
+        assert asked == [tmp_path / "dump_0"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

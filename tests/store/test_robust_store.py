@@ -540,3 +540,22 @@ def test_racing_submits_are_each_told_a_place_of_their_own(home: Path) -> None:
             r.kill()
     assert sorted(places) == list(range(1, 17)), places
     assert len(queue.waiting("c")) == 16
+
+
+def test_a_submit_wakes_the_runner_listening_on_this_machine(home: Path) -> None:
+    """enqueue writes a byte down the pipe the record names (the runner's, allocation/endwatch.py
+    listen): its pause ends at once; a record naming no pipe, or one nobody reads, still queues."""
+    from raystack.allocation.endwatch import EndWatch
+
+    submit("before")  # (no runner_wake in the record: queued, nothing to wake)
+    ends = EndWatch(root=os.getpid())
+    pipe = str(home / "runner.wake")
+    assert ends.listen(pipe)
+    clusters.update("c", runner_wake=pipe)
+    t0 = time.monotonic()
+    submit("woken")
+    ends.pause(5.0)
+    assert time.monotonic() - t0 < 2.0
+    clusters.update("c", runner_wake=str(home / "gone.wake"))
+    submit("after")
+    assert len(queue.waiting("c")) == 3
