@@ -50,7 +50,7 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ["--jobs", "8", "--pip", "2"],
         ("end -> next submitted, s (median)", ["gap_median", "end_to_submitted"]),
     ),
-    "spmd_launch": (["--repeats", "1", "--no-actors"], ["--repeats", "3"], ("raystack / srun", ["ratio"])),
+    "spmd_launch": (["--repeats", "3", "--no-actors"], ["--repeats", "3"], ("raystack / srun", ["ratio"])),
     "tls_cost": (
         ["--rounds", "1", "--jobs", "4"],
         ["--rounds", "2", "--jobs", "6"],

@@ -144,8 +144,15 @@ def generate(engines: list, prompts: list[list[int]], args: argparse.Namespace, 
 def sync(learners: list, engines: list, names_shapes: list) -> tuple[float, list[float]]:
     """Push the learners' weights into every engine; both sides' checksums."""
     receiving = [e.update_weights.remote(names_shapes) for e in engines]
-    sent = ray.get([lr.broadcast_weights.remote() for lr in learners])[0]
-    return float(sent), [float(x) for x in ray.get(receiving)]
+    sending = [lr.broadcast_weights.remote() for lr in learners]
+    # NOTE: every call at once, the first failure raised as it comes: an engine that dies here
+    # (a GPU fault, the OOM killer) leaves its learner waiting in the NCCL broadcast for ever, and
+    # a wait on the learners first would never see the engine's death.
+    pending = [*sending, *receiving]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)
+    return float(ray.get(sending)[0]), [float(x) for x in ray.get(receiving)]
 
 
 def main() -> int:

@@ -17,6 +17,8 @@ import os
 import select
 import threading
 
+from raystack.store.files import listen
+
 log = logging.getLogger("raystack.runner")
 
 SUPERVISOR = "ray::JobSupervisor"  # the supervisor actor's process title
@@ -129,25 +131,7 @@ class EndWatch:
         head's node-local temp folder): `raystack submit` on this machine writes one once its job
         is queued (store/queue.py: enqueue_all), so the job goes to Ray at once, not at the next pass.
         From another machine (a login node) the pipe is not there: the runner's TICK finds it."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # (a runner before this one's)
-        try:
-            os.mkfifo(path, 0o600)
-            # (this side holds a writer too: the reader never sees an end-of-file between writes)
-            fds = (os.open(path, os.O_RDONLY | os.O_NONBLOCK), os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError as exc:
-            log.warning("no wake-up pipe at %s (%s): new jobs are found every pass", path, exc)
-            return False
-
-        def read() -> None:
-            while True:
-                select.select([fds[0]], [], [])
-                with contextlib.suppress(BlockingIOError):
-                    os.read(fds[0], 4096)
-                self.wake.set()
-
-        threading.Thread(target=read, name="runner-wake", daemon=True).start()
-        return True
+        return listen(path, self.wake.set, "runner-wake")
 
     def pause(self, seconds: float) -> None:
         """Wait `seconds`, or less: until a driver exits; FAST while an exit is not in Ray yet."""

@@ -38,7 +38,7 @@ from raystack.allocation.retry import evicted_outcome, lost, may_retry
 from raystack.allocation.schedule import Board
 from raystack.allocation.watchdog import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
-from raystack.launch import NODE_TMP_ENV
+from raystack.launch import NODE_TMP_ENV, ahead
 from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
 from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_options
@@ -322,6 +322,7 @@ class Runner:
         except Exception as exc:  # Ray's refusal, or what packaging the working_dir raised
             self.finish(record, JobState.FAILED, f"the Jobs API refused the job: {str(exc)[:400]}")
             return
+        ahead.ask(attempt.id, options["entrypoint"], options)  # (an SPMD job's launchers start now)
         ran = options["entrypoint"].removeprefix(driver_entrypoint("", run_dir(request)))
         message = f"submitted as {attempt.id}"
         if request.planned is not None and ran != request.planned:  # (a node lost since: fewer GPUs)

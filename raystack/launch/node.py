@@ -132,7 +132,8 @@ class NodeLauncherImpl:
         # the launcher's whole process group goes too (PDEATHSIG alone would spare its children),
         # and so does the rank-log folder with DeepSpeed's hostfile (every rs-ranks-* folder and
         # hostfile was left in /tmp while the watcher was this actor's child: process.after_exit).
-        after_exit(f"kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}")
+        # (its rank-log folder removed, the launch is done: a launch host's, closed by its driver)
+        after_exit(f"kill -9 -{self.proc.pid} 2>/dev/null; rm -rf {shlex.quote(self.logdir)}", self.logdir)
         threading.Thread(target=self._read, daemon=True).start()
         return self.proc.pid
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import logging
 import os
 import shlex
 import shutil
@@ -34,12 +36,16 @@ import tempfile
 import threading
 import time
 import zipfile
+from dataclasses import dataclass, field
 from typing import Any
 
-from raystack.launch import NODE_TMP_ENV
+from raystack.launch import NODE_TMP_ENV, SECRET_NAMES_ENV
 from raystack.launch.node import NodeLauncherImpl
 from raystack.launch.process import after_exit
+from raystack.launch.start import layout, parse, start_all
 from raystack.waiting import REAL, at_most, until
+
+log = logging.getLogger("raystack.spmd")
 
 NAMESPACE = "raystack"
 LEASE = 15.0  # seconds without a call from its driver after which a launch is stopped
@@ -47,6 +53,15 @@ KEEP = 8  # unpacked working_dir packages kept per node (the newest)
 OFF_ENV = "RAYSTACK_SPMD_POOL"
 JOIN = 90.0  # seconds the warm-up waits for the allocation's nodes before it makes the hosts
 FIT_KEYS = ("env_vars", "working_dir", "config", "excludes")  # what a host can give the ranks
+# Launches started at the submit (ahead.py): the requests, the pipe the head's host reads, how long
+# a launch waits for its driver, how often the host reads its jobs' status, the placement group's name.
+REQUESTS = "spmd-ahead"  # in the head's node-local temp folder: one empty file per submission id
+WAKE = "spmd-ahead.wake"
+ADOPT = 60.0
+WATCH = 0.5
+PREFIX = "raystack-spmd-"  # + the submission id
+DRIVER = "raystack.launch.spmd"  # (the driver's module in a job's entrypoint)
+PINNED = "RAYSTACK_PIN_NODES"  # (spec/submission.py: pinned)
 
 
 def name_of(node_id: str) -> str:
@@ -102,6 +117,10 @@ class LaunchHost:
         self.unpacking = threading.Lock()  # (not `lock`: the other launches' calls go on meanwhile)
         after_exit(f"rm -rf {shlex.quote(self.root)}")
         threading.Thread(target=self._reap, daemon=True).start()
+        self.ahead: Ahead | None = None  # (the head's: it starts an SPMD job's launchers at its submit)
+        if os.environ.get(NODE_TMP_ENV):
+            with contextlib.suppress(OSError):
+                self.ahead = Ahead(os.environ[NODE_TMP_ENV])
 
     def ready(self) -> str:
         return socket.gethostname()
@@ -122,6 +141,19 @@ class LaunchHost:
             launcher = self.launches[key]
             self.called[key] = time.monotonic()
         return getattr(launcher, method)(*args)
+
+    def keep(self, key: str) -> None:
+        """A launch started ahead, kept for the driver that has not come yet (launch/ahead.py)."""
+        with self.lock:
+            if key in self.called:
+                self.called[key] = time.monotonic()
+
+    def adopt(self, sid: str) -> dict[str, Any] | None:
+        return self.ahead.adopt(sid) if self.ahead is not None else None
+
+    def release(self, sid: str) -> None:
+        if self.ahead is not None:
+            self.ahead.end(sid)
 
     def close(self, key: str) -> None:
         """The driver is done with a launch: stopped if it still runs, its rank logs removed."""
@@ -185,6 +217,161 @@ class _Method:
 
     def remote(self, *args: Any) -> Any:
         return self.launch.host.call.remote(self.launch.key, self.name, *args)
+
+
+@dataclass
+class Launch:
+    begun: float = field(default_factory=time.monotonic)
+    ready: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+    pg: Any = None
+    adopted: bool = False
+
+
+class Ahead:
+    """On the head's launch host: starts the launches the queue runner asks for as it submits
+    their jobs (ahead.py) and ends what no driver took."""
+
+    def __init__(self, node_tmp: str):
+        from raystack.store.files import listen
+
+        self.folder = os.path.join(node_tmp, REQUESTS)
+        self.launches: dict[str, Launch] = {}
+        self.lock = threading.Lock()
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        if listen(os.path.join(node_tmp, WAKE), self.scan, "spmd-ahead"):
+            threading.Thread(
+                target=until, args=(self.watch, WATCH), name="spmd-ahead-watch", daemon=True
+            ).start()
+
+    def scan(self) -> None:
+        """Every request in the folder taken (known, then its file removed) and started."""
+        with contextlib.suppress(OSError):
+            for sid in os.listdir(self.folder):
+                with self.lock:
+                    new = sid not in self.launches
+                    if new:
+                        self.launches[sid] = Launch()
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.folder, sid))
+                if new:
+                    threading.Thread(
+                        target=self._start, args=(sid,), name=f"ahead-{sid}", daemon=True
+                    ).start()
+
+    def _start(self, sid: str) -> None:
+        launch = self.launches[sid]
+        try:
+            launch.result = self._launch(sid, launch)
+        except Exception as exc:
+            log.warning("job %s: its launchers were not started ahead: %s", sid, exc)
+            self.end(sid)
+        finally:
+            launch.ready.set()
+
+    def _launch(self, sid: str, launch: Launch) -> dict[str, Any] | None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        info = job_info(sid)
+        words = shlex.split(info.entrypoint) if info is not None else []
+        if DRIVER not in words or info.status.is_terminal():
+            return None
+        ns = parse(words[words.index(DRIVER) + 1 :])
+        renv = dict(info.runtime_env or {})
+        env = {str(k): str(v) for k, v in (renv.get("env_vars") or {}).items()}
+        fits = layout(ns, ray.nodes())
+        if isinstance(fits, str) or env.get(SECRET_NAMES_ENV) or env.get(PINNED):
+            return None
+        nodes, procs, gpus, bundle = fits
+        if unfit(renv, procs, gpus, {**os.environ, **env}) is not None:
+            return None
+        launch.pg = placement_group(
+            [bundle] * nodes, strategy="STRICT_SPREAD", name=PREFIX + sid, lifetime="detached"
+        )
+        where = placed(launch.pg, ADOPT)
+        found = find(where)
+        if any(n not in found for n in where):
+            raise RuntimeError("a node of it has no launch host")
+        hosts = [found[n] for n in where]
+        keys = [f"{sid}-ahead-{r}" for r in range(nodes)]
+        wd = renv.get("working_dir")
+        places = ray.get(
+            [
+                h.open.remote(k, r, procs if gpus else 0, wd)
+                for r, (h, k) in enumerate(zip(hosts, keys, strict=True))
+            ],
+            timeout=ADOPT,
+        )
+        actors = [Pooled(h, k) for h, k in zip(hosts, keys, strict=True)]
+        said = start_all(actors, places, ns, procs, bool(gpus), env)
+        after = time.monotonic() - launch.begun
+        how = f"on the cluster's launch hosts, started at the submit ({after:.2f}s after the runner asked)"
+        return {"hosts": hosts, "keys": keys, "places": places, "said": said, "fits": list(fits), "how": how}
+
+    def adopt(self, sid: str) -> dict[str, Any] | None:
+        self.scan()  # (a request not read yet: the driver came first)
+        with self.lock:
+            launch = self.launches.get(sid)
+        if launch is None or not launch.ready.wait(ADOPT):
+            return None
+        with self.lock:
+            launch.adopted = launch.result is not None and sid in self.launches
+            return launch.result if launch.adopted else None
+
+    def watch(self) -> None:
+        """Each launch not adopted kept alive until its driver comes; what no driver will take
+        (its job ended in Ray, or ADOPT seconds passed) ended."""
+        try:
+            self._watch()
+        except Exception as exc:  # (Ray's GCS busy or restarting: the next pass asks again)
+            log.warning("the launches started ahead were not checked: %s", exc)
+
+    def _watch(self) -> None:
+        with self.lock:
+            current = [(sid, launch) for sid, launch in self.launches.items() if launch.ready.is_set()]
+        for sid, launch in current:
+            info = job_info(sid)
+            gone = info is None or info.status.is_terminal()
+            if gone or (not launch.adopted and time.monotonic() - launch.begun > ADOPT):
+                self.end(sid)
+            elif not launch.adopted and launch.result:
+                for h, k in zip(launch.result["hosts"], launch.result["keys"], strict=True):
+                    h.keep.remote(k)
+
+    def end(self, sid: str) -> None:
+        """Its launches stopped and its placement group removed (what is left of them)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        with self.lock:
+            launch = self.launches.pop(sid, None)
+        if launch is None:
+            return
+        if launch.result:
+            with contextlib.suppress(Exception):
+                ray.get(
+                    [
+                        h.close.remote(k)
+                        for h, k in zip(launch.result["hosts"], launch.result["keys"], strict=True)
+                    ],
+                    timeout=30,
+                )
+        if launch.pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(launch.pg)
+
+
+def job_info(sid: str) -> Any:
+    """Ray's record of submitted job `sid` (its JobInfo: status, entrypoint, runtime_env), or None."""
+    from ray._private import ray_constants
+    from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    data = _internal_kv_get(
+        JobInfoStorageClient.JOB_DATA_KEY.format(job_id=sid), namespace=ray_constants.KV_NAMESPACE_JOB
+    )
+    return JobInfo.from_json(json.loads(data)) if data else None
 
 
 def options(node_id: str) -> dict[str, Any]:

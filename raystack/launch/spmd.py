@@ -24,25 +24,16 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import signal
 import sys
 import threading
 import time
 from typing import Any
 
-from raystack.launch import SECRET_NAMES_ENV, pool
-from raystack.launch.launchers import (
-    LAUNCHERS,
-    Rendezvous,
-    argv,
-    cause,
-    exit_words,
-    failure,
-    hostfile,
-    noise,
-)
+from raystack.launch import SECRET_NAMES_ENV, ahead, pool
+from raystack.launch.launchers import cause, exit_words, failure, noise
 from raystack.launch.node import NodeLauncherImpl
+from raystack.launch.start import layout, parse, start_all
 from raystack.waiting import REAL, Backoff, at_most, until
 
 POLL = 0.2  # seconds between reads of the launchers' output while they print
@@ -51,31 +42,8 @@ TAIL = 20  # lines of a failed node shown in the job's failure
 FIRST_WINDOW = 3.0  # seconds to see which other nodes fail after the first (whose error came first)
 
 
-def parse(args: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m raystack.launch.spmd", description=__doc__.splitlines()[0])
-    p.add_argument("--launcher", choices=LAUNCHERS, required=True)
-    p.add_argument("--nodes", type=int, default=0, help="default: every node of the cluster")
-    p.add_argument("--procs-per-node", type=int, default=0, help="default: the node's GPUs, or 1")
-    p.add_argument("--launcher-arg", action="append", default=[], help="passed to the launcher (repeatable)")
-    p.add_argument("--stop-grace", type=float, default=10.0)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the script and its arguments")
-    ns = p.parse_args(args)
-    ns.command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not ns.command:
-        p.error("give the command after --, e.g. -- train.py --lr 1e-4")
-    return ns
-
-
-def rank_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The alive nodes the ranks go to: those with GPUs where any has some (never the node of a
-    head without GPUs, with GPU nodes grown beside it from another partition)."""
-    alive = [n for n in nodes if n["Alive"]]
-    return [n for n in alive if n["Resources"].get("GPU")] or alive
-
-
 def main(args: list[str] | None = None) -> int:
     import ray
-    from ray.util.placement_group import placement_group
 
     ns = parse(sys.argv[1:] if args is None else args)
     began = time.time()
@@ -83,38 +51,20 @@ def main(args: list[str] | None = None) -> int:
     stopping = threading.Event()  # SIGTERM: `raystack stop`, a timeout, the walltime warning
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # NOTE: after ray.init (it sets one)
     t0 = time.time()
-    alive = rank_nodes(ray.nodes())
-    nodes = ns.nodes or len(alive)
-    gpus_per_node = int(min(n["Resources"].get("GPU", 0) for n in alive))
-    cpus_per_node = int(min(n["Resources"].get("CPU", 1) for n in alive))
-    procs = ns.procs_per_node or gpus_per_node or 1
-    if nodes > len(alive) or (gpus_per_node and procs > gpus_per_node):
-        have = f"{len(alive)} nodes x {gpus_per_node} GPUs"
-        print(f"raystack spmd: {nodes} nodes x {procs} processes do not fit {have}")
+    sid = ahead.submission_id()
+    taken = ahead.adopt(sid) or own(ns)  # (adopted: started as the job was submitted, launch/ahead.py)
+    if isinstance(taken, str):
+        print(f"raystack spmd: {taken}")
         return 2
-    bundle = {"CPU": cpus_per_node, **({"GPU": procs} if gpus_per_node else {})}
-    pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
-    actors, places, env, how = launchers(pg, nodes, procs, cpus_per_node, gpus_per_node)
+    actors, places, how, said, (nodes, procs, _, _) = taken
     placed = time.time()
     hosts = tuple(p["host"] for p in places)
-    starts = []
-    for r, actor in enumerate(actors):
-        rdv = Rendezvous(nodes, r, procs, places[0]["ip"], places[0]["port"], hosts, bool(gpus_per_node))
-        files = {}
-        hf = ""
-        if ns.launcher == "deepspeed":
-            # (in the node's rank-log folder, which goes with its launch: it was left in /tmp)
-            hf = os.path.join(places[r]["logdir"], "hostfile")
-            files[hf] = hostfile(rdv)
-        line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
-        print(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}", flush=True)
-        starts.append(actor.start.remote(line, files, procs, env))
-    ray.get(starts)
+    for line in said:
+        print(line, flush=True)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
         f"rendezvous {places[0]['ip']}:{places[0]['port']}, GPUs {[p['gpus'] for p in places]}, {how}; "
-        f"connected in {t0 - began:.2f}s, nodes placed {placed - t0:.2f}s after, launchers started "
-        f"{time.time() - placed:.2f}s after",
+        f"connected in {t0 - began:.2f}s, nodes placed and launchers started {placed - t0:.2f}s after",
         flush=True,
     )
     try:
@@ -122,6 +72,21 @@ def main(args: list[str] | None = None) -> int:
     finally:
         with contextlib.suppress(Exception):
             ray.get([a.close() for a in actors if isinstance(a, pool.Pooled)], timeout=30)
+        ahead.release(sid)
+
+
+def own(ns: argparse.Namespace) -> tuple[list, list[dict], str, list[str], tuple] | str:
+    """The driver places the job and starts every node's launcher itself (or why it cannot)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    fits = layout(ns, ray.nodes())
+    if isinstance(fits, str):
+        return fits
+    nodes, procs, gpus, bundle = fits
+    pg = placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
+    actors, places, env, how = launchers(pg, nodes, procs, bundle["CPU"], gpus)
+    return actors, places, how, start_all(actors, places, ns, procs, bool(gpus), env), fits
 
 
 def launchers(

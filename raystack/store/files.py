@@ -14,12 +14,13 @@ import json
 import logging
 import os
 import secrets
+import select
 import socket
 import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,6 +126,30 @@ def poke(pipe: str, byte: bytes = b"1") -> bool:
         return False
     finally:
         os.close(fd)
+    return True
+
+
+def listen(pipe: str, heard: Callable[[], None], name: str) -> bool:
+    """Call `heard` in a thread of its own each time bytes come down the named pipe `pipe` (made
+    here, 0600, in place of what was there); False where it cannot be made (the caller polls)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pipe)  # (a listener's before this one's)
+    try:
+        os.mkfifo(pipe, 0o600)
+        # (this side holds a writer too: the reader never sees an end-of-file between writes)
+        fds = (os.open(pipe, os.O_RDONLY | os.O_NONBLOCK), os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        log.warning("no wake-up pipe at %s (%s)", pipe, exc)
+        return False
+
+    def read() -> None:
+        while True:
+            select.select([fds[0]], [], [])
+            with contextlib.suppress(BlockingIOError):
+                os.read(fds[0], 4096)
+            heard()
+
+    threading.Thread(target=read, name=name, daemon=True).start()
     return True
 
 

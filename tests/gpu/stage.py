@@ -215,6 +215,8 @@ def install(which: str) -> int:
     # NOTE: pip --target wrote the console scripts (ray, deepspeed, ...) with the preparing
     # machine's interpreter in their first line: this machine's python3 runs them here.
     for script in (site / "bin").glob("*"):
+        if not script.is_file():  # (bin/__pycache__, from a byte-compiling install before this one)
+            continue
         text = script.read_bytes()
         if text.startswith(b"#!") and b"python" in text.split(b"\n", 1)[0]:
             script.write_bytes(f"#!{sys.executable}".encode() + text[text.index(b"\n") :])

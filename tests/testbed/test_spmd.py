@@ -181,6 +181,29 @@ def test_a_killed_driver_leaves_no_rank_on_the_launch_hosts(sp: dict) -> None:
     wait_until(lambda: launched(sp["job"]) == [], LEASE + 30, "every rank and launcher to end")
 
 
+def test_launched_at_the_submit_and_nothing_left_where_no_driver_took_it(sp: dict) -> None:
+    """The queue runner asks the head's launch host to start a job's launchers as it submits it
+    (launch/ahead.py); its driver adopts them. A job stopped as soon as it was submitted (its
+    driver may never run) leaves no rank and no placement group: the next job takes every node."""
+    cluster: Cluster = sp["cluster"]
+    early = cluster.submit(
+        DEBUG / "spmd.yaml", sets=["name=early", "procs_per_node=2", "command=spmd.py --sleep 600"]
+    )
+    wait_until(lambda: early.state is not JobState.QUEUED, 120, "the job to be submitted", interval=0.02)
+    early.stop()
+    wait_until(lambda: launched(sp["job"]) == [], LEASE + 30, "every rank and launcher to end")
+    job = cluster.submit(DEBUG / "spmd.yaml", sets=["name=next", "procs_per_node=2", "command=spmd.py"])
+    record = job.wait(timeout=300)  # (a placement group left would hold every node's CPUs)
+    assert record.state is JobState.SUCCEEDED, job.logs()[-3000:]
+    assert "started at the submit" in job.logs(), job.logs()[-3000:]
+    assert len(lines(job, "SPMD_RANK")) == 8
+
+    def watchers() -> list[str]:  # (launch/process.py: after_exit, one per launch while it runs)
+        return [cmd for _, cmd in processes_of_job(sp["job"]) if "rs-ranks-" in cmd]
+
+    wait_until(lambda: watchers() == [], 10, "no launch's watcher to outlive its launch")
+
+
 def test_a_job_without_a_working_dir_runs_where_it_was_submitted(
     sp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
