@@ -20,6 +20,9 @@ py_modules, an image: those need Ray's runtime_env agent), its working_dir is a 
 uploaded (gcs://), and it takes whole nodes (its processes per node are the node's GPUs). Any
 other job, a node without a host (one grown later) or RAYSTACK_SPMD_POOL=0 in the job's
 environment: new launcher actors, as before. The driver's first line says which and why.
+
+The head's host also starts the launches of a job as the queue runner submits it, before its
+driver runs (`Ahead`, asked through launch/ahead.py), and ends those no driver took.
 """
 
 from __future__ import annotations

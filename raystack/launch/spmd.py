@@ -6,7 +6,8 @@ GPUs and CPUs) and runs each node's launcher (launch/node.py) with the rendezvou
 address and a free port there) and the node's GPUs (CUDA_VISIBLE_DEVICES): on the node's launch
 host, a Ray worker the cluster keeps running (launch/pool.py), where the job fits; else in a new
 launcher actor in the bundle, with the GPUs Ray assigned it. No hostfile to write and no ssh:
-this replaces both.
+this replaces both. Where the queue runner had the head's launch host start them as it submitted
+the job (launch/ahead.py), the driver adopts those instead and starts nothing.
 
 Every line a launcher prints reaches the job's log prefixed with its node rank, like `srun
 --label`, and every line of a rank with its rank too (`[node 1 rank 3] ...`): each rank writes
