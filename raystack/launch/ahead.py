@@ -109,11 +109,14 @@ def adopt(sid: str | None) -> tuple[list, list[dict], str, list[str], tuple] | N
     return actors, got["places"], got["how"], got["said"], tuple(got["fits"])
 
 
-def release(sid: str | None) -> None:
-    """The driver is done: its placement group removed now (the host would within pool.WATCH seconds)."""
+def release(sid: str | None) -> bool:
+    """The driver is done with launches it adopted: closed and their placement group removed now
+    (the host would within pool.WATCH seconds). False where it adopted none."""
     import ray
 
     host = _taken.pop(sid or "", None)
-    if host is not None:
-        with contextlib.suppress(Exception):
-            ray.get(host.release.remote(sid), timeout=30)
+    if host is None:
+        return False
+    with contextlib.suppress(Exception):
+        ray.get(host.release.remote(sid), timeout=30)
+    return True

@@ -293,23 +293,14 @@ class Ahead:
             [bundle] * nodes, strategy="STRICT_SPREAD", name=PREFIX + sid, lifetime="detached"
         )
         where = placed(launch.pg, ADOPT)
-        found = find(where)
-        if any(n not in found for n in where):
-            raise RuntimeError("a node of it has no launch host")
-        hosts = [found[n] for n in where]
-        keys = [f"{sid}-ahead-{r}" for r in range(nodes)]
-        wd = renv.get("working_dir")
-        places = ray.get(
-            [
-                h.open.remote(k, r, procs if gpus else 0, wd)
-                for r, (h, k) in enumerate(zip(hosts, keys, strict=True))
-            ],
-            timeout=ADOPT,
-        )
-        actors = [Pooled(h, k) for h, k in zip(hosts, keys, strict=True)]
+        opened = open_all(where, f"{sid}-ahead", procs if gpus else 0, renv.get("working_dir"), ADOPT)
+        if not isinstance(opened, tuple):
+            raise RuntimeError(f"no launch host on {len(opened)} of its nodes")
+        actors, places = opened
         said = start_all(actors, places, ns, procs, bool(gpus), env)
         after = time.monotonic() - launch.begun
         how = f"on the cluster's launch hosts, started at the submit ({after:.2f}s after the runner asked)"
+        hosts, keys = [a.host for a in actors], [a.key for a in actors]
         return {"hosts": hosts, "keys": keys, "places": places, "said": said, "fits": list(fits), "how": how}
 
     def adopt(self, sid: str) -> dict[str, Any] | None:
@@ -413,6 +404,22 @@ def find(node_ids: list[str]) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             found[node] = ray.get_actor(name_of(node), namespace=NAMESPACE)
     return found
+
+
+def open_all(
+    where: list[str], key: str, gpus: int, working_dir: str | None, timeout: float = 600
+) -> tuple[list[Pooled], list[dict[str, Any]]] | list[str]:
+    """A launch (`key`-<node rank>) opened on the host of each of the job's nodes `where`, holding
+    `gpus` of it, and where each runs; or the nodes that have no host (nothing opened)."""
+    import ray
+
+    found = find(where)
+    missing = [n for n in where if n not in found]
+    if missing:
+        return missing
+    pooled = [Pooled(found[n], f"{key}-{r}") for r, n in enumerate(where)]
+    opened = [p.host.open.remote(p.key, r, gpus, working_dir) for r, p in enumerate(pooled)]
+    return pooled, ray.get(opened, timeout=timeout)
 
 
 def placed(pg: Any, timeout: float) -> list[str]:

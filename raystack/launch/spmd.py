@@ -71,9 +71,9 @@ def main(args: list[str] | None = None) -> int:
     try:
         return follow(actors, hosts, ns, t0, stopping, began)
     finally:
-        with contextlib.suppress(Exception):
-            ray.get([a.close() for a in actors if isinstance(a, pool.Pooled)], timeout=30)
-        ahead.release(sid)
+        if not ahead.release(sid):  # (adopted: the host that started them closes them)
+            with contextlib.suppress(Exception):
+                ray.get([a.close() for a in actors if isinstance(a, pool.Pooled)], timeout=30)
 
 
 def own(ns: argparse.Namespace) -> tuple[list, list[dict], str, list[str], tuple] | str:
@@ -102,19 +102,12 @@ def launchers(
     renv = dict(ray.get_runtime_context().runtime_env or {})
     why = pool.unfit(renv, procs, gpus, dict(os.environ))
     if why is None:
-        where = pool.placed(pg, 600)
-        found = pool.find(where)
-        missing = [n for n in where if n not in found]
-        if not missing:
-            key = f"{ray.get_runtime_context().get_job_id()}-{os.getpid()}"
-            pooled = [pool.Pooled(found[n], f"{key}-{r}") for r, n in enumerate(where)]
-            wd = renv.get("working_dir")
-            opened = [
-                found[n].open.remote(p.key, r, procs if gpus else 0, wd)
-                for r, (n, p) in enumerate(zip(where, pooled, strict=True))
-            ]
+        key = f"{ray.get_runtime_context().get_job_id()}-{os.getpid()}"
+        opened = pool.open_all(pool.placed(pg, 600), key, procs if gpus else 0, renv.get("working_dir"))
+        if isinstance(opened, tuple):
             env = {**(renv.get("env_vars") or {}), **secret_env()}
-            return pooled, ray.get(opened, timeout=600), env, "on the cluster's launch hosts"
+            return *opened, env, "on the cluster's launch hosts"
+        missing = opened
         why = f"no launch host on {len(missing)} of its nodes"
         if not renv.get("working_dir"):  # (a host made by a job inherits its runtime_env)
             pool.make(missing)  # (for the next job; not waited for)
