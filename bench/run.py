@@ -7,6 +7,8 @@ of its own run, one after another on the testbed (they must not share the machin
   queue_overhead  per-job time through the queue against Ray's SDK; fresh allocations per job
   queue_gap       the gap between two queued jobs part by part; a pip environment prepared or not
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
+  start_ab        later jobs through raystack against Ray's SDK on one local cluster, interleaved,
+                  and the SDK sending what the runner sends
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
   tls_one_host    Ray's object transfer with and without TLS between two Ray nodes of this host
                   (on a machine with cores to spare it shows what the testbed's 2 shared cores hide)
@@ -51,6 +53,11 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ("end -> next submitted, s (median)", ["gap_median", "end_to_submitted"]),
     ),
     "spmd_launch": (["--repeats", "3", "--no-actors"], ["--repeats", "3"], ("raystack / srun", ["ratio"])),
+    "start_ab": (
+        ["--rounds", "6"],
+        ["--rounds", "12"],
+        ("raystack / SDK, later jobs", ["ratio", "raystack"]),
+    ),
     "tls_cost": (
         ["--rounds", "1", "--jobs", "4"],
         ["--rounds", "2", "--jobs", "6"],
