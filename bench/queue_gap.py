@@ -80,21 +80,24 @@ def trivial(cluster: Cluster, n: int) -> list[dict[str, float]]:
 
 def floor(cluster: Cluster, n: int, runtime_env: dict | None = None) -> list[float]:
     """Ray's SDK on the same cluster: submit -> the entrypoint's first line, one job at a time."""
+    sdk = cluster.dashboard().jobs
+    return [sdk_first_line(sdk, f'python -c "{FIRST}"', runtime_env=runtime_env) for _ in range(n)]
+
+
+def sdk_first_line(sdk: Any, entrypoint: str, **options: Any) -> float:
+    """One job through Ray's SDK (`options`: submit_job's), waited for and deleted: seconds from
+    its submit to the FIRST_LINE its entrypoint printed."""
     from ray.job_submission import JobStatus
 
-    sdk = cluster.dashboard().jobs
-    out = []
-    for _ in range(n):
-        t0 = time.time()
-        sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"', runtime_env=runtime_env)
-        while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            time.sleep(0.02)
-        logs = sdk.get_job_logs(sid)
-        if "FIRST_LINE " not in logs:
-            raise RuntimeError(f"{sid}: {sdk.get_job_info(sid).message}"[-2000:])
-        out.append(float(logs.split("FIRST_LINE ", 1)[1].split()[0]) - t0)
-        sdk.delete_job(sid)
-    return out
+    t0 = time.time()
+    sid = sdk.submit_job(entrypoint=entrypoint, **options)
+    while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        time.sleep(0.02)
+    logs = sdk.get_job_logs(sid)
+    if "FIRST_LINE " not in logs:
+        raise RuntimeError(f"{sid}: {sdk.get_job_info(sid).message}"[-2000:])
+    sdk.delete_job(sid)
+    return float(logs.split("FIRST_LINE ", 1)[1].split()[0]) - t0
 
 
 def pip_env(folder: Path, name: str, count: int = 1) -> dict[str, Any]:

@@ -4,9 +4,9 @@ On one warm `up --local` cluster (this machine's CPUs and GPUs; the GPU machine 
 round after round, one job of each arm (the cluster's first job is left out: queue_gap prices it):
   raystack    `Cluster.submit` of a job printing its start time (the queue, its runner, Ray)
   sdk         Ray's JobSubmissionClient, the same entrypoint, nothing else
-  sdk_as_rs   the SDK with what the runner sends for such a job: its entrypoint prefix and the
-              runtime_env variables every job gets (static values)
-  sdk_unique  the same with one variable unique to each job (as the job id is): whether a
+  sdk_as_rs   the SDK replaying what the runner sent Ray for such a job (its entrypoint, with the
+              runtime_env variables and metadata every job gets), the same each round
+  sdk_unique  the same with RAYSTACK_JOB_ID unique to each job (as the runner's are): whether a
               runtime_env that differs from job to job costs Ray's start anything
 Each arm's median and its ratio to the SDK's (issue 43: later jobs <= 1.0x); pair by pair too.
 It separates what raystack sends (sdk_as_rs, sdk_unique) from what it does around a job
@@ -31,40 +31,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from _report import publish  # noqa: E402
-from queue_gap import FIRST, first_line  # noqa: E402
+from queue_gap import FIRST, first_line, sdk_first_line  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
-from raystack.spec.submission import DRIVER_PREFIX  # noqa: E402
 
 ARMS = ("raystack", "sdk", "sdk_as_rs", "sdk_unique")
-STATIC_ENV = {  # (what spec/submission.job_env gives every job, with fixed values)
-    "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-    "RAYSTACK_CLUSTER": "ab",
-    "RAY_JOB_STOP_WAIT_TIME_S": "30",
-    "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-}
-
-
-def via_sdk(sdk: Any, arm: str) -> float:
-    from ray.job_submission import JobStatus
-
-    entrypoint, options = f'python -c "{FIRST}"', {}
-    if arm != "sdk":
-        env = dict(STATIC_ENV, **({"RAYSTACK_JOB_ID": uuid.uuid4().hex} if arm == "sdk_unique" else {}))
-        entrypoint = DRIVER_PREFIX + f"cd -- {os.getcwd()} || true; " + entrypoint
-        options = {"runtime_env": {"env_vars": env}, "metadata": {"job_name": "ab"}}
-    t0 = time.time()
-    sid = sdk.submit_job(entrypoint=entrypoint, **options)
-    while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-        time.sleep(0.02)
-    logs = sdk.get_job_logs(sid)
-    sdk.delete_job(sid)
-    if "FIRST_LINE " not in logs:
-        raise RuntimeError(f"{arm}: {logs[-2000:]}")
-    return float(logs.split("FIRST_LINE ", 1)[1].split()[0]) - t0
 
 
 def via_raystack(cluster: Cluster) -> float:
@@ -74,6 +45,25 @@ def via_raystack(cluster: Cluster) -> float:
     return first_line(job) - t0
 
 
+def sent(sdk: Any, cluster: Cluster) -> dict[str, Any]:
+    """What the runner submitted to Ray for a raystack job, as submit_job's arguments."""
+    job = cluster.submit(["python", "-c", FIRST], sets=["name=ab"])
+    job.wait(timeout=300)
+    info = sdk.get_job_info(job.record().attempts[-1].id)
+    metadata = {k: v for k, v in (info.metadata or {}).items() if k != "job_submission_id"}
+    return {"entrypoint": info.entrypoint, "runtime_env": info.runtime_env, "metadata": metadata}
+
+
+def via_sdk(sdk: Any, arm: str, runner: dict[str, Any]) -> float:
+    if arm == "sdk":
+        return sdk_first_line(sdk, f'python -c "{FIRST}"')
+    options = dict(runner)
+    if arm == "sdk_unique":
+        env = {**options["runtime_env"]["env_vars"], "RAYSTACK_JOB_ID": uuid.uuid4().hex}
+        options["runtime_env"] = {**options["runtime_env"], "env_vars": env}
+    return sdk_first_line(sdk, **options)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -81,11 +71,12 @@ def main() -> None:
     cluster = Cluster.up_local(name=f"ab{os.getpid()}", timeout=300)
     try:
         sdk = cluster.dashboard().jobs
-        via_raystack(cluster), via_sdk(sdk, "sdk")  # (the cluster's first jobs: not counted)
+        runner = sent(sdk, cluster)  # (and the cluster's first jobs, not counted)
+        via_sdk(sdk, "sdk", runner)
         runs: dict[str, list[float]] = {arm: [] for arm in ARMS}
         for _ in range(args.rounds):
             for arm in ARMS:
-                runs[arm].append(via_raystack(cluster) if arm == "raystack" else via_sdk(sdk, arm))
+                runs[arm].append(via_raystack(cluster) if arm == "raystack" else via_sdk(sdk, arm, runner))
     finally:
         cluster.down()
     med = {arm: statistics.median(v) for arm, v in runs.items()}
