@@ -28,14 +28,16 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _report import on_testbed, publish  # noqa: E402
-from queue_gap import floor, up  # noqa: E402
+from queue_gap import FIRST, floor, up  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.spec.job import JobSpec  # noqa: E402
@@ -44,21 +46,32 @@ from raystack.store.ledger import JobState  # noqa: E402
 NODES, PROCS = 4, 2
 TARGET = 1.1  # (issue 43; 1.5 before)
 COMMAND = "spmd.py --steps 1"
+PARTS = ("started", "import", "meet")  # (first_lines)
 
 
-def first_lines(text: str) -> list[float]:
-    """The time each rank stamped on its SPMD_RANK line."""
-    stamps = {}
+def first_lines(text: str, t0: float, parts: dict[str, list] | None = None) -> float:
+    """Submit -> the last rank's first line (the time each rank stamped on its SPMD_RANK line);
+    into `parts`, where the time went: the last rank's python running, each rank's import of
+    torch (median), and the rendezvous and first all-reduce after the last import."""
+    ranks = {}
     for line in text.splitlines():
         _, tag, data = line.partition("SPMD_RANK ")
         if tag:
             info = json.loads(data)
-            stamps[info["rank"]] = info["t"]
-    assert len(stamps) == NODES * PROCS, f"{len(stamps)} of {NODES * PROCS} ranks reported"
-    return list(stamps.values())
+            ranks[info["rank"]] = info
+    assert len(ranks) == NODES * PROCS, f"{len(ranks)} of {NODES * PROCS} ranks reported"
+    got = list(ranks.values())
+    if parts is not None:
+        imported = max(r["t_imported"] for r in got)
+        parts["started"].append(max(r["t_begun"] for r in got) - t0)
+        parts["import"].append(statistics.median(r["t_imported"] - r["t_begun"] for r in got))
+        parts["meet"].append(max(r["t"] for r in got) - imported)
+    return max(r["t"] for r in got) - t0
 
 
-def through_raystack(cluster: Cluster, i: int, how: list[str] | None = None) -> float:
+def through_raystack(
+    cluster: Cluster, i: int, how: list[str] | None = None, parts: dict[str, list] | None = None
+) -> float:
     t0 = time.time()
     job = cluster.submit(
         JobSpec.model_validate(
@@ -80,10 +93,14 @@ def through_raystack(cluster: Cluster, i: int, how: list[str] | None = None) -> 
     logs = job.logs()
     if how is not None:  # (which launchers, as the driver says)
         how.append("launch hosts" if "on the cluster's launch hosts" in logs else "new launcher actors")
-    return max(first_lines(logs)) - t0
+    return first_lines(logs, t0, parts)
 
 
-def through_srun(cluster: Cluster, i: int) -> float:
+def through_srun(
+    cluster: Cluster, i: int, parts: dict[str, list] | None = None, beside: bool = False
+) -> float:
+    """`beside`: a trivial job submitted through Ray's SDK at the same moment (Ray's job start,
+    its supervisor and driver, on the cores the ranks start on, as in a job through raystack)."""
     record = cluster.record()
     bindir = Path(sys.executable).parent
     inner = (
@@ -91,24 +108,44 @@ def through_srun(cluster: Cluster, i: int) -> float:
         f"--node_rank=$SLURM_NODEID --nproc_per_node={PROCS} --master_addr={record.head_ip} "
         f"--master_port={29600 + i} {COMMAND}"
     )
+    ray_job = threading.Thread(target=trivial_ray_job, args=(cluster,)) if beside else None
     t0 = time.time()
+    if ray_job is not None:
+        ray_job.start()
     proc = subprocess.run(
         ["srun", f"--jobid={record.allocation_id}", "--overlap", f"--nodes={NODES}", f"--ntasks={NODES}",
          "--ntasks-per-node=1", "bash", "-c", inner],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    if ray_job is not None:
+        ray_job.join()
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return max(first_lines(proc.stdout + proc.stderr)) - t0
+    return first_lines(proc.stdout + proc.stderr, t0, parts)
+
+
+def trivial_ray_job(cluster: Cluster) -> None:
+    """A `python -c` printing one line through Ray's SDK, waited for asking every second (as the
+    raystack arm's client waits), then deleted."""
+    from ray.job_submission import JobStatus
+
+    sdk = cluster.dashboard().jobs
+    sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"')
+    while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        time.sleep(1.0)
+    sdk.delete_job(sid)
 
 
 def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, list]:
     """raystack and srun alternating on one cluster (and Ray's floor): the seconds of each run."""
-    out: dict[str, list] = {"raystack": [], "srun": [], "floor": [], "how": []}
+    out: dict[str, Any] = {"raystack": [], "srun": [], "srun_ray": [], "floor": [], "how": []}
+    out["parts"] = {arm: {k: [] for k in PARTS} for arm in ("raystack", "srun")}
     through_raystack(cluster, -1)  # warm-up: the working_dir package, torch's first import
     through_srun(cluster, 99)
     for i in range(repeats):
-        out["raystack"].append(through_raystack(cluster, i, out["how"]))
-        out["srun"].append(through_srun(cluster, i))
+        out["raystack"].append(through_raystack(cluster, i, out["how"], out["parts"]["raystack"]))
+        out["srun"].append(through_srun(cluster, i, out["parts"]["srun"]))
+        if floor_too:
+            out["srun_ray"].append(through_srun(cluster, 50 + i, beside=True))
         if floor_too:
             out["floor"] += floor(cluster, 1)
     return out
@@ -133,7 +170,9 @@ def main() -> None:
     pooled = runs["spmdbench"]
     ray_m, srun_m, floor_m = (statistics.median(pooled[k]) for k in ("raystack", "srun", "floor"))
     ratio, ours = ray_m / srun_m, (ray_m - floor_m) / srun_m
-    rows = [("raystack", pooled["raystack"]), ("srun", pooled["srun"]), ("ray job", pooled["floor"])]
+    rows = [("raystack", pooled["raystack"]), ("srun", pooled["srun"]), ("srun+ray", pooled["srun_ray"])]
+    rows.append(("ray job", pooled["floor"]))
+    beside = ray_m / statistics.median(pooled["srun_ray"])
     actors = runs.get("spmdactors")
     if actors:
         rows += [("actors", actors["raystack"]), ("srun", actors["srun"])]
@@ -147,6 +186,17 @@ def main() -> None:
         f"raystack / srun = {ratio:.2f}x (target <= {TARGET}x); less Ray's job floor "
         f"(submit -> a trivial entrypoint's first line): {ours:.2f}x; launchers: {sorted(set(pooled['how']))}",
     ]
+    parts = {
+        arm: {k: round(statistics.median(v), 2) for k, v in p.items()} for arm, p in pooled["parts"].items()
+    }
+    lines.append(
+        "where it went, medians (s): "
+        + "; ".join(
+            f"{arm}: last rank's python running {p['started']:.2f}, import torch {p['import']:.2f}, "
+            f"rendezvous + all-reduce after the last import {p['meet']:.2f}"
+            for arm, p in parts.items()
+        )
+    )
     if actors:
         a_ratio = statistics.median(actors["raystack"]) / statistics.median(actors["srun"])
         lines.append(f"with new launcher actors (RAYSTACK_SPMD_POOL=0): {a_ratio:.2f}x srun in that cluster")
@@ -159,7 +209,10 @@ def main() -> None:
             "raystack_s": [round(x, 3) for x in pooled["raystack"]],
             "srun_s": [round(x, 3) for x in pooled["srun"]],
             "ray_job_floor_s": [round(x, 3) for x in pooled["floor"]],
+            "srun_beside_ray_job_s": [round(x, 3) for x in pooled["srun_ray"]],
+            "ratio_to_srun_beside_ray_job": round(beside, 3),
             "launchers": sorted(set(pooled["how"])),
+            "parts_s": parts,
             "ratio": round(ratio, 3),
             "ratio_less_ray_floor": round(ours, 3),
             "target_within": ratio <= TARGET,

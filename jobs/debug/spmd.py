@@ -10,15 +10,20 @@ print() N lines at once (the job's log must hold them whole, each with its rank)
 
 from __future__ import annotations
 
-import argparse
-import os
-import socket
-import sys
 import time
 
-import torch
-import torch.distributed as dist
-from ranks import bus_bandwidth, report, timed_allreduce
+BEGUN = time.time()  # (before torch's import: bench/spmd_launch.py's breakdown)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from ranks import bus_bandwidth, report, timed_allreduce  # noqa: E402
+
+IMPORTED = time.time()
 
 
 def bandwidth(size_mb: float, iters: int, rank: int, world: int, device: torch.device) -> None:
@@ -65,6 +70,8 @@ def main() -> int:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "nice": os.nice(0),  # raystack runs the ranks at niceness 0 (Ray's workers: 15)
         "t": time.time(),  # when this rank was up (bench/spmd_launch.py)
+        "t_begun": BEGUN,  # its python running its first line
+        "t_imported": IMPORTED,  # torch imported (the rest: the rendezvous and an all-reduce)
     }
     report("SPMD_RANK", info)
     for i in range(args.chatter):  # plain print(): text and newline may be two writes (unbuffered)
