@@ -84,15 +84,15 @@ def floor(cluster: Cluster, n: int, runtime_env: dict | None = None) -> list[flo
     return [sdk_first_line(sdk, f'python -c "{FIRST}"', runtime_env=runtime_env) for _ in range(n)]
 
 
-def sdk_first_line(sdk: Any, entrypoint: str, **options: Any) -> float:
-    """One job through Ray's SDK (`options`: submit_job's), waited for and deleted: seconds from
-    its submit to the FIRST_LINE its entrypoint printed."""
+def sdk_first_line(sdk: Any, entrypoint: str, poll: float = 0.02, **options: Any) -> float:
+    """One job through Ray's SDK (`options`: submit_job's), waited for (its status asked every
+    `poll` seconds) and deleted: seconds from its submit to the FIRST_LINE its entrypoint printed."""
     from ray.job_submission import JobStatus
 
     t0 = time.time()
     sid = sdk.submit_job(entrypoint=entrypoint, **options)
     while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-        time.sleep(0.02)
+        time.sleep(poll)
     logs = sdk.get_job_logs(sid)
     if "FIRST_LINE " not in logs:
         raise RuntimeError(f"{sid}: {sdk.get_job_info(sid).message}"[-2000:])

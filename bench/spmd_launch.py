@@ -7,6 +7,9 @@ times each):
             torchrun.
   srun      the same torchrun started directly inside the same allocation, the way a
             hand-written sbatch script does: `srun --jobid J --overlap --nodes 4 torchrun ...`.
+  srun+ray  srun again, with a trivial job submitted through Ray's SDK at the same moment: Ray's
+            job start (its supervisor, its driver) on the cores the ranks start on, as for a job
+            through raystack.
   ray job   Ray's own floor on the same cluster: Ray's SDK submits `python -c` printing one line
             (queue_gap.floor): what every job through the Ray Jobs API pays before its entrypoint
             runs (the job supervisor's worker, the driver's python), raystack or not.
@@ -37,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _report import on_testbed, publish  # noqa: E402
-from queue_gap import FIRST, floor, up  # noqa: E402
+from queue_gap import FIRST, floor, sdk_first_line, up  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
 from raystack.spec.job import JobSpec  # noqa: E402
@@ -47,6 +50,7 @@ NODES, PROCS = 4, 2
 TARGET = 1.1  # (issue 43; 1.5 before)
 COMMAND = "spmd.py --steps 1"
 PARTS = ("started", "import", "meet")  # (first_lines)
+RUN_ROWS = (("raystack", "raystack"), ("srun", "srun"), ("srun+ray", "srun_ray"), ("ray job", "floor"))
 
 
 def first_lines(text: str, t0: float, parts: dict[str, list] | None = None) -> float:
@@ -61,12 +65,12 @@ def first_lines(text: str, t0: float, parts: dict[str, list] | None = None) -> f
             ranks[info["rank"]] = info
     assert len(ranks) == NODES * PROCS, f"{len(ranks)} of {NODES * PROCS} ranks reported"
     got = list(ranks.values())
+    last = max(r["t"] for r in got)
     if parts is not None:
-        imported = max(r["t_imported"] for r in got)
         parts["started"].append(max(r["t_begun"] for r in got) - t0)
         parts["import"].append(statistics.median(r["t_imported"] - r["t_begun"] for r in got))
-        parts["meet"].append(max(r["t"] for r in got) - imported)
-    return max(r["t"] for r in got) - t0
+        parts["meet"].append(last - max(r["t_imported"] for r in got))
+    return last - t0
 
 
 def through_raystack(
@@ -108,7 +112,10 @@ def through_srun(
         f"--node_rank=$SLURM_NODEID --nproc_per_node={PROCS} --master_addr={record.head_ip} "
         f"--master_port={29600 + i} {COMMAND}"
     )
-    ray_job = threading.Thread(target=trivial_ray_job, args=(cluster,)) if beside else None
+    ray_job = None
+    if beside:  # (its status asked every second, as the raystack arm's client asks)
+        trivial = (cluster.dashboard().jobs, f'python -c "{FIRST}"', 1.0)
+        ray_job = threading.Thread(target=sdk_first_line, args=trivial)
     t0 = time.time()
     if ray_job is not None:
         ray_job.start()
@@ -123,19 +130,7 @@ def through_srun(
     return first_lines(proc.stdout + proc.stderr, t0, parts)
 
 
-def trivial_ray_job(cluster: Cluster) -> None:
-    """A `python -c` printing one line through Ray's SDK, waited for asking every second (as the
-    raystack arm's client waits), then deleted."""
-    from ray.job_submission import JobStatus
-
-    sdk = cluster.dashboard().jobs
-    sid = sdk.submit_job(entrypoint=f'python -c "{FIRST}"')
-    while sdk.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-        time.sleep(1.0)
-    sdk.delete_job(sid)
-
-
-def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, list]:
+def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, Any]:
     """raystack and srun alternating on one cluster (and Ray's floor): the seconds of each run."""
     out: dict[str, Any] = {"raystack": [], "srun": [], "srun_ray": [], "floor": [], "how": []}
     out["parts"] = {arm: {k: [] for k in PARTS} for arm in ("raystack", "srun")}
@@ -146,7 +141,6 @@ def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, list]:
         out["srun"].append(through_srun(cluster, i, out["parts"]["srun"]))
         if floor_too:
             out["srun_ray"].append(through_srun(cluster, 50 + i, beside=True))
-        if floor_too:
             out["floor"] += floor(cluster, 1)
     return out
 
@@ -170,8 +164,7 @@ def main() -> None:
     pooled = runs["spmdbench"]
     ray_m, srun_m, floor_m = (statistics.median(pooled[k]) for k in ("raystack", "srun", "floor"))
     ratio, ours = ray_m / srun_m, (ray_m - floor_m) / srun_m
-    rows = [("raystack", pooled["raystack"]), ("srun", pooled["srun"]), ("srun+ray", pooled["srun_ray"])]
-    rows.append(("ray job", pooled["floor"]))
+    rows = [(name, pooled[k]) for name, k in RUN_ROWS]
     beside = ray_m / statistics.median(pooled["srun_ray"])
     actors = runs.get("spmdactors")
     if actors:
