@@ -7,6 +7,7 @@ cluster has fewer nodes or GPUs than RAYSTACK_EXPECT_NODES / RAYSTACK_EXPECT_GPU
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -17,15 +18,23 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 
+def torch_here() -> tuple[str, int]:
+    """torch's version and the GPUs it sees. Imported only where a GPU driver is: without one it
+    sees none, and its import is seconds of the node's CPU."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed", 0
+    if not any(map(os.path.exists, ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))):
+        return version, 0
+    import torch
+
+    return torch.__version__, torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 @ray.remote(num_cpus=0)
 def describe() -> dict:
-    try:
-        import torch
-
-        torch_version = torch.__version__
-        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        torch_version, cuda = "not installed", 0
+    torch_version, cuda = torch_here()
     return {
         "host": socket.gethostname(),
         "ip": ray.util.get_node_ip_address(),

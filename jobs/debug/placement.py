@@ -29,12 +29,14 @@ class Probe:
         self.role = role
 
     def report(self) -> dict:
-        try:
-            import torch
+        torch_sees = None  # (without a GPU driver torch sees none: not imported, seconds of CPU)
+        if any(map(os.path.exists, ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))):
+            try:
+                import torch
 
-            torch_sees = torch.cuda.device_count() if torch.cuda.is_available() else None
-        except ImportError:
-            torch_sees = None
+                torch_sees = torch.cuda.device_count() if torch.cuda.is_available() else None
+            except ImportError:
+                pass
         return {
             "role": self.role,
             "host": socket.gethostname(),

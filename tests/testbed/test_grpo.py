@@ -100,10 +100,13 @@ def test_grpo_tiny_learns_across_a_stop_and_its_resume_and_a_debug_job_follows(g
 def test_a_vllm_engine_that_dies_mid_step_fails_the_run_at_once_naming_it(gc: dict) -> None:
     """Engine 0's process is SIGKILLed 0.05 s into its generate of step 2 (a GPU fault, the OOM
     killer): the run ends FAILED within 30 s, the message names the engine actor and its death,
-    and the job queued behind it runs."""
+    and the job queued behind it runs. (One learner and one engine: half the start of the
+    planner's two and two, which the test above runs.)"""
     cluster: Cluster = gc["cluster"]
     sets = [
         f"outputs.checkpoints={gc['home'] / 'grpo-c'}",
+        "plan.learners=1",
+        "plan.engines=1",
         "entrypoint=python grpo_tiny.py {plan.flags} --steps 4 --kill-engine-at-step 2",
     ]
     job, hello = cluster.submit(SPEC, sets=sets), cluster.submit(REPO / "jobs" / "debug" / "hello.yaml")

@@ -1,6 +1,6 @@
 """Watching a live 2-node cluster (issue: top, report, idle autostop, dashboard metrics), in the
 order a user meets them, on one cluster started with metrics on, usage sampled every 2 s and a
-60 s idle timeout, as the first of a chain of two allocations:
+40 s idle timeout, as the first of a chain of two allocations:
 
 1. Prometheus (Debian's, found on PATH) runs on the head and scrapes Ray's metrics of every
    node; the dashboard reaches it (RAY_PROMETHEUS_HOST).
@@ -36,7 +36,7 @@ from .test_cluster import ray_job_submit, raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-NAME, IDLE_TIMEOUT, GAP, PLAIN_JOB = "mon", 60, 20, 75
+NAME, IDLE_TIMEOUT, GAP, PLAIN_JOB = "mon", 40, 10, 50
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 PROFILE = f"""\
 description: testbed with metrics, fast usage samples and a short idle timeout
