@@ -15,17 +15,17 @@ import socket
 import sys
 
 import ray
+from gpudriver import gpu_driver_here
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 
 def torch_here() -> tuple[str, int]:
-    """torch's version and the GPUs it sees. Imported only where a GPU driver is: without one it
-    sees none, and its import is seconds of the node's CPU."""
+    """torch's version and the GPUs it sees (imported only where a GPU driver is)."""
     try:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return "not installed", 0
-    if not any(map(os.path.exists, ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))):
+    if not gpu_driver_here():
         return version, 0
     import torch
 

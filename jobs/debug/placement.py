@@ -19,6 +19,7 @@ import sys
 from collections import defaultdict
 
 import ray
+from gpudriver import gpu_driver_here
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -29,8 +30,8 @@ class Probe:
         self.role = role
 
     def report(self) -> dict:
-        torch_sees = None  # (without a GPU driver torch sees none: not imported, seconds of CPU)
-        if any(map(os.path.exists, ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))):
+        torch_sees = None
+        if gpu_driver_here():
             try:
                 import torch
 
