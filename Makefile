@@ -39,8 +39,10 @@ testbed-down:
 demo: install testbed-up
 	bash jobs/demo.sh
 
+# Two workers: the testbed modules on one, the unit tests and the modules that mostly wait for a
+# walltime (chain, grow, monitor, scale: partition `side`) on the other (tests/conftest.py).
 test: install lint
-	$(BIN)/pytest -v tests
+	$(BIN)/pytest -v -n 2 tests
 
 test-fast: install
 	$(BIN)/pytest -v -m 'not testbed and not ray' tests
