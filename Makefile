@@ -39,8 +39,8 @@ testbed-down:
 demo: install testbed-up
 	bash jobs/demo.sh
 
-# Two workers: the testbed modules on one, the unit tests and the modules that mostly wait for a
-# walltime (chain, grow, monitor, scale: partition `side`) on the other (tests/conftest.py).
+# Two workers (tests/conftest.py): the testbed modules in order on one, the tests without the
+# testbed beside them on the other.
 test: install lint
 	$(BIN)/pytest -v -n 2 tests
 

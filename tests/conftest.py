@@ -1,19 +1,17 @@
 """Fixtures: the real local SLURM testbed (slurm/testbed), and a private RAYSTACK_HOME on it.
 
-The testbed is brought up once per run (or reused when already up with this shape) and torn down
-at the end if this run started it. Set RAYSTACK_KEEP_TESTBED=1 to keep it.
+The testbed is brought up once per session (or reused when already up with enough nodes) and
+torn down at the end if this session started it. Set RAYSTACK_KEEP_TESTBED=1 to keep it.
 
-`make test` runs two pytest-xdist workers (`-n 2`, scheduled by `lane`): one runs the testbed modules
-on partition `testbed` (NODES nodes), the other the unit tests and the SIDE_MODULES, which mostly
-wait for a walltime or an idle timeout, on partition `side` (SIDE_NODES nodes). The two workers
-share one testbed: the first to need it brings it up under a lock, and the run's controller takes
-it down once both are done.
+`make test` runs two pytest-xdist workers (`-n 2`, scheduled by `lane`): one runs every testbed
+module in order, the other the tests without the testbed beside them. (Only the testbed lane
+brings the testbed up. The testbed modules stay in one lane: on 2 cores, walltime and timeout
+checks run beside another testbed module failed, see docs/development.md.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -28,10 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "slurm" / "testbed"
 TESTBED_DIR = Path(os.environ.get("RAYSTACK_TESTBED_DIR", "/var/lib/raystack-testbed"))
 NODES = int(os.environ.get("RAYSTACK_TEST_NODES", "4"))
-SIDE_NODES = 6  # partition `side`: test_scale's six nodes, or grow's four and chain's four
-SIDE = ["--partition", "side"]  # what a side module adds to its `raystack up`
-SIDE_MODULES = ("test_chain.py", "test_grow.py", "test_monitor.py", "test_scale.py")
-STARTED = TESTBED_DIR.with_name(TESTBED_DIR.name + ".started-by")  # the run that brought it up
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -45,44 +39,8 @@ def running_nodes() -> int:
 def testbed_healthy() -> bool:
     """NODES nodes up and answering, not just recorded (the testbed's own check): a machine
     restarted from a snapshot keeps the state folder but none of the daemons."""
-    shape = ["--nodes", str(NODES), "--side", str(SIDE_NODES)]
-    return subprocess.run([str(TESTBED / "up"), "--check", *shape], capture_output=True).returncode == 0
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The run's id, set by the controller (xdist's workers inherit it): who started the testbed."""
-    if not hasattr(config, "workerinput"):
-        os.environ["RAYSTACK_TEST_RUN"] = uuid.uuid4().hex
-
-
-def lane(nodeid: str) -> str:
-    """The worker a test runs on: `testbed` (its modules, and test_packaging, which builds a wheel
-    in the checkout as test_ray_range does), or `side` (the unit tests and SIDE_MODULES)."""
-    path = Path(nodeid.split("::", 1)[0])
-    main = path.parent.name == "testbed" and path.name not in SIDE_MODULES
-    return "testbed" if main or path.name == "test_packaging.py" else "side"
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scheduler by scope, with two scopes: the lanes. (Its `loadgroup` marks do not
-    reach pytest 9's node ids.) Each worker takes one lane and runs it in collection order."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Lanes(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return lane(nodeid)
-
-    return Lanes(config, log)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The controller (or a run without workers) takes down the testbed its run brought up."""
-    if hasattr(session.config, "workerinput") or os.environ.get("RAYSTACK_KEEP_TESTBED"):
-        return
-    with contextlib.suppress(OSError):
-        if STARTED.read_text() == os.environ.get("RAYSTACK_TEST_RUN"):
-            subprocess.run([str(TESTBED / "down")], check=True)
-            STARTED.unlink()
+    check = subprocess.run([str(TESTBED / "up"), "--check", "--nodes", str(NODES)], capture_output=True)
+    return check.returncode == 0
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
@@ -97,6 +55,25 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
         time.sleep(interval)
 
 
+def lane(nodeid: str) -> str:
+    """The worker a test runs on: `testbed` (its modules, and test_packaging, which builds a wheel
+    in the checkout as test_ray_range does), or `unit` (everything else)."""
+    path = Path(nodeid.split("::", 1)[0])
+    return "testbed" if "testbed" in path.parts or path.name == "test_packaging.py" else "unit"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduler by scope, with two scopes: the lanes. (Its `loadgroup` marks do not reach
+    pytest 9's node ids.) Each worker takes one lane and runs it in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+    return Lanes(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _slurm_answers_of_this_test_only() -> Iterator[None]:
     """The SLURM allocator keeps answers per process (one command asks once per allocation): a
@@ -109,16 +86,15 @@ def _slurm_answers_of_this_test_only() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Path]:
-    """A running testbed with NODES + SIDE_NODES nodes; yields its shared home folder."""
+    """A running testbed with NODES nodes; yields its shared home folder."""
     if os.geteuid() != 0:
         pytest.skip("the SLURM testbed needs root (network namespaces, slurmd)")
-    with STARTED.with_suffix(".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker brings it up; the other waits, then reuses it
-        if not testbed_healthy():
-            shape = ["--nodes", str(NODES), "--side", str(SIDE_NODES)]
-            subprocess.run([str(TESTBED / "up"), *shape], check=True)
-            STARTED.write_text(os.environ.get("RAYSTACK_TEST_RUN", ""))
+    started = not testbed_healthy()
+    if started:
+        subprocess.run([str(TESTBED / "up"), "--nodes", str(NODES)], check=True)
     yield TESTBED_DIR / "home"
+    if started and not os.environ.get("RAYSTACK_KEEP_TESTBED"):
+        subprocess.run([str(TESTBED / "down")], check=True)
 
 
 @contextlib.contextmanager

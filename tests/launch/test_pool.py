@@ -5,11 +5,14 @@ tests/testbed/test_spmd.py."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
 from raystack.launch.node import environ_of, rank_env
 from raystack.launch.pool import unfit, visible_gpus
+
+from ..conftest import wait_until
 
 WD = "gcs://_ray_pkg_0123456789abcdef.zip"
 
@@ -47,6 +50,14 @@ def test_a_whole_node_s_gpus_as_ray_numbers_them() -> None:
 
 
 def test_a_process_s_starting_environment_is_read_from_proc() -> None:
-    mine = environ_of(str(os.getpid()))
-    assert mine is not None and mine.get("PATH") == os.environ.get("PATH")
+    # (a child of its own: an xdist worker starts with almost no environment and sets os.environ
+    # afterwards, so the test's process is no witness)
+    env = {"PATH": os.environ["PATH"], "RAYSTACK_MARK": "a=b c"}
+    child = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        # (read once its exec has laid the environment out: Popen returns at the exec's start)
+        assert wait_until(lambda: environ_of(str(child.pid)), 10, "the child's environment") == env
+    finally:
+        child.kill()
+        child.wait()
     assert environ_of("") is None and environ_of("999999999") is None

@@ -29,13 +29,13 @@ from raystack.store import queue
 from raystack.store.cluster import ClusterState
 from raystack.store.ledger import JobState
 
-from ..conftest import SIDE, module_home, processes_of_job, wait_until
+from ..conftest import module_home, processes_of_job, wait_until
 from .test_cluster import raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 REPO = Path(__file__).resolve().parents[2]
 DEBUG = REPO / "jobs" / "debug"
-SHORT = ["--profile", "testbed", *SIDE, "--time", "3", "--signal-lead", "60s"]
+SHORT = ["--profile", "testbed", "--time", "3", "--signal-lead", "60s"]
 
 
 def py(code: str) -> list[str]:
@@ -144,7 +144,7 @@ def test_a_requeued_allocation_runs_again_and_its_job_resumes(rs_home: Path) -> 
     before, the head took it for a scancel (the running job FAILED), and when SLURM ran the
     allocation again under its id its workers found the cluster STOPPED and left, so the head
     waited for them until join_timeout and the cluster FAILED."""
-    up = raystack("up", "--nodes", "2", "--profile", "testbed", *SIDE, "--name", "rq")
+    up = raystack("up", "--nodes", "2", "--profile", "testbed", "--name", "rq")
     assert up.returncode == 0, up.stderr
     cluster = Cluster("rq")
     alloc = str(clusters.read("rq").allocation_id)

@@ -18,11 +18,11 @@ from raystack.client import Job
 from raystack.store import cluster as clusters
 from raystack.store.ledger import JobState
 
-from ..conftest import SIDE, module_home, wait_until
+from ..conftest import module_home, wait_until
 from .test_cluster import raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
-PROFILE = ["--profile", "testbed", *SIDE, "--time", "10"]
+PROFILE = ["--profile", "testbed", "--time", "10"]
 HOSTS = """import socket
 
 import ray
@@ -159,9 +159,7 @@ def test_a_grown_allocation_at_its_walltime_is_drained_and_its_job_reruns(
 ) -> None:
     """SLURM's walltime warning reaches the grown allocation's script (a quarter of its 3 minutes
     before the end): its nodes are drained before they go, and the job on them starts again."""
-    alloc, grown_hosts, job = spread_over_a_grow(
-        elastic, tmp_path_factory, 150, "-P", "testbed", *SIDE, "-t", "3"
-    )
+    alloc, grown_hosts, job = spread_over_a_grow(elastic, tmp_path_factory, 150, "-P", "testbed", "-t", "3")
     entry = wait_until(
         lambda: (g := clusters.read("elastic").grown_entry(alloc)) and g.released and g, 200, "its release"
     )

@@ -40,7 +40,7 @@ NAME, IDLE_TIMEOUT, GAP, PLAIN_JOB = "mon", 40, 10, 50
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 PROFILE = f"""\
 description: testbed with metrics, fast usage samples and a short idle timeout
-partition: side
+partition: testbed
 gpus_per_node: 4
 cpus_per_task: 4
 object_store_memory: 256MB

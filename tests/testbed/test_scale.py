@@ -1,7 +1,7 @@
-"""A 6-node cluster on the testbed's `side` partition (issue: start at scale), where every node
-shares the same 2 cores (bench/cluster_ready.py measures 1 to 32 nodes; this is CI's short version):
+"""A 6-node cluster on the testbed (issue: start at scale), where every node shares the same 2
+cores (bench/cluster_ready.py measures 1 to 32 nodes; this is CI's short version):
 
-1. `raystack up --nodes 6 --profile testbed --partition side` is READY: the workers join in waves of the
+1. `raystack up --nodes 6 --profile testbed` is READY: the workers join in waves of the
    profile's `join_window` (4: a late worker starts only once enough nodes have joined).
 2. The first `ray start` of the last node is killed while the head still waits for its nodes:
    the node program tries again (jittered back-off) and the node joins; no node counts twice.
@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -29,16 +30,23 @@ from raystack.spec.profile import load_profile
 from raystack.store import paths
 from raystack.store.ledger import JobState
 
-from ..conftest import NODES, SIDE, SIDE_NODES, TESTBED_DIR, wait_until
+from ..conftest import NODES, TESTBED, TESTBED_DIR, wait_until
 from .test_cluster import raystack
 
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
-SCALE, ACTORS = SIDE_NODES, 24
-HEAD, LATE = f"node{NODES + 1}", f"node{NODES + SIDE_NODES}"  # partition side's first and last
+SCALE, ACTORS, LATE = 6, 24, "node6"
 WINDOW = load_profile("testbed").join_window
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "debug"
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+
+@pytest.fixture(scope="module")
+def big_testbed(testbed: Path) -> Iterator[Path]:
+    """The testbed grown to SCALE nodes for this module, and back to the session's size after."""
+    subprocess.run([str(TESTBED / "up"), "--nodes", str(SCALE)], check=True, stdout=subprocess.DEVNULL)
+    yield testbed
+    subprocess.run([str(TESTBED / "up"), "--nodes", str(NODES)], check=True, stdout=subprocess.DEVNULL)
 
 
 def address_of(host: str) -> str:
@@ -68,7 +76,9 @@ def when(line: str) -> float:
     return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def test_nodes_join_in_waves_survive_a_failed_start_and_run_an_actor_burst(rs_home: Path) -> None:
+def test_nodes_join_in_waves_survive_a_failed_start_and_run_an_actor_burst(
+    big_testbed: Path, rs_home: Path
+) -> None:
     up = subprocess.Popen(
         [
             sys.executable,
@@ -79,7 +89,6 @@ def test_nodes_join_in_waves_survive_a_failed_start_and_run_an_actor_burst(rs_ho
             str(SCALE),
             "--profile",
             "testbed",
-            *SIDE,
             "--name",
             "big",
         ],
@@ -104,7 +113,7 @@ def test_nodes_join_in_waves_survive_a_failed_start_and_run_an_actor_burst(rs_ho
     first_start = when(
         next(line for line in late_log.splitlines() if "INFO [raystack.node] starting:" in line)
     )
-    head_log = folder.node_log(HEAD).read_text(errors="replace").splitlines()
+    head_log = folder.node_log("node1").read_text(errors="replace").splitlines()
     joined_then = max(
         (
             int(m.group(1))
