@@ -5,8 +5,8 @@ torn down at the end if this session started it. Set RAYSTACK_KEEP_TESTBED=1 to 
 
 `make test` runs two pytest-xdist workers (`-n 2`, scheduled by `lane`): one runs every testbed
 module in order, the other the tests without the testbed beside them. (Only the testbed lane
-brings the testbed up. The testbed modules stay in one lane: on 2 cores, walltime and timeout
-checks run beside another testbed module failed, see docs/development.md.)
+brings the testbed up. The testbed modules stay in one lane: run beside one another on 2 cores,
+their walltime and timeout checks failed; docs/development.md has the run.)
 """
 
 from __future__ import annotations
