@@ -102,6 +102,11 @@ class Engine:
                 os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
             if not cuda:
                 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GB of RAM for the KV cache
+            # The engine core and its one worker in this actor's process, as RL frameworks run an
+            # engine of TP 1 (SkyRL, OpenRLHF): vLLM's default starts two more processes, each
+            # importing torch and vLLM again (about 40 of an engine's 65 s start on the testbed),
+            # and a fault of the actor then ends the whole engine at once.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             from vllm import LLM
 
             self.llm = LLM(
@@ -113,6 +118,7 @@ class Engine:
                 enable_prefix_caching=False,  # prompts repeat: never serve KV cached under old weights
                 seed=seed,
                 worker_extension_cls="engines.WeightSync",
+                distributed_executor_backend="uni",
             )
         else:
             import torch
