@@ -54,6 +54,13 @@ RELAYED = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+")  # a worker's line that Ray re
 # What Ray's job manager writes at the top of every driver log (the entrypoint it runs holds
 # raystack's own prefix): never the job's last word.
 PREAMBLE = re.compile(r"^Running entrypoint for job |\bINFO job_manager\.py:\d+ -- ")
+# An error that says the other side of a connection went away (gloo, NCCL, torch's TCPStore): the
+# consequence of a peer's death, which Ray records a moment later. Within CAUSE seconds of it, a
+# worker that died hard is named first.
+PEER_GONE = re.compile(
+    r"closed by peer|reset by peer|Broken pipe|remote process exit|ncclRemoteError|Connection refused", re.I
+)
+CAUSE = 30.0
 
 
 # ---------------------------------------------------------------------------- one file's copy
@@ -434,9 +441,27 @@ def gather(
     for rel, texts in recorded.items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / rel, "".join(texts))
-    ordered = sorted(found.values(), key=lambda w: (w.error is None, w.at or float("inf"), w.host, w.pid))
+    ordered = by_error(list(found.values()))
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / INDEX, json.dumps([asdict(w) for w in ordered], indent=1))
+    return ordered
+
+
+def died_hard(worker: WorkerLog) -> bool:
+    return bool(worker.error) and "process died" in str(worker.error)
+
+
+def by_error(workers: list[WorkerLog]) -> list[WorkerLog]:
+    """Workers with an error first, the earliest first, unless it says its peer went away and a
+    worker died hard within CAUSE seconds: then that death (an engine SIGKILLed while a learner
+    sends it weights fails the learner's send at once, and Ray records the engine's death after)."""
+    ordered = sorted(workers, key=lambda w: (w.error is None, w.at or float("inf"), w.host, w.pid))
+    first = ordered[0] if ordered else None
+    if first is None or not first.error or not PEER_GONE.search(first.error):
+        return ordered
+    for i, w in enumerate(ordered):
+        if died_hard(w) and (w.at is None or first.at is None or w.at - first.at <= CAUSE):
+            return [w, *ordered[:i], *ordered[i + 1 :]]
     return ordered
 
 
@@ -497,6 +522,12 @@ def read_index(cluster: str, job_id: str) -> list[WorkerLog] | None:
 
 
 def summary(workers: list[WorkerLog]) -> str | None:
-    """`node7 LearnerActor pid 4121: torch.OutOfMemoryError: ...` for the first error, if any."""
+    """`node7 LearnerActor pid 4121: torch.OutOfMemoryError: ...` for the first error, if any; a
+    death that broke a peer's connection adds `; then <the peer>: <its error>`."""
     first = next((w for w in workers if w.error), None)
-    return f"{first.label}: {first.error}" if first else None
+    if first is None:
+        return None
+    then = workers[1] if died_hard(first) and len(workers) > 1 else None
+    if then is not None and then.error and PEER_GONE.search(then.error):  # (what its death did)
+        return f"{first.label}: {first.error}; then {then.label}: {then.error}"
+    return f"{first.label}: {first.error}"

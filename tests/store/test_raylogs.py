@@ -249,3 +249,36 @@ def test_a_failed_tasks_record_without_a_pid_is_its_actors(home: Path) -> None:
         "node1 Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "
         "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR)"
     )
+
+
+def test_an_engine_killed_while_a_learner_sends_it_weights_is_named_before_the_learner(home: Path) -> None:
+    """1 x H200, grpo_tiny with its vLLM engine in its actor's process: the engine SIGKILLed during
+    the weight sync failed the learner's gloo send at once ("Connection closed by peer"), and Ray
+    recorded the engine's death after it, so the job's message named the learner. The death is
+    the cause; the learner's error follows it in the message."""
+    request = JobRequest(id="j6", name="j6", cluster="c", entrypoint="python grpo_tiny.py")
+    attempt = Attempt(id="j6", ray_job_id="06000000")
+    record = JobRecord(id="j6", name="j6", request=request, attempts=[attempt])
+    died = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."
+    )
+    gloo = "RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:45280"
+    events = [
+        {"ip": "127.0.0.1", "pid": 30, "actor": "Learner", "error": f"ray::Learner.f()\n{gloo}", "at": 10.0},
+        {"ip": "127.0.0.1", "pid": 31, "actor": "Engine", "error": f"ActorDiedError: {died}", "at": 10.4},
+    ]
+    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    assert [w.actor for w in workers] == ["Engine", "Learner"]
+    assert raylogs.summary(workers) == (
+        "vm Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "
+        "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR); "
+        f"then vm Learner pid 30: {gloo}"
+    )
+    # A death long after a peer's error is not its cause; nor is one before an error of another kind.
+    events[1]["at"] = 10.0 + raylogs.CAUSE + 1
+    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    assert [w.actor for w in workers] == ["Learner", "Engine"]
+    events[0]["error"], events[1]["at"] = "ray::Learner.send()\nValueError: bad shape", 10.4
+    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    assert raylogs.summary(workers) == "vm Learner pid 30: ValueError: bad shape"
