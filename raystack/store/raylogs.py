@@ -431,7 +431,7 @@ def gather(
             # A worker that died hard (os._exit, a signal, the OOM killer): Ray knows only that its
             # process went; an error it wrote last on its stderr says why, if it wrote one.
             said, own = died_words(text), worker.error or _errors_among(worker.last_err)
-            if not own or "process died" in own:
+            if not own or says_died(own):
                 worker.error = own or said
             else:
                 worker.error = f"{own} (then {said})"
@@ -447,8 +447,9 @@ def gather(
     return ordered
 
 
-def died_hard(worker: WorkerLog) -> bool:
-    return bool(worker.error) and "process died" in str(worker.error)
+def says_died(error: str | None) -> bool:
+    """Whether an error line is (or ends with) Ray's word that the worker's process died."""
+    return bool(error) and "process died" in str(error)
 
 
 def by_error(workers: list[WorkerLog]) -> list[WorkerLog]:
@@ -460,7 +461,7 @@ def by_error(workers: list[WorkerLog]) -> list[WorkerLog]:
     if first is None or not first.error or not PEER_GONE.search(first.error):
         return ordered
     for i, w in enumerate(ordered):
-        if died_hard(w) and (w.at is None or first.at is None or w.at - first.at <= CAUSE):
+        if says_died(w.error) and (w.at is None or first.at is None or w.at - first.at <= CAUSE):
             return [w, *ordered[:i], *ordered[i + 1 :]]
     return ordered
 
@@ -527,7 +528,7 @@ def summary(workers: list[WorkerLog]) -> str | None:
     first = next((w for w in workers if w.error), None)
     if first is None:
         return None
-    then = workers[1] if died_hard(first) and len(workers) > 1 else None
+    then = workers[1] if says_died(first.error) and len(workers) > 1 else None
     if then is not None and then.error and PEER_GONE.search(then.error):  # (what its death did)
         return f"{first.label}: {first.error}; then {then.label}: {then.error}"
     return f"{first.label}: {first.error}"

@@ -275,7 +275,7 @@ def test_an_engine_killed_while_a_learner_sends_it_weights_is_named_before_the_l
         "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR); "
         f"then vm Learner pid 30: {gloo}"
     )
-    # A death long after a peer's error is not its cause; nor is one before an error of another kind.
+    # A death long after a peer's error is not its cause; an error of another kind is its own.
     events[1]["at"] = 10.0 + raylogs.CAUSE + 1
     workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
     assert [w.actor for w in workers] == ["Learner", "Engine"]
