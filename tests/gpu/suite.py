@@ -523,8 +523,11 @@ def main() -> int:
     )  # fmt: skip
     print(text)
     print(json.dumps(result))
-    # (one GPU's full run keeps the name it always had; more GPUs and parts are named)
-    stem = "gpu_suite" + (f"_{ngpu}gpu" if ngpu > 1 else "") + (f"_{'-'.join(only)}" if only else "")
+    # (one GPU's full run keeps the name it always had; more GPUs, parts and a FAULTS subset are
+    # named, so that a run of one fault never overwrites the results of all of them)
+    subset = os.environ.get("FAULTS", "").replace(",", "-")
+    parts = [f"faults-{subset}" if p == "faults" and subset else p for p in only or []]
+    stem = "gpu_suite" + (f"_{ngpu}gpu" if ngpu > 1 else "") + (f"_{'-'.join(parts)}" if parts else "")
     for folder in (REPO / "bench" / "results", Path(os.environ["OUT"]) if os.environ.get("OUT") else None):
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
