@@ -9,6 +9,7 @@ of its own run, one after another on the testbed (they must not share the machin
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
   start_ab        later jobs through raystack against Ray's SDK on one local cluster, interleaved,
                   and the SDK sending what the runner sends
+  job_count       a sweep of N jobs back to back: the last tenth's start against the first's
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
   tls_one_host    Ray's object transfer with and without TLS between two Ray nodes of this host
                   (on a machine with cores to spare it shows what the testbed's 2 shared cores hide)
@@ -57,6 +58,11 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ["--rounds", "6"],
         ["--rounds", "12"],
         ("raystack / SDK, later jobs", ["ratio", "raystack"]),
+    ),
+    "job_count": (
+        ["--jobs", "40"],
+        ["--jobs", "100"],
+        ("a sweep's last tenth / first, each over the SDK then", ["ratio_last_to_first"]),
     ),
     "tls_cost": (
         ["--rounds", "1", "--jobs", "4"],
