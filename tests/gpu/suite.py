@@ -526,7 +526,10 @@ def main() -> int:
     # (one GPU's full run keeps the name it always had; more GPUs, parts and a FAULTS subset are
     # named, so that a run of one fault never overwrites the results of all of them)
     subset = os.environ.get("FAULTS", "").replace(",", "-")
-    parts = [f"faults-{subset}" if p == "faults" and subset else p for p in only or []]
+    parts = [
+        f"faults-{subset}" if p == "faults" and subset else p
+        for p in only or (["all", "faults"] if subset else [])
+    ]
     stem = "gpu_suite" + (f"_{ngpu}gpu" if ngpu > 1 else "") + (f"_{'-'.join(parts)}" if parts else "")
     for folder in (REPO / "bench" / "results", Path(os.environ["OUT"]) if os.environ.get("OUT") else None):
         if folder:
