@@ -70,3 +70,15 @@ def on_testbed(prefix: str, nodes: int = 4) -> Path:
     home = Path(tempfile.mkdtemp(prefix=prefix, dir=TESTBED_HOME))
     os.environ["RAYSTACK_HOME"] = str(home)
     return home
+
+
+def bench_home(prefix: str, local: bool) -> Path:
+    """A fresh RAYSTACK_HOME for this run: on the testbed (brought up), or for a local cluster
+    on this machine (`--local`)."""
+    if not local:
+        return on_testbed(prefix)
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["RAYSTACK_HOME"] = str(home)
+    return home

@@ -18,11 +18,8 @@ tenth. Target <= 1.1x; the SDK's own last / first beside it (whether Ray's start
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +27,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from queue_gap import FIRST, first_line, floor, split, up  # noqa: E402
+from queue_gap import FIRST, floor, trivial, up  # noqa: E402
+from queue_scale import queue_cmd_s  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
-from raystack.store.ledger import JobState  # noqa: E402
 
 TARGET = 1.1
 PARTS = ("seen", "closed", "free", "pass", "submit", "start", "end_to_submitted", "end_to_first_line")
-
-
-def queue_cmd(cluster: Cluster, n: int = 3) -> float:
-    """Median seconds of `raystack queue NAME` in a new process."""
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "raystack.cli", "queue", cluster.name], capture_output=True, check=True
-        )
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def batch(cluster: Cluster, n: int, tag: str) -> list[dict[str, float]]:
-    """N jobs queued behind a blocker (long enough for every submit), each gap part by part."""
-    hold = cluster.submit(["python", "-c", f"import time; time.sleep({max(3, n // 3)})"], sets=["name=hold"])
-    jobs = [cluster.submit(["python", "-c", FIRST], sets=[f"name={tag}-{i}"]) for i in range(n)]
-    records = [job.wait(timeout=600) for job in [hold, *jobs]]
-    bad = [r.message for r in records if r.state is not JobState.SUCCEEDED]
-    if bad:
-        raise RuntimeError(f"{len(bad)} jobs did not succeed: {bad[:3]}")
-    return [split(r, first_line(j)) for r, j in zip(records[1:], jobs, strict=True)]
 
 
 def tenth(done: int, gaps: list[dict[str, float]], sdk: list[float]) -> dict[str, Any]:
@@ -73,15 +47,15 @@ def tenth(done: int, gaps: list[dict[str, float]], sdk: list[float]) -> dict[str
 def measure(cluster: Cluster, n: int) -> dict[str, Any]:
     warm = cluster.submit(["python", "-c", FIRST], sets=["name=warm"])  # (the first job's cold start)
     warm.wait(timeout=300)
-    queue_before, rows, size = queue_cmd(cluster), [], max(1, n // 10)
+    queue_before, rows, size = queue_cmd_s(cluster), [], max(1, n // 10)
     for b in range(10):
-        gaps = batch(cluster, size, f"b{b}")
+        gaps = trivial(cluster, size, hold_s=max(3, size // 3), tag=f"b{b}-")
         rows.append(tenth(b * size, gaps, floor(cluster, 3)))
     first, last = rows[0], rows[-1]
     return {
         "jobs": size * 10,
         "tenths": rows,
-        "queue_cmd_s": {"before": round(queue_before, 3), "after": round(queue_cmd(cluster), 3)},
+        "queue_cmd_s": {"before": round(queue_before, 3), "after": round(queue_cmd_s(cluster), 3)},
         "ratio_last_to_first": round(last["over_sdk"] / first["over_sdk"], 3),
         "absolute_last_to_first": round(last["end_to_first_line"] / first["end_to_first_line"], 3),
         "sdk_last_to_first": round(last["sdk"] / first["sdk"], 3),
@@ -107,7 +81,7 @@ def table(out: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    from _report import on_testbed, publish
+    from _report import bench_home, publish
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -115,12 +89,7 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=100)
     args = parser.parse_args()
-    if args.local:
-        import tempfile
-
-        os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp(prefix="bench-count-")
-    else:
-        on_testbed("bench-count-")
+    bench_home("bench-count-", args.local)
     cluster = up("count", args.local)
     try:
         out = measure(cluster, args.jobs)

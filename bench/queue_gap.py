@@ -70,11 +70,15 @@ def split(record: JobRecord, first: float) -> dict[str, float]:
     return out
 
 
-def trivial(cluster: Cluster, n: int) -> list[dict[str, float]]:
-    hold = cluster.submit(["python", "-c", "import time; time.sleep(5)"], sets=["name=hold"])
-    jobs = [cluster.submit(["python", "-c", FIRST], sets=[f"name=gap{i}"]) for i in range(n)]
+def trivial(cluster: Cluster, n: int, hold_s: float = 5, tag: str = "gap") -> list[dict[str, float]]:
+    """N jobs queued behind a blocker of `hold_s` seconds (long enough for every submit), each
+    gap part by part."""
+    hold = cluster.submit(["python", "-c", f"import time; time.sleep({hold_s})"], sets=["name=hold"])
+    jobs = [cluster.submit(["python", "-c", FIRST], sets=[f"name={tag}{i}"]) for i in range(n)]
     records = [job.wait(timeout=600) for job in [hold, *jobs]]
-    assert all(r.state is JobState.SUCCEEDED for r in records), [r.message for r in records]
+    bad = [r.message for r in records if r.state is not JobState.SUCCEEDED]
+    if bad:
+        raise RuntimeError(f"{len(bad)} jobs did not succeed: {bad[:3]}")
     return [split(r, first_line(j)) for r, j in zip(records[1:], jobs, strict=True)]
 
 
@@ -220,7 +224,7 @@ def table(out: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    from _report import on_testbed, publish
+    from _report import bench_home, publish
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -230,14 +234,7 @@ def main() -> None:
     parser.add_argument("--pip", type=int, default=2)
     parser.add_argument("--packages", type=int, default=1, help="wheels in the pip environment")
     args = parser.parse_args()
-    if not args.local:
-        home = on_testbed("bench-gap-")
-    else:
-        import tempfile
-
-        home = Path(tempfile.mkdtemp(prefix="bench-gap-"))
-        os.environ["RAYSTACK_HOME"] = str(home)
-    folder = home / "wheels"
+    folder = bench_home("bench-gap-", args.local) / "wheels"
     cluster = up("gap", args.local)
     try:
         out = measure(cluster, args.jobs, args.pip, folder, args.packages)

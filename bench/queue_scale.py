@@ -71,6 +71,18 @@ def fill(cluster: Cluster, n: int) -> None:
         queue.enqueue(request, new_id=new_job_id)
 
 
+def queue_cmd_s(cluster: Cluster, n: int = 3) -> float:
+    """Median seconds of `raystack queue NAME` in a new process, as a user runs it."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "raystack.cli", "queue", cluster.name], capture_output=True, check=True
+        )
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def measure(cluster: Cluster, n: int, window: float) -> dict:
     blocker = cluster.submit(["python", "-c", "import time; time.sleep(3600)"], sets=["name=blocker"])
     while blocker.state is not JobState.RUNNING:
@@ -81,13 +93,7 @@ def measure(cluster: Cluster, n: int, window: float) -> dict:
         t0 = time.perf_counter()
         cluster.submit(["python", "-c", "pass"], sets=["name=probe"])
         submit_s.append(time.perf_counter() - t0)
-    queue_s = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "raystack.cli", "queue", cluster.name], capture_output=True, check=True
-        )
-        queue_s.append(time.perf_counter() - t0)
+    queue_s = queue_cmd_s(cluster)
     pid = runner_pid(str(cluster.record().allocation_id))
     c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(window)
@@ -104,7 +110,7 @@ def measure(cluster: Cluster, n: int, window: float) -> dict:
     return {
         "n": n,
         "submit_s": statistics.median(submit_s),
-        "queue_cmd_s": statistics.median(queue_s),
+        "queue_cmd_s": queue_s,
         "runner_cpu_pct": cpu_pct,
         "gap_s": statistics.mean(gaps),
     }
