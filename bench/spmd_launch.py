@@ -19,7 +19,10 @@ Then, on a second cluster started with RAYSTACK_SPMD_POOL=0 (--no-actors leaves 
 Measured: submit (or srun start) -> the last rank's first line (each rank stamps the time it
 reported itself, after its process group is up and an all-reduce is done). Target: raystack
 within 1.1x of srun (medians; issue 43, 1.5x before). Also reported: raystack less Ray's floor
-against srun, the share of the launch that is raystack's and the launchers'.
+against srun, the share of the launch that is raystack's and the launchers', and the CPU each
+role used in that window in each arm (bench/cpu_roles.py: the ranks, torchrun, Ray's job
+supervisor and its other processes, raystack's driver, launch hosts, queue runner and node
+programs): on the testbed every node shares 2 cores, so the launch is as long as that work.
 
     python bench/spmd_launch.py [--repeats 3] [--no-actors]
 """
@@ -40,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _report import on_testbed, publish  # noqa: E402
+from cpu_roles import Sampler, table  # noqa: E402
 from queue_gap import FIRST, floor, sdk_first_line, up  # noqa: E402
 
 from raystack import Cluster  # noqa: E402
@@ -51,6 +55,8 @@ TARGET = 1.1  # (issue 43; 1.5 before)
 COMMAND = "spmd.py --steps 1"
 PARTS = ("started", "import", "meet")  # (first_lines)
 RUN_ROWS = (("raystack", "raystack"), ("srun", "srun"), ("srun+ray", "srun_ray"), ("ray job", "floor"))
+RUN_ARMS = {key: name for name, key in RUN_ROWS}
+RANKS = (("-u spmd.py", "ranks"),)  # (torchrun's command for a rank; the driver's names spmd.py too)
 
 
 def first_lines(text: str, t0: float, parts: dict[str, list] | None = None) -> float:
@@ -134,14 +140,23 @@ def arms(cluster: Cluster, repeats: int, floor_too: bool) -> dict[str, Any]:
     """raystack and srun alternating on one cluster (and Ray's floor): the seconds of each run."""
     out: dict[str, Any] = {"raystack": [], "srun": [], "srun_ray": [], "floor": [], "how": []}
     out["parts"] = {arm: {k: [] for k in PARTS} for arm in ("raystack", "srun")}
+    out["cpu"] = {arm: [] for arm in ("raystack", "srun", "srun_ray")}
     through_raystack(cluster, -1)  # warm-up: the working_dir package, torch's first import
     through_srun(cluster, 99)
-    for i in range(repeats):
-        out["raystack"].append(through_raystack(cluster, i, out["how"], out["parts"]["raystack"]))
-        out["srun"].append(through_srun(cluster, i, out["parts"]["srun"]))
-        if floor_too:
-            out["srun_ray"].append(through_srun(cluster, 50 + i, beside=True))
-            out["floor"] += floor(cluster, 1)
+
+    def timed(arm: str, run: Any, *args: Any, **kw: Any) -> None:  # (and each role's CPU meanwhile)
+        t0 = time.time()
+        seconds = run(*args, **kw)
+        out[arm].append(seconds)
+        out["cpu"][arm].append(cpu.window(t0, t0 + seconds))
+
+    with Sampler(extra=RANKS) as cpu:
+        for i in range(repeats):
+            timed("raystack", through_raystack, cluster, i, out["how"], out["parts"]["raystack"])
+            timed("srun", through_srun, cluster, i, out["parts"]["srun"])
+            if floor_too:
+                timed("srun_ray", through_srun, cluster, 50 + i, beside=True)
+                out["floor"] += floor(cluster, 1)
     return out
 
 
@@ -190,6 +205,11 @@ def main() -> None:
             for arm, p in parts.items()
         )
     )
+    cpu = {arm: runs for arm, runs in pooled["cpu"].items() if runs}
+    lines.append(
+        "CPU each role used from the submit to the last rank's first line (all nodes share the cores):"
+    )
+    lines += table({RUN_ARMS[a]: v for a, v in cpu.items()}, {RUN_ARMS[a]: pooled[a] for a in cpu})
     if actors:
         a_ratio = statistics.median(actors["raystack"]) / statistics.median(actors["srun"])
         lines.append(f"with new launcher actors (RAYSTACK_SPMD_POOL=0): {a_ratio:.2f}x srun in that cluster")
@@ -206,6 +226,7 @@ def main() -> None:
             "ratio_to_srun_beside_ray_job": round(beside, 3),
             "launchers": sorted(set(pooled["how"])),
             "parts_s": parts,
+            "cpu_s": cpu,
             "ratio": round(ratio, 3),
             "ratio_less_ray_floor": round(ours, 3),
             "target_within": ratio <= TARGET,
