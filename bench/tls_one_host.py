@@ -7,7 +7,7 @@ a worker, `ray.cluster_utils`, `--cpus` each) on this host, with the certificate
 gives a node (raystack.store.tls: the cluster's CA, a node certificate, Ray's RAY_USE_TLS
 variables, and raystart.TLS_CONNECTIONS object-manager connections per peer) or without, as
 raystack starts a plain node (Ray's defaults; RAY_object_manager_* of the shell go to both arms),
-alternating (--rounds each), each arm in a fresh process and cluster.
+alternating (--rounds each, which one goes first too), each arm in a fresh process and cluster.
 Each arm moves --mib MiB from node A's object store to a task on node B, 256 MiB at a time, 3
 times, less the same reads on A (jobs/debug/transfer.py). Reported: the medians, TLS / plain
 (issue 43's target: >= 0.8x), and what one core here takes to encrypt and decrypt a GiB.
@@ -131,13 +131,13 @@ def main() -> None:
         print("ARM " + json.dumps(arm(args.mib, args.cpus)), flush=True)
         return
     from _report import publish
-    from tls_cost import crypto_seconds
+    from tls_cost import crypto_seconds, order, pairs
 
     crypto = crypto_seconds()
     runs: dict[bool, list[dict]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="bench-tls1-") as tmp:
         for i in range(args.rounds):
-            for use_tls in (False, True):
+            for use_tls in order(i):
                 runs[use_tls].append(run_arm(use_tls, args, Path(tmp) / f"{int(use_tls)}-{i}"))
                 print(f"round {i} tls={use_tls}: {runs[use_tls][-1]}", flush=True)
 
@@ -152,13 +152,14 @@ def main() -> None:
 
     extra = 1 / rate(True) - 1 / rate(False)
     ratio = rate(True) / rate(False)
+    paired = pairs([r["gib_per_s"] for r in runs[False]], [r["gib_per_s"] for r in runs[True]])
     lines = [
         f"{'':>30} {'plain':>8} {'tls':>8} {'tls/plain':>10}",
         f"{'two nodes up, s':>30} {start(False):>8.2f} {start(True):>8.2f} {start(True) / start(False):>10.2f}",
         f"{f'{args.mib} MiB node -> node, GiB/s':>30} {rate(False):>8.3f} {rate(True):>8.3f} {ratio:>10.2f}",
         f"{'core-seconds per GiB moved':>30} {cores(False):>8.2f} {cores(True):>8.2f} {cores(True) / cores(False):>10.2f}",
         f"2 Ray nodes on one host of {os.cpu_count()} cores, {args.cpus} CPUs each, {args.rounds} rounds "
-        f"alternating; medians. TLS adds {extra:.2f} s and {cores(True) - cores(False):.2f} core-seconds per "
+        f"(plain first in the even ones, TLS in the odd); medians; TLS / plain round by round {paired}. TLS adds {extra:.2f} s and {cores(True) - cores(False):.2f} core-seconds per "
         f"GiB; of them the cipher (one core encrypting and decrypting 1 GiB with AES-128-GCM in TLS records) "
         f"{crypto:.2f} s; target >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'}",
     ]
@@ -172,6 +173,7 @@ def main() -> None:
             "plain": runs[False],
             "tls": runs[True],
             "ratio": round(ratio, 3),
+            "pairs": paired,
             "crypto_s_per_gib": round(crypto, 3),
             "tls_extra_s_per_gib": round(extra, 3),
         },
