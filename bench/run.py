@@ -65,13 +65,13 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
         ("a sweep's last tenth / first, each over the SDK then", ["ratio_last_to_first"]),
     ),
     "tls_cost": (
-        ["--rounds", "1", "--jobs", "4"],
-        ["--rounds", "2", "--jobs", "6"],
+        ["--rounds", "2", "--jobs", "4", "--transfers", "2"],
+        ["--rounds", "4", "--jobs", "6", "--transfers", "3"],
         ("TLS / plain, 1 GiB transfer", ["ratios", "1 GiB node -> node, GiB/s"]),
     ),
     "tls_one_host": (
-        ["--rounds", "1", "--cpus", "4"],
-        ["--rounds", "3", "--cpus", "4"],
+        ["--rounds", "2", "--cpus", "4"],
+        ["--rounds", "4", "--cpus", "4"],
         ("TLS / plain, 1 GiB between 2 Ray nodes of one host", ["ratio"]),
     ),
     "autoscale": (
