@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -50,7 +51,12 @@ ROLES: tuple[tuple[str, str], ...] = (
 class Sampler:
     """Every process's CPU time, every `every` seconds, until `stop` (or the `with` ends)."""
 
-    def __init__(self, every: float = 0.25, roles: Sequence[tuple[str, str]] = ROLES, extra=()):
+    def __init__(
+        self,
+        every: float = 0.25,
+        roles: Sequence[tuple[str, str]] = ROLES,
+        extra: Sequence[tuple[str, str]] = (),  # (looked at before `roles`)
+    ):
         self.every, self.roles = every, (*extra, *roles)
         self.times: list[float] = []
         self.cpu: list[dict[int, float]] = []
@@ -67,22 +73,27 @@ class Sampler:
         self.stop()
 
     def stop(self) -> None:
+        """Stop sampling, after one last sample (a window that ends now has its closing one)."""
         self.done.set()
         self.thread.join()
+        self.sample()
 
     def _run(self) -> None:
         while not self.done.is_set():
-            now, seen = time.time(), {}
-            for proc in psutil.process_iter(["cmdline", "cpu_times"]):
-                times, words = proc.info["cpu_times"], proc.info["cmdline"]
-                if times is None:
-                    continue
-                seen[proc.pid] = times.user + times.system
-                if words:
-                    self.cmdline[proc.pid] = " ".join(words)
-            self.times.append(now)
-            self.cpu.append(seen)
+            self.sample()
             self.done.wait(self.every)
+
+    def sample(self) -> None:
+        now, seen = time.time(), {}
+        for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+            times, words = proc.info["cpu_times"], proc.info["cmdline"]
+            if times is None:
+                continue
+            seen[proc.pid] = times.user + times.system
+            if words:
+                self.cmdline[proc.pid] = " ".join(words)
+        self.times.append(now)
+        self.cpu.append(seen)
 
     def role(self, pid: int) -> str:
         if pid == self.me:
@@ -107,8 +118,6 @@ class Sampler:
 
 def table(arms: dict[str, list[dict[str, float]]], walls: dict[str, list[float]]) -> list[str]:
     """Medians of each role's core-seconds per arm, a row per role, the total and the busy cores."""
-    import statistics
-
     names = list(arms)
     roles = sorted(
         {r for runs in arms.values() for run in runs for r in run},

@@ -7,7 +7,7 @@ at once (the one started first alternates):
   transfer  1 GiB moved between the two nodes' object stores (jobs/debug/transfer.py: 4 objects
             of 256 MiB made on node A and read by a task on node B, minus the same reads on A),
             --transfers times on each cluster, the two taking turns: this machine's speed drifts
-            by a third within minutes, more than TLS's cost, so the arms are compared seconds
+            by a third within minutes, as much as TLS costs, so the arms are compared seconds
             apart rather than a cluster's lifetime apart
 Reported: medians and TLS / plain ratios (issue 43's target: transfer >= 0.8x), and beside
 them what TLS adds per GiB moved against what this machine's cores take to encrypt and decrypt a
@@ -89,7 +89,7 @@ def one_round(i: int, jobs: int, transfers: int) -> dict[bool, dict]:
 
 def order(i: int) -> tuple[bool, bool]:
     """Round i's arms, plain first in even rounds and TLS first in odd ones: this machine's speed
-    drifts by a third within minutes, and the arm that always ran second took the drift."""
+    drifts by a third within minutes, so neither arm is always the one that runs later."""
     return (False, True) if i % 2 == 0 else (True, False)
 
 
