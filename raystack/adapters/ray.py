@@ -311,6 +311,29 @@ class Dashboard:
             for n in self._state_list("nodes", [], detail=True)
             if isinstance(n, NodeState)
         }
+        dead = [
+            a
+            for a in self._state_list(
+                "actors", [("job_id", "=", ray_job_id), ("state", "=", "DEAD")], detail=True
+            )
+            if isinstance(a, ActorState)
+        ]
+
+        def place(a: ActorState) -> tuple[str | None, int | None]:
+            """Where a dead actor's process ran: its node's address and its pid."""
+            context = (a.death_cause or {}).get("actor_died_error_context", {})
+            died_on = NODE_ID.search(str(context.get("error_message") or ""))
+            ip = (
+                context.get("node_ip_address")
+                or nodes.get(a.node_id or "")
+                or (died_on and nodes.get(died_on[1]))
+            )
+            return ip or None, a.pid or context.get("pid") or None
+
+        # A task whose actor's process died under it (SIGKILL, a crash) may be recorded before its
+        # worker said where it ran (its task events die with it: no pid, at times no node either);
+        # the actor's own record still has both.
+        places = {a.actor_id: place(a) for a in dead}
         found: list[dict[str, Any]] = []
         for t in self._state_list(
             "tasks", [("job_id", "=", ray_job_id), ("state", "=", "FAILED")], detail=True
@@ -319,31 +342,27 @@ class Dashboard:
                 name = t.func_or_class_name or t.name or "task"
                 ran_at = RAN_AT.search(str(t.error_message))
                 died_on = NODE_ID.search(str(t.error_message))
+                actor_ip, actor_pid = places.get(t.actor_id or "", (None, None))
                 found.append(
                     {
                         "ip": nodes.get(t.node_id or "")
                         or (ran_at and ran_at[2])
-                        or (died_on and nodes.get(died_on[1])),
-                        "pid": t.worker_pid or (ran_at and int(ran_at[1])),
+                        or (died_on and nodes.get(died_on[1]))
+                        or actor_ip,
+                        "pid": t.worker_pid or (ran_at and int(ran_at[1])) or actor_pid,
                         "actor": name.split(".")[0] if t.actor_id else f"task {name}",
                         "error": str(t.error_message),
                         "at": (t.end_time_ms or 0) / 1000 or None,
                     }
                 )
-        for a in self._state_list(
-            "actors", [("job_id", "=", ray_job_id), ("state", "=", "DEAD")], detail=True
-        ):
-            if not isinstance(a, ActorState):
-                continue
+        for a in dead:
             context = (a.death_cause or {}).get("actor_died_error_context", {})
             if context.get("reason") in DEATHS:
-                died_on = NODE_ID.search(str(context.get("error_message") or ""))
+                ip, pid = place(a)
                 found.append(
                     {
-                        "ip": context.get("node_ip_address")
-                        or nodes.get(a.node_id or "")
-                        or (died_on and nodes.get(died_on[1])),
-                        "pid": a.pid or context.get("pid"),
+                        "ip": ip,
+                        "pid": pid,
                         "actor": a.class_name,
                         "error": str(context.get("error_message") or context.get("reason")),
                         "at": None,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import requests
-from ray.util.state.common import NodeState, TaskState
+from ray.util.state.common import ActorState, NodeState, TaskState
 
 from raystack import errors
 from raystack.adapters.ray import Dashboard, translate
@@ -63,6 +63,28 @@ def test_a_task_whose_node_died_is_placed_on_that_node() -> None:
         "02000000"
     )
     assert event["ip"] == "10.200.0.14"
+
+
+def test_a_task_whose_actor_process_died_is_placed_where_its_actor_ran() -> None:
+    # An engine SIGKILLed 0.05 s into its generate (tests/testbed/test_grpo.py, once in a fresh
+    # run): the job's message said "unknown Engine". Ray 2.60 records such a task without its pid
+    # (asked on a local Ray: node set, worker_pid None), at times without its node either (its
+    # worker died before its task events went out), and its text names neither; the dead actor's
+    # record has both.
+    text = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."
+    )
+    node = NodeState(node_id="n2", node_ip="10.200.0.12", is_head_node=False, state="ALIVE",
+                     state_message=None, node_name="node2", resources_total={}, labels={})  # fmt: skip
+    actor = ActorState(actor_id="0be7", class_name="Engine", state="DEAD", job_id="02000000", name="",
+                       node_id="n2", pid=14600, ray_namespace="ns",
+                       death_cause={"actor_died_error_context": {"reason": "WORKER_DIED",
+                                                                 "error_message": text}})  # fmt: skip
+    dead = task(worker_pid=None, node_id=None, name="Engine.generate", func_or_class_name="Engine.generate",
+                error_message=text)  # fmt: skip
+    events = Recorded({"nodes": [node], "actors": [actor], "tasks": [dead]}).job_errors("02000000")
+    assert [(e["ip"], e["pid"], e["actor"]) for e in events] == [("10.200.0.12", 14600, "Engine")] * 2
 
 
 @pytest.mark.parametrize(
