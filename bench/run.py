@@ -7,8 +7,9 @@ of its own run, one after another on the testbed (they must not share the machin
   queue_overhead  per-job time through the queue against Ray's SDK; fresh allocations per job
   queue_gap       the gap between two queued jobs part by part; a pip environment prepared or not
   spmd_launch     a `kind: spmd` torchrun job against srun + torchrun in the same allocation
-  start_ab        later jobs through raystack against Ray's SDK on one local cluster, interleaved,
-                  and the SDK sending what the runner sends
+  start_ab        later jobs through raystack against Ray's SDK on local clusters, interleaved,
+                  and the SDK sending what the runner sends; each cluster's first job (raystack's
+                  on every other one, the SDK's on the rest) against that cluster's warm SDK
   job_count       a sweep of N jobs back to back: the last tenth's start against the first's
   tls_cost        a TLS cluster against a plain one: start, queue, 1 GiB node -> node
   tls_one_host    Ray's object transfer with and without TLS between two Ray nodes of this host
@@ -55,8 +56,8 @@ BENCHES: dict[str, tuple[list[str], list[str], tuple[str, list[Any]]]] = {
     ),
     "spmd_launch": (["--repeats", "3", "--no-actors"], ["--repeats", "3"], ("raystack / srun", ["ratio"])),
     "start_ab": (
-        ["--rounds", "6"],
-        ["--rounds", "12"],
+        ["--rounds", "3", "--clusters", "2"],
+        ["--rounds", "4", "--clusters", "4"],
         ("raystack / SDK, later jobs", ["ratio", "raystack"]),
     ),
     "job_count": (
