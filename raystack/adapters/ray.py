@@ -40,6 +40,37 @@ def auth_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def actor_place(a: Any, nodes: dict[str, str]) -> tuple[str | None, int | None]:
+    """Where a dead actor's process ran (Ray's ActorState): its node's address and its pid."""
+    context = (a.death_cause or {}).get("actor_died_error_context", {})
+    died_on = NODE_ID.search(str(context.get("error_message") or ""))
+    ip = context.get("node_ip_address") or nodes.get(a.node_id or "") or (died_on and nodes.get(died_on[1]))
+    return ip or None, a.pid or context.get("pid") or None
+
+
+def task_error(
+    t: Any, nodes: dict[str, str], places: dict[str, tuple[str | None, int | None]]
+) -> dict[str, Any]:
+    """One failed task (Ray's TaskState) as job_errors says it. A task whose actor's process died
+    under it (SIGKILL, a crash) may be recorded before its worker said where it ran (its task
+    events die with it: no pid, at times no node either); the dead actor's record (`places`)
+    still has both."""
+    name = t.func_or_class_name or t.name or "task"
+    text = str(t.error_message)
+    ran_at, died_on = RAN_AT.search(text), NODE_ID.search(text)
+    actor_ip, actor_pid = places.get(t.actor_id or "", (None, None))
+    return {
+        "ip": nodes.get(t.node_id or "")
+        or (ran_at and ran_at[2])
+        or (died_on and nodes.get(died_on[1]))
+        or actor_ip,
+        "pid": t.worker_pid or (ran_at and int(ran_at[1])) or actor_pid,
+        "actor": name.split(".")[0] if t.actor_id else f"task {name}",
+        "error": text,
+        "at": (t.end_time_ms or 0) / 1000 or None,
+    }
+
+
 def short(exc: BaseException) -> str:
     """One line for an exception from Ray's clients (their messages span many lines)."""
     text = str(exc).strip().splitlines()
@@ -318,56 +349,17 @@ class Dashboard:
             )
             if isinstance(a, ActorState)
         ]
-
-        def place(a: ActorState) -> tuple[str | None, int | None]:
-            """Where a dead actor's process ran: its node's address and its pid."""
-            context = (a.death_cause or {}).get("actor_died_error_context", {})
-            died_on = NODE_ID.search(str(context.get("error_message") or ""))
-            ip = (
-                context.get("node_ip_address")
-                or nodes.get(a.node_id or "")
-                or (died_on and nodes.get(died_on[1]))
-            )
-            return ip or None, a.pid or context.get("pid") or None
-
-        # A task whose actor's process died under it (SIGKILL, a crash) may be recorded before its
-        # worker said where it ran (its task events die with it: no pid, at times no node either);
-        # the actor's own record still has both.
-        places = {a.actor_id: place(a) for a in dead}
-        found: list[dict[str, Any]] = []
-        for t in self._state_list(
+        places = {a.actor_id: actor_place(a, nodes) for a in dead}
+        tasks = self._state_list(
             "tasks", [("job_id", "=", ray_job_id), ("state", "=", "FAILED")], detail=True
-        ):
-            if isinstance(t, TaskState) and t.error_message:
-                name = t.func_or_class_name or t.name or "task"
-                ran_at = RAN_AT.search(str(t.error_message))
-                died_on = NODE_ID.search(str(t.error_message))
-                actor_ip, actor_pid = places.get(t.actor_id or "", (None, None))
-                found.append(
-                    {
-                        "ip": nodes.get(t.node_id or "")
-                        or (ran_at and ran_at[2])
-                        or (died_on and nodes.get(died_on[1]))
-                        or actor_ip,
-                        "pid": t.worker_pid or (ran_at and int(ran_at[1])) or actor_pid,
-                        "actor": name.split(".")[0] if t.actor_id else f"task {name}",
-                        "error": str(t.error_message),
-                        "at": (t.end_time_ms or 0) / 1000 or None,
-                    }
-                )
+        )
+        found = [task_error(t, nodes, places) for t in tasks if isinstance(t, TaskState) and t.error_message]
         for a in dead:
             context = (a.death_cause or {}).get("actor_died_error_context", {})
             if context.get("reason") in DEATHS:
-                ip, pid = place(a)
-                found.append(
-                    {
-                        "ip": ip,
-                        "pid": pid,
-                        "actor": a.class_name,
-                        "error": str(context.get("error_message") or context.get("reason")),
-                        "at": None,
-                    }
-                )
+                ip, pid = places[a.actor_id]
+                error = str(context.get("error_message") or context.get("reason"))
+                found.append({"ip": ip, "pid": pid, "actor": a.class_name, "error": error, "at": None})
         return found
 
     # ------------------------------------------------------------------ node stats
