@@ -72,9 +72,9 @@ def via_sdk(sdk: Any, arm: str, runner: dict[str, Any]) -> float:
     return sdk_first_line(sdk, **options)
 
 
-def one_cluster(index: int, rounds: int, runs: dict[str, list[float]]) -> dict[str, Any]:
+def one_cluster(index: int, rounds: int) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """A fresh cluster: its first job (raystack's on even `index`, the SDK's on odd), the next
-    job of the other arm, then `rounds` interleaved rounds (appended to `runs`)."""
+    job of the other arm, then `rounds` interleaved rounds: the first job's figures, each arm's runs."""
     cluster = Cluster.up_local(name=f"ab{os.getpid()}x{index}", timeout=300)
     try:
         sdk = cluster.dashboard().jobs
@@ -92,10 +92,8 @@ def one_cluster(index: int, rounds: int, runs: dict[str, list[float]]) -> dict[s
                 mine[arm].append(via_raystack(cluster) if arm == "raystack" else via_sdk(sdk, arm, runner))
     finally:
         cluster.down()
-    for arm in ARMS:
-        runs[arm] += mine[arm]
     warm = statistics.median(mine["sdk"])
-    return {
+    first_job = {
         "first_arm": first_arm,
         "first_s": round(first, 3),
         "second_s": round(second, 3),
@@ -103,6 +101,7 @@ def one_cluster(index: int, rounds: int, runs: dict[str, list[float]]) -> dict[s
         "first_over_warm_sdk": round(first / warm, 3),
         "first_over_own_later": round(first / statistics.median(mine[first_arm]), 3),
     }
+    return first_job, mine
 
 
 def main() -> None:
@@ -110,8 +109,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds on each cluster")
     parser.add_argument("--clusters", type=int, default=1, help="fresh clusters, one after another")
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    firsts = [one_cluster(i, args.rounds, runs) for i in range(args.clusters)]
+    results = [one_cluster(i, args.rounds) for i in range(args.clusters)]
+    firsts = [first for first, _ in results]
+    runs = {arm: [x for _, mine in results for x in mine[arm]] for arm in ARMS}
     med = {arm: statistics.median(v) for arm, v in runs.items()}
     ratio = {arm: round(med[arm] / med["sdk"], 3) for arm in ARMS}
     pairs = [round(a / b, 2) for a, b in zip(runs["raystack"], runs["sdk"], strict=True)]

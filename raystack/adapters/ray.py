@@ -40,9 +40,14 @@ def auth_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def death_context(a: Any) -> dict[str, Any]:
+    """What Ray recorded of a dead actor's death (Ray's ActorState): reason, message, node, pid."""
+    return dict((a.death_cause or {}).get("actor_died_error_context", {}))
+
+
 def actor_place(a: Any, nodes: dict[str, str]) -> tuple[str | None, int | None]:
     """Where a dead actor's process ran (Ray's ActorState): its node's address and its pid."""
-    context = (a.death_cause or {}).get("actor_died_error_context", {})
+    context = death_context(a)
     died_on = NODE_ID.search(str(context.get("error_message") or ""))
     ip = context.get("node_ip_address") or nodes.get(a.node_id or "") or (died_on and nodes.get(died_on[1]))
     return ip or None, a.pid or context.get("pid") or None
@@ -355,7 +360,7 @@ class Dashboard:
         )
         found = [task_error(t, nodes, places) for t in tasks if isinstance(t, TaskState) and t.error_message]
         for a in dead:
-            context = (a.death_cause or {}).get("actor_died_error_context", {})
+            context = death_context(a)
             if context.get("reason") in DEATHS:
                 ip, pid = places[a.actor_id]
                 error = str(context.get("error_message") or context.get("reason"))
