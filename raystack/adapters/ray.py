@@ -265,9 +265,10 @@ class Dashboard:
         ]
 
     def pending_demands(self, ray_job_id: str, limit: int = 200) -> list[dict[str, Any]]:
-        """What a Ray job waits for: its actors pending creation (outside placement groups), its
-        placement groups pending (each bundle, and whether Ray's scheduler marked it INFEASIBLE)
-        and its tasks waiting for a node. Each: {kind, name, bundles, ray_infeasible, pg_id}."""
+        """What a Ray job waits for: its actors pending creation (those in a placement group with
+        no bundles: the group holds their resources), its placement groups pending (each bundle,
+        and whether Ray's scheduler marked it INFEASIBLE) and its tasks waiting for a node. Each:
+        {kind, name, bundles, ray_infeasible, pg_id}."""
         from ray.util.state.common import ActorState, PlacementGroupState, TaskState
 
         found: list[dict[str, Any]] = []
@@ -275,8 +276,9 @@ class Dashboard:
         for a in self._state_list(
             "actors", [job, ("state", "=", "PENDING_CREATION")], detail=True, limit=limit
         ):
-            if isinstance(a, ActorState) and not a.placement_group_id and a.required_resources:
-                found.append(_demand("actor", a.class_name or "actor", [a.required_resources]))
+            if isinstance(a, ActorState) and a.required_resources:
+                bundles = [] if a.placement_group_id else [a.required_resources]
+                found.append(_demand("actor", a.class_name or "actor", bundles))
         for g in self._state_list(
             "placement_groups",
             [("creator_job_id", "=", ray_job_id), ("state", "=", "PENDING")],

@@ -145,3 +145,58 @@ def nvml_rows() -> list[list[str]]:
 def smi_rows() -> list[list[str]]:
     out = smi("--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total")
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.count(",") == 4]
+
+
+def memory_activity() -> list[tuple[float, set[int]]]:
+    """(memory utilisation %, pids holding it) of each GPU of this machine: the share of the last
+    sample period in which the GPU read or wrote its memory (NVML), and who computes on it. Empty
+    without real GPUs; a GPU whose utilisation the driver does not give (MIG) is left out."""
+    nv = nvml()
+    found = []
+    if nv is not None:
+        try:
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                with contextlib.suppress(nv.NVMLError):
+                    util = float(nv.nvmlDeviceGetUtilizationRates(handle).memory)
+                    holders = {int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)}
+                    found.append((util, holders))
+        except nv.NVMLError:
+            return []
+        return found
+    if not real_gpus():
+        return []
+    holders_of: dict[str, set[int]] = {}
+    for line in smi("--query-compute-apps=pid,gpu_uuid").splitlines():
+        pid, _, uuid = (f.strip() for f in line.partition(","))
+        if pid.isdigit():
+            holders_of.setdefault(uuid, set()).add(int(pid))
+    for line in smi("--query-gpu=uuid,utilization.memory").splitlines():
+        uuid, _, share = (f.strip() for f in line.partition(","))
+        with contextlib.suppress(ValueError):  # ("[N/A]")
+            found.append((float(share), holders_of.get(uuid, set())))
+    return found
+
+
+def process_memory_activity(pids: set[int], since: float) -> float | None:
+    """The highest memory utilisation (%) NVML sampled for any of `pids` since `since` (epoch
+    seconds) on any GPU: what one job's processes did, not their neighbours' on a shared GPU. None
+    where NVML gives no per-process samples (no binding, an old driver, MIG): then read the GPU."""
+    nv = nvml()
+    if nv is None:
+        return None
+    found, known = 0.0, False
+    try:
+        for index in range(nv.nvmlDeviceGetCount()):
+            try:
+                samples = nv.nvmlDeviceGetProcessUtilization(
+                    nv.nvmlDeviceGetHandleByIndex(index), int(since * 1e6)
+                )
+            except nv.NVMLError_NotFound:  # (no process sampled since then: it did nothing there)
+                known = True
+                continue
+            known = True
+            found = max([found, *(float(s.memUtil) for s in samples if int(s.pid) in pids)])
+    except (nv.NVMLError, AttributeError):
+        return None
+    return found if known else None

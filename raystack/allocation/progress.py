@@ -1,22 +1,42 @@
 """Progress of the jobs the queue runner watches for hangs (store/progress.py): every node program
-samples the Python stacks of each watched job's processes on its node (`py-spy dump --json`) and
-says in its usage samples when it last saw one of them move. The watchdog (watchdog.py) calls a
-job hung when no process of it moved on any node, and it printed nothing, for `hang_timeout`.
+looks at each watched job's processes on its node every hang_timeout/6 seconds (1 to 30 s) and says
+in its usage samples when it last saw the job move, and by what evidence. The watchdog
+(watchdog.py) calls a job hung when it printed nothing and moved on no node for `hang_timeout`.
 
-Busy is not progress: a rank spinning in an NCCL collective whose peer never comes shows 100 % of
-its GPU and a full CPU core, with the same stack sample after sample. What counts as moving:
-- a thread running (on a CPU, not asleep on a lock, a socket, a GPU event or in time.sleep) at two
-  samples in a row whose stack differs between them: other functions, or other values of their
-  variables (`py-spy dump --locals`: a loop's counter, the item it works on, an accumulator). A
-  training step, an evaluation in a numpy loop, a vLLM engine generating all move; a thread that
-  polls in place (`while not work.is_completed(): pass`) runs on the same variables and does not.
-  Line numbers alone count only in a script's top level, where py-spy shows no variables. A poll
-  loop caught awake once between two sleeps is not moving either: it must run at both samples.
-- a process of the job that started, or ended, since the sample before.
-- a process py-spy cannot read (not Python, ptrace refused) that used CPU since the sample before:
-  nothing better is known of it.
-A job whose processes all sleep (every rank waits in a gloo collective, a driver waits on an actor
-that waits on nothing) does not move either.
+Busy is not progress: a rank whose NCCL peer never comes spins at 100 % of its GPU and a full CPU
+core forever. Waiting is not hang either: a GPU-bound loop spends most of its time in
+cudaStreamSynchronize. So the rule asks what *changed*, with the CPU a thread spent as the proof
+that it did something (docs/troubleshooting.md#my-job-hangs says it for users, with its blind
+spots). Between two looks, the job moved on this node when, in one of its processes:
+
+- values: a thread that ran on a CPU for at least RUN_SHARE of the time between the looks (RUN_MIN
+  at least) has, in a frame it had at both looks (the same function at the same depth from the
+  thread's start), a plain variable (int, float, str, bool, None, or a container of them) with
+  another value: a step counter, a loss, an index. Running or waiting at the moment of the look
+  does not matter. A frame py-spy shows without variables (a script's top level) counts with its
+  line. Objects (py-spy shows them by address) do not count: a loop that polls makes a new object
+  each try. Nor does a thread that barely ran: a timed wait that retries (the DataLoader's
+  `queue.get(timeout=5)`, asyncio's loop, a retry counter in a loop that sleeps) wakes for
+  microseconds and changes its deadline, not its work.
+- stack: a thread that ran so, caught running at two samples in a row (a look is a burst of up to
+  BURST samples, taken only until something moved) with other functions in its stack.
+- files: a regular file a process holds open (not a log, nothing in the cluster folder: torch's
+  flight recorder dumps land there) changed its offset, or one was opened for writing.
+- processes: a process of the job started or ended.
+- native (read only once the job did not move for QUIET_LOOKS looks: a native dump costs seconds):
+  none of the above on this node, and a thread that ran so while its Python frames did not
+  move computes in native code: a BLAS, LAPACK or ATen kernel among its native frames (one long
+  line; also while it waits at a barrier for its helper threads), or else an innermost native
+  function, past the C library's and OpenMP's (their waits and copies look alike unsymbolised),
+  that is no wait (a synchronize, a lock, a sleep, a poll); never with a collective (NCCL, gloo)
+  or a CUDA library among them (a launch into a full queue waits as much as it works: the GPU's
+  memory says which), nor in Python's own loop.
+- gpu (as native): none of the above, and a process of the job moved GPU memory since the last
+  look (NVML's memory utilisation, GPU_MEMORY % or more: per process where NVML samples them, else
+  of a GPU one of them holds): a step of a model, a chain of matmuls queued from one line.
+  A spinning collective or a flag poll keeps SMs busy while touching almost no memory.
+- not Python: a process py-spy cannot read used OPAQUE_SHARE of a core.
+Ray's job supervisor (it only waits for the entrypoint) is not looked at.
 """
 
 from __future__ import annotations
@@ -24,34 +44,85 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Any
 
 import psutil
 
+from raystack.allocation import gpus
 from raystack.allocation.stacks import job_processes, py_spy
+from raystack.store import paths
 from raystack.store import progress as store
-from raystack.waiting import REAL, Clock, Every
+from raystack.waiting import REAL, Clock, Every, retry
 
 log = logging.getLogger("raystack.node")
 LOOK_EVERY = 2.0  # seconds between looks at the request file (one stat)
 SPY_TIMEOUT = 10.0  # seconds one py-spy dump may take
-OPAQUE_CPU = 0.05  # CPU seconds per sample that make a process py-spy cannot read count as moving
-Stack = tuple[tuple[str, str, object], ...]  # (function, file, its variables' values or its line)
-Stacks = dict[int, Stack]  # thread id -> stack, of the threads that were running
+RUN_SHARE, RUN_MIN = 0.01, 0.02  # a thread's CPU between looks (share of the time, seconds) that counts
+OPAQUE_SHARE = 0.05  # cores a process py-spy cannot read uses that count as moving (a compiler)
+GPU_MEMORY = 5.0  # % NVML memory utilisation of a GPU the job holds that counts as moving
+QUIET_LOOKS = 2  # looks without a move before native frames and GPUs are read (a native dump: 0.5-10 s)
+BURST, BURST_GAP = 3, 0.1  # samples in one look of a busy process, and seconds between them
+MOST_FILES = 256  # open files looked at per process
+SUPERVISOR = "ray::JobSupervisor"
+LOGS = (".log", ".out", ".err")
+# A native frame in a GPU library: GPU work is judged by the GPU's memory (a launch that waits for a
+# full queue looks the same whether the queue moves or waits behind a collective that never ends)
+GPU_LIBRARIES = re.compile(r"libcuda\.|libcudart|libnccl|libcublas|libcudnn|libnvrtc")
+# Frames passed over to find the function that runs: the C library's and OpenMP's (their waits and
+# copies cannot be told apart unsymbolised), and frames py-spy could not name
+PASSED = re.compile(r"libgomp|libiomp|libomp|libc\.so|libpthread|ld-linux|libstdc\+\+")
+# Functions of collectives (a rank in one waits for its peers, whatever the frames above it)
+COLLECTIVE = re.compile(r"nccl|gloo|c10d::|processgroup|mpi_|ucp_", re.IGNORECASE)
+# Functions that compute: a thread with one of them in its stack computes, also while it waits for
+# its helper threads at a barrier (OpenBLAS's exec_blas_async_wait, OpenMP's barrier)
+COMPUTE = re.compile(
+    r"gemm|gemv|blas|lapack|mkl_|dnnl|onednn|getrf|potrf|geqrf|syev|heev|hseqr|gesdd|fft|conv|_kernel",
+    re.IGNORECASE,
+)
+# Functions that wait, spin or poll rather than compute
+WAIT_NAMES = re.compile(
+    r"sync|memcpy|query|futex|pthread_|sem_|__lll_|epoll|poll|select|sleep|sched_yield|barrier|"
+    r"wait|spin|recv|send",
+    re.IGNORECASE,
+)
+PYTHON = re.compile(r"libpython|/python[\d.]*$")
+
+Frame = tuple[str, str, object]  # (function, file, its plain values, or its line where it has none)
+
+
+@dataclass(frozen=True)
+class Thread:
+    active: bool  # on a CPU when sampled
+    frames: tuple[Frame, ...]  # outermost first
+
+
+Sample = dict[int, Thread]  # OS thread id -> its stack
 
 
 @dataclass
-class Seen:
-    """One process at its last sample."""
+class Look:
+    """One process at one look."""
 
-    running: Stacks  # the stacks of its threads that were running (empty: all asleep)
-    readable: bool
-    cpu: float  # CPU seconds used so far
+    cpu: dict[int, float]  # OS thread id -> CPU seconds so far
+    files: dict[tuple[int, str], tuple[int, bool]]  # (fd, path) -> (offset, open for writing)
+    samples: list[Sample] = field(default_factory=list)  # the last burst that was taken
+    readable: bool = True  # py-spy read it (a Python process)
+
+    def used(self, before: Look) -> float:
+        return sum(self.cpu.values()) - sum(before.cpu.values())
+
+    def busy(self, before: Look, dt: float) -> set[int]:
+        """Threads that ran for RUN_SHARE of `dt` (RUN_MIN at least) since `before`."""
+        least = max(RUN_MIN, RUN_SHARE * dt)
+        return {t for t, cpu in self.cpu.items() if cpu - before.cpu.get(t, 0.0) >= least}
 
 
 @dataclass
@@ -59,88 +130,195 @@ class JobProgress:
     """What this node knows of one watched job."""
 
     every: float
-    due: float = 0.0  # (clock) when to sample next
-    samples: int = 0
-    moved: float = 0.0  # (wall) when a process last moved; 0: never seen moving
+    due: float = 0.0  # (clock) when to look next
+    samples: int = 0  # looks taken
+    at: float = 0.0  # (clock) of the last look
+    moved: float = 0.0  # (wall) when it last moved; 0: never seen moving
+    why: str = ""  # the evidence of that move
     procs: int = 0
-    opaque: int = 0  # processes py-spy could not read at the last sample
+    opaque: int = 0  # processes py-spy could not read at the last look
     error: str | None = None
-    seen: dict[tuple[int, float], Seen] = field(default_factory=dict)
+    looks: dict[tuple[int, float], Look] = field(default_factory=dict)
 
     def row(self, host: str) -> dict[str, Any]:
         row: dict[str, Any] = {"host": host, "n": self.samples, "moved": self.moved, "procs": self.procs}
-        if self.opaque:
-            row["opaque"] = self.opaque
-        if self.error:
-            row["error"] = self.error
+        for key, value in (("why", self.why), ("opaque", self.opaque), ("error", self.error)):
+            if value:
+                row[key] = value
         return row
 
 
-def frame_key(frame: dict[str, Any]) -> tuple[str, str, object]:
-    """A frame as progress sees it: its function and file, with its variables' values where py-spy
-    gives them (else, at a script's top level, its line)."""
+# ---------------------------------------------------------------------------- reading a process
+def frame_key(frame: dict[str, Any]) -> Frame:
+    """A frame as progress sees it: its function and file, with its plain variables' values where
+    py-spy gives variables (objects left out: their reprs are addresses), else its line."""
     names = frame.get("locals")
+    state: object
     if names:
-        state: object = tuple((str(v.get("name")), str(v.get("repr"))) for v in names)
+        state = tuple(
+            (str(v.get("name")), str(v.get("repr"))) for v in names if " at 0x" not in str(v.get("repr"))
+        )
     else:
         state = int(frame.get("line") or 0)
     return (str(frame.get("name")), str(frame.get("filename")), state)
 
 
-def running_stacks(dump: list[dict[str, Any]]) -> Stacks:
-    """The stacks of the threads of one `py-spy dump --json --locals` that were running (not idle)."""
+def to_sample(dump: list[dict[str, Any]]) -> Sample:
+    """One `py-spy dump --json --locals` as {OS thread id: Thread}."""
     return {
-        int(t.get("thread_id") or 0): tuple(frame_key(f) for f in t.get("frames") or [])
+        int(t.get("os_thread_id") or t.get("thread_id") or 0): Thread(
+            bool(t.get("active")), tuple(frame_key(f) for f in reversed(t.get("frames") or []))
+        )
         for t in dump
-        if t.get("active")
     }
 
 
-def moved(before: Seen | None, now: Seen) -> bool:
-    """Whether one process moved between two samples (the rules in this module's docstring)."""
-    if before is None:
-        return False  # (a new process: the caller counts its start)
-    if not now.readable or not before.readable:
-        return now.cpu - before.cpu >= OPAQUE_CPU
-    return any(before.running[t] != stack for t, stack in now.running.items() if t in before.running)
-
-
-def spy(proc: psutil.Process, exe: str) -> Seen:
-    """One sample of one process: its running threads' stacks, or unreadable (with its CPU time)."""
+def spy(exe: str, pid: int, native: bool = False) -> list[dict[str, Any]] | None:
+    """py-spy's JSON dump of one process (with variables, or with native frames); None when it
+    cannot be read (not Python, ptrace refused, gone)."""
+    argv = [exe, "dump", "--json", "--native" if native else "--locals", "--pid", str(pid)]
     try:
-        times = proc.cpu_times()
-        cpu = times.user + times.system
-    except psutil.Error:
-        cpu = 0.0
-    try:
-        out = subprocess.run(
-            [exe, "dump", "--json", "--locals", "--pid", str(proc.pid)],
-            capture_output=True,
-            text=True,
-            timeout=SPY_TIMEOUT,
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=SPY_TIMEOUT)
         if out.returncode == 0:
-            return Seen(running_stacks(json.loads(out.stdout)), True, cpu)
+            found = json.loads(out.stdout)
+            return found if isinstance(found, list) else None
     except (subprocess.TimeoutExpired, OSError, ValueError):
         pass
-    return Seen({}, False, cpu)
+    return None
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of a process (schedstat: nanoseconds; else stat: clock ticks)."""
+    found = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                found[int(tid)] = int(fh.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                found[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def open_files(pid: int, skip: str) -> dict[tuple[int, str], tuple[int, bool]]:
+    """The regular files a process holds open, with their offsets: not its standard streams or
+    logs (output is the runner's to judge), nothing under `skip` (the cluster folder), /dev, /proc
+    or /sys."""
+    found: dict[tuple[int, str], tuple[int, bool]] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")[:MOST_FILES]
+    except OSError:
+        return found
+    for fd in fds:
+        if fd in ("0", "1", "2"):
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if (
+                not target.startswith("/")
+                or target.startswith(("/dev/", "/proc/", "/sys/", skip))
+                or target.endswith(LOGS)
+                or not stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{fd}").st_mode)
+            ):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
+                info = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
+            flags = int(info.get("flags", "0").strip(), 8)
+            found[(int(fd), target)] = (int(info.get("pos", "0").strip()), flags & 3 in (1, 2))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+# ---------------------------------------------------------------------------- the rule
+def thread_moved(a: Thread, b: Thread) -> str | None:
+    """What moved between two samples of one thread: 'values' (in a frame at the same depth from
+    the thread's start, of the same function), 'stack' (other functions, running at both), or None."""
+    for fa, fb in zip(a.frames, b.frames, strict=False):
+        if fa[:2] != fb[:2]:
+            return "stack" if a.active and b.active else None
+        if fa[2] != fb[2]:
+            return "values"
+    return "stack" if len(a.frames) != len(b.frames) and a.active and b.active else None
+
+
+def files_moved(before: Look, now: Look) -> bool:
+    for key, (offset, writing) in now.files.items():
+        old = before.files.get(key)
+        if (old is None and writing) or (old is not None and old[0] != offset):
+            return True
+    return False
+
+
+def pair_moved(a: Sample, b: Sample, busy: set[int]) -> str | None:
+    """'values' or 'stack' where one of the `busy` threads moved between two samples in a row."""
+    for tid in sorted(busy & a.keys() & b.keys()):
+        why = thread_moved(a[tid], b[tid])
+        if why:
+            return why
+    return None
+
+
+def computing(frames: list[dict[str, Any]]) -> bool:
+    """A thread's native dump (innermost frame first) shows it computing on a CPU (the module
+    docstring's rule): no GPU library or collective among its native frames, and a compute
+    function among them, or an innermost one (past the C library's and OpenMP's) that is no wait."""
+    native = list(takewhile(lambda f: f.get("module"), frames))  # (up to the first Python frame)
+    names = [str(f.get("name")) for f in native]
+    if not native or any(GPU_LIBRARIES.search(str(f.get("module"))) for f in native):
+        return False
+    if any(COLLECTIVE.search(name) for name in names):
+        return False
+    if any(COMPUTE.search(name) for name in names):
+        return True
+    for frame, name in zip(native, names, strict=True):
+        module = str(frame.get("module"))
+        if PASSED.search(module) or name.startswith("0x"):
+            continue
+        return not (WAIT_NAMES.search(name) or PYTHON.search(module))
+    return False
+
+
+def native_compute(exe: str, pid: int, tids: set[int]) -> bool:
+    """Whether one of the threads `tids` of a process computes in native code (one native dump)."""
+    dump = spy(exe, pid, native=True) or []
+    return any(computing(t.get("frames") or []) for t in dump if int(t.get("os_thread_id") or 0) in tids)
+
+
+def gpu_memory_moving(pids: set[int], since: float) -> bool:
+    """One of `pids` read or wrote GPU memory since `since` (GPU_MEMORY % or more of the time): as
+    NVML sampled each process where it can, else a GPU one of them holds, as a whole."""
+    share = gpus.process_memory_activity(pids, since)
+    if share is not None:
+        return share >= GPU_MEMORY
+    return any(util >= GPU_MEMORY and holders & pids for util, holders in gpus.memory_activity())
+
+
+# ---------------------------------------------------------------------------- the probe
 class ProgressProbe:
-    """A duty of the node program's loop: samples the watched jobs' processes on its own thread
+    """A duty of the node program's loop: looks at the watched jobs' processes on its own thread
     (py-spy takes tens of milliseconds a process) and keeps a row per job for the usage samples."""
 
     def __init__(self, cluster: str, host: str, clock: Clock = REAL, look_every: float = LOOK_EVERY):
         self.cluster, self.host, self.clock = cluster, host, clock
         self.gate = Every(look_every, clock)
         self.path = store.request_file(cluster)
+        self.skip = str(paths.cluster(cluster).root)
         self.mtime = -1.0
         self.jobs: dict[str, JobProgress] = {}
         self.lock = threading.Lock()
         self.busy: threading.Thread | None = None
 
     def rows(self) -> dict[str, dict[str, Any]]:
-        """{job id: {host, n, moved, procs, ...}} for the usage sample ({} when nothing is watched)."""
+        """{job id: {host, n, moved, procs, why, ...}} for the usage sample ({} when nothing is watched)."""
         with self.lock:
             return {job: p.row(self.host) for job, p in self.jobs.items()}
 
@@ -178,32 +356,100 @@ class ProgressProbe:
         for job in jobs:
             try:
                 self.sample(job)
-            except Exception as exc:  # (a vanished process, a full /proc: the next sample)
+            except Exception as exc:  # (a vanished process, a full /proc: the next look)
                 log.warning("progress of job %s not sampled: %s", job, exc)
 
     def sample(self, job: str) -> None:
-        """One sample of every process of `job` on this node; records whether any moved."""
+        """One look at every process of `job` on this node; records whether the job moved, and how."""
         exe = py_spy()
         with self.lock:
             p = self.jobs.get(job)
         if p is None:
             return
-        p.due = self.clock.now() + p.every
+        now_t = self.clock.now()
+        p.due = now_t + p.every
         if exe is None:
             p.error, p.samples = "py-spy not found: progress unknown (CPU use counts)", p.samples + 1
             return
-        procs = job_processes(job)
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            found = list(pool.map(lambda proc: (key_of(proc), spy(proc, exe)), procs))
-        now = {key: seen for key, seen in found if key is not None}
-        started = [k for k in now if k not in p.seen]
-        ended = [k for k in p.seen if k not in now]
-        moving = [k for k, seen in now.items() if moved(p.seen.get(k), seen)]
+        procs = {key: proc for proc in watched_processes(job) if (key := key_of(proc)) is not None}
+        looks = {key: Look(thread_cpu(key[0]), open_files(key[0], self.skip)) for key in procs}
+        for key, look in looks.items():  # (what to compare with: the stacks last taken)
+            old = p.looks.get(key)
+            if old is not None:
+                look.samples, look.readable = old.samples, old.readable
+            else:
+                dump = spy(exe, key[0])
+                look.samples, look.readable = ([to_sample(dump)], True) if dump is not None else ([], False)
+        why = self.judge(exe, p, looks, now_t - p.at) if p.samples else None
         with self.lock:
-            if p.samples and (started or ended or moving):
-                p.moved = time.time()
-            p.seen, p.procs, p.samples = now, len(now), p.samples + 1
-            p.opaque = sum(1 for s in now.values() if not s.readable)
+            if why:
+                p.moved, p.why = time.time(), why
+            p.looks, p.procs, p.samples, p.at = looks, len(looks), p.samples + 1, now_t
+            p.opaque = sum(1 for look in looks.values() if not look.readable)
+
+    def judge(self, exe: str, p: JobProgress, looks: dict[tuple[int, float], Look], dt: float) -> str | None:
+        """The evidence that the job moved since the last look (None: nothing did). Processes are
+        read busiest first and only until one moved; a process that did not run is not dumped."""
+        if set(looks) != set(p.looks):
+            return "processes"
+        order = sorted(looks, key=lambda k: looks[k].used(p.looks[k]), reverse=True)
+        frozen: dict[int, set[int]] = {}  # pid -> its threads that were busy while no frame moved
+        for key in order:
+            before, now = p.looks[key], looks[key]
+            if files_moved(before, now):
+                return "files"
+            busy = now.busy(before, dt)
+            if not busy:
+                continue
+            why = self.stacks_moved(exe, key[0], before, now, busy)
+            if why:
+                return why
+            if not now.readable:
+                if now.used(before) >= OPAQUE_SHARE * dt:
+                    return "cpu (not Python)"
+                continue
+            frozen[key[0]] = busy
+        if time.time() - p.moved < QUIET_LOOKS * p.every:  # (moved lately: the costly looks can wait)
+            return None
+        return self.quiet_evidence(exe, frozen, {key[0] for key in looks}, time.time() - dt)
+
+    def stacks_moved(self, exe: str, pid: int, before: Look, now: Look, busy: set[int]) -> str | None:
+        """Samples of a busy process (BURST_GAP apart, up to BURST) until one of its busy threads
+        moved between two samples in a row (the first against the last one taken before): 'values'
+        or 'stack'; None when none did. The samples become the process's stacks to compare with."""
+        taken: list[Sample] = []
+
+        def take(_n: int) -> str | None:
+            dump = spy(exe, pid)
+            if dump is None:
+                return ""  # (unreadable: no more tries)
+            taken.append(to_sample(dump))
+            pair = (before.samples[-1:] + taken)[-2:]
+            return pair_moved(pair[0], pair[1], busy) if len(pair) == 2 else None
+
+        why = retry(take, BURST, BURST_GAP, self.clock)
+        now.samples, now.readable = (taken, True) if taken else (now.samples, False)
+        return why or None
+
+    def quiet_evidence(
+        self, exe: str, frozen: dict[int, set[int]], pids: set[int], since: float
+    ) -> str | None:
+        """Where no Python frame moved: a busy thread computing in native code, or the job's GPUs
+        moving memory."""
+        for pid, tids in frozen.items():
+            if tids and native_compute(exe, pid, tids):
+                return "native"
+        return "gpu" if gpus.real_gpus() and gpu_memory_moving(pids, since) else None
+
+
+def watched_processes(job: str) -> Iterable[psutil.Process]:
+    """The job's processes on this node that can show progress (Ray's job supervisor only waits)."""
+    for proc in job_processes(job):
+        try:
+            if not proc.cmdline()[:1] or not proc.cmdline()[0].startswith(SUPERVISOR):
+                yield proc
+        except psutil.Error:
+            continue
 
 
 def key_of(proc: psutil.Process) -> tuple[int, float] | None:

@@ -6,13 +6,16 @@ the queue goes on.
   seconds (spec, else the profile's, default 60 s): `infeasible: actor Big wants {GPU: 5}; the
   largest node has {GPU: 4, CPU: 16}`. Ray would let it wait forever, and every job behind it.
 - Hung: no progress for `hang_timeout` seconds (spec, else the profile's; off by default): no
-  new output, and no process of the job moved on any node (allocation/progress.py: its running
-  threads' stacks unchanged across the nodes' py-spy samples, no process started or ended).
+  new output, and the job moved on no node (allocation/progress.py says what moving is: a
+  variable of a thread that ran, a stack, a file, a process, a native kernel, a GPU's memory).
   Busy is not progress: a rank spinning in an NCCL collective whose peer never comes uses its
   GPU and a CPU core fully. The nodes' usage samples carry what they saw (allocation/usage.py);
   where a node cannot look at stacks (no py-spy) the CPU use of the job's processes stands in;
-  without samples (a full filesystem) nothing is judged hung. `hung: no progress for 30m ...`,
-  with what the stacks and the flight recorders show once the nodes dumped them (the runner).
+  without samples (a full filesystem) nothing is judged hung. At the verdict the hang is
+  suspected: every node dumps the job's stacks and flight recorders, and the job's message says
+  `suspected hang since 03:12 (stacks: ...)`. Then `hang_action: stop` (the default) stops it,
+  FAILED `hung: no progress for 30m ...` with what the dumps show, unless it moved meanwhile;
+  `warn` lets it run, and a job that moves again is cleared.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +46,7 @@ CPU_ACTIVE = 0.05  # cores: a job whose busiest process used less over a sample 
 GPU_ACTIVE = 5.0  # % utilisation of any GPU of the allocation that counts as activity
 DEFAULT_GRACE = float(os.environ.get("RAYSTACK_INFEASIBLE_GRACE") or 60)
 DEFAULT_HANG = float(os.environ.get("RAYSTACK_HANG_TIMEOUT") or 0) or None
+DEFAULT_ACTION = os.environ.get("RAYSTACK_HANG_ACTION") or "stop"
 TAIL_BYTES = 16 << 10  # read from the end of each node's usage file
 STACK_WAIT = 40.0  # seconds a hung job waits for the nodes' stack and flight recorder dumps
 
@@ -64,6 +69,11 @@ class Watch:
     quiet_samples: int = 0  # samples since `active` that showed no activity
     moved: dict[str, float] = field(default_factory=dict)  # host -> (wall) its last report of a move
     spied: dict[str, int] = field(default_factory=dict)  # host -> stack samples it reported
+    action: str = "stop"  # hang_action: "stop" or "warn"
+    suspected: float | None = None  # (clock) when a hang was suspected (None: not suspected)
+    deaf_until: float = -1e18  # (clock) output before this is no progress: the dumps' own lines
+    evidence: str = ""  # what the last move was, and where ("values on node2")
+    waiting: bool = False  # it waits for the cluster (a demand not placed yet): not hung meanwhile
 
 
 class Watchdog:
@@ -79,9 +89,10 @@ class Watchdog:
         grace: float = DEFAULT_GRACE,
         hang: float | None = DEFAULT_HANG,
         log_size: Callable[[JobRecord], int] | None = None,
+        action: str = DEFAULT_ACTION,
     ):
         self.cluster, self.api, self.allocation, self.gcs = cluster, api, allocation, gcs_address
-        self.clock, self.grace, self.hang = clock, grace, hang
+        self.clock, self.grace, self.hang, self.action = clock, grace, hang, action
         self.log_size = log_size or self._log_size
         self.watches: dict[str, Watch] = {}
         self.spying: dict[str, float] | None = None  # the jobs the nodes sample (store/progress.py)
@@ -94,7 +105,8 @@ class Watchdog:
             grace = req.infeasible_grace if req.infeasible_grace is not None else self.grace
             hang = (req.hang_timeout or None) if req.hang_timeout is not None else self.hang
             now = self.clock.now()
-            self.watches[sid] = Watch(sid, record.id, grace, hang, now, active=now)
+            action = req.hang_action or self.action
+            self.watches[sid] = Watch(sid, record.id, grace, hang, now, active=now, action=action)
         return self.watches[sid]
 
     def forget(self, sid: str) -> None:
@@ -119,14 +131,14 @@ class Watchdog:
         """A fault text when the attempt in flight must be stopped (infeasible, hung), else None."""
         w = self.watch(record)
         now = self.clock.now()
-        if w.grace and now - w.checked >= INFEASIBLE_EVERY:  # (grace 0: off)
+        if (w.grace or (w.hang and running)) and now - w.checked >= INFEASIBLE_EVERY:  # (both 0: off)
             w.checked = now
             try:
-                found = self.infeasible_now(record, info, running)
+                found = self.infeasible_now(record, info, running, w)
             except RaystackError as exc:  # (a busy State API: judge next time)
                 log.debug("demands of %s not read: %s", w.sid, exc)
                 found = None
-            if found is not None:
+            if found is not None and w.grace:
                 for key in [k for k in w.infeasible if k not in found]:
                     del w.infeasible[key]
                 for key, why in found.items():
@@ -139,31 +151,62 @@ class Watchdog:
             w.hang_checked = now
             if first:
                 self.ask_nodes()
-            if self.hung(record, w, now):
+            stuck = self.hung(record, w, now)
+            if w.suspected is not None and not stuck:
+                self.cleared(record, w)
+            elif stuck and w.suspected is None:
                 return f"hung: no progress for {duration_text(w.hang)} (no output, no stack moved)"
+            elif w.suspected is not None and w.sid in self.stacks_asked:
+                self.stacks_pending(w.sid, record.id)  # (warn: the dumps' summary, once they are in)
         return None
 
+    def cleared(self, record: JobRecord, w: Watch) -> None:
+        """A suspected hang that moved again: the suspicion is lifted (and a stop not yet sent is off)."""
+        since = record.suspected or time.time()
+        w.suspected = None
+        self.stacks_asked.pop(w.sid, None)
+        message = f"running as {w.sid} (moved again at {clock_text(time.time())}"
+        message += f" by {w.evidence}" if w.evidence else ""
+        message += f", after a suspected hang since {clock_text(since)})"
+        log.info("%s %s", record.id, message)
+        update_job(self.cluster, record.id, suspected=None, fault=None, message=message)
+
     def fault(self, record: JobRecord, sid: str, fault: str) -> JobRecord:
-        """Say in the ledger at once why the attempt must stop; a hung job's stacks and flight
-        recorders are asked for from every node first (the runner stops it once stacks_pending
-        is False)."""
+        """Say in the ledger at once why the attempt must stop. A hang is suspected first: the
+        stacks and flight recorders of every node are asked for, and with `hang_action: stop` the
+        runner stops the job once they are in (stacks_pending is False); with `warn` it runs on."""
         log.warning("%s %s", record.id, fault)
-        if fault.startswith("hung"):
-            fault = f"{fault}; stacks in {stacks.folder(self.cluster, record.id)}"
-            asked = stacks.request(self.cluster, record.id)
-            entries = records.read_node_entries(self.cluster)
-            hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
-            self.stacks_asked[sid] = (asked, self.clock.now() + STACK_WAIT, hosts)
-            return update_job(
-                self.cluster, record.id, fault=fault, message=f"{fault} (dumping stacks, then stopping it)"
-            )
-        return update_job(self.cluster, record.id, fault=fault, message=f"{fault} (stopping it)")
+        if not fault.startswith("hung"):
+            return update_job(self.cluster, record.id, fault=fault, message=f"{fault} (stopping it)")
+        w = self.watch(record)
+        where = stacks.folder(self.cluster, record.id)
+        now = self.clock.now()
+        since = time.time() - (now - w.active)
+        asked = stacks.request(self.cluster, record.id)
+        entries = records.read_node_entries(self.cluster)
+        hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
+        self.stacks_asked[sid] = (asked, now + STACK_WAIT, hosts)
+        w.suspected, w.deaf_until = now, now + STACK_WAIT
+        suspected = f"suspected hang since {clock_text(since)} (stacks: {where})"
+        if w.action == "warn":
+            message = f"{suspected}; it runs on (hang_action: warn)"
+            return update_job(self.cluster, record.id, suspected=since, message=message)
+        fault = f"{fault}; stacks in {where}"
+        message = f"{suspected}: {fault} (dumping stacks, then stopping it)"
+        return update_job(self.cluster, record.id, suspected=since, fault=fault, message=message)
 
     def stacks_pending(self, sid: str, job_id: str) -> bool:
-        """A hung job's dumps are still awaited (until every node answered, or STACK_WAIT); once
-        they are in, the job's fault says what they show (store/diagnosis.py)."""
+        """A suspected hang's dumps are still awaited (until every node answered, or STACK_WAIT);
+        True too when the job moved meanwhile (its suspicion and stop are lifted: the next pass
+        reads it running). Once the dumps are in, the job's fault (stop) or message (warn) says
+        what they show (store/diagnosis.py)."""
         if sid not in self.stacks_asked:
             return False
+        w = self.watches.get(sid)
+        record = read_job(self.cluster, job_id)
+        if w is not None and record.fault and not self.hung(record, w, self.clock.now()):
+            self.cleared(record, w)
+            return True
         asked, deadline, hosts = self.stacks_asked[sid]
         if self.clock.now() < deadline and hosts - set(stacks.answered(self.cluster, job_id, asked)):
             return True
@@ -174,16 +217,21 @@ class Watchdog:
         except OSError as exc:
             log.warning("%s: stacks not read: %s", job_id, exc)
             found = ""
-        if found:
-            record = read_job(self.cluster, job_id)
-            head, _, where = (record.fault or "").partition("; stacks in ")
+        if found and record.fault:
+            head, _, where = record.fault.partition("; stacks in ")
             fault = f"{head}: {found}; stacks in {where}"[:1000]
             update_job(self.cluster, job_id, fault=fault, message=f"{fault} (stopping it)")
+        elif found:
+            update_job(self.cluster, job_id, message=f"{record.message}: {found}"[:1000])
         return False
 
     # ------------------------------------------------------------------ infeasible
-    def infeasible_now(self, record: JobRecord, info: Any, running: bool) -> dict[str, str] | None:
-        """Every demand of the job that cannot fit now, by a key; None when it cannot be told."""
+    def infeasible_now(
+        self, record: JobRecord, info: Any, running: bool, w: Watch | None = None
+    ) -> dict[str, str] | None:
+        """Every demand of the job that cannot fit now, by a key; None when it cannot be told.
+        Whether it waits for the cluster (an actor or a placement group not placed yet, or an
+        actor's worker starting) is noted in `w.waiting`: a job that waits is not hung."""
         nodes = [dict(n.resources) for n in self.api.alive_nodes()]
         found: dict[str, str] = {}
         if not running:
@@ -202,6 +250,9 @@ class Watchdog:
         if not ray_job_id:
             return found
         raw = self.api.pending_demands(ray_job_id)
+        if w is not None:  # (tasks waiting for a CPU are a task farm's normal state: not counted)
+            w.waiting = any(d["kind"] != "task" for d in raw)
+        raw = [d for d in raw if d["bundles"]]  # (an actor of a placed group: its worker starting)
         strategies: dict[str, str] = {}
         if any(d["kind"] == "placement group" for d in raw) and self.gcs:
             try:
@@ -225,14 +276,20 @@ class Watchdog:
     def hung(self, record: JobRecord, w: Watch, now: float) -> bool:
         """No new output and no process moving in any usage sample since the last sign of
         progress, over `hang` seconds (at least two samples: without samples nothing is hung)."""
+        if w.waiting:  # (its actors or tasks wait for resources or a worker: not its own hang)
+            w.active, w.quiet_samples, w.evidence = now, 0, "waiting for the cluster"
         size = self.log_size(record)
         if size != w.log_size:
-            w.log_size, w.active, w.quiet_samples = size, now, 0
+            if now >= w.deaf_until:  # (not the lines a rank's flight-recorder dump may print)
+                w.active, w.quiet_samples, w.evidence = now, 0, "output"
+            w.log_size = size
         for sample in self.samples_since(w.sample_t):
             w.sample_t = max(w.sample_t, float(sample.get("t", 0)))
             moved = progress_in(sample, record.id, w)
             if moved:
                 w.active, w.quiet_samples = now, 0
+                row = (sample.get("progress") or {}).get(record.id) or {}
+                w.evidence = f"{row.get('why') or 'cpu'} on {row.get('host') or sample.get('host', '?')}"
             elif moved is not None:
                 w.quiet_samples += 1
         return now - w.active >= (w.hang or float("inf")) and w.quiet_samples >= 2
@@ -270,6 +327,11 @@ class Watchdog:
             except OSError:
                 continue
         return total
+
+
+def clock_text(t: float) -> str:
+    """A wall-clock time as the user's messages show it: 03:12."""
+    return time.strftime("%H:%M", time.localtime(t))
 
 
 def progress_in(sample: dict[str, Any], job_id: str, w: Watch) -> bool | None:

@@ -213,8 +213,13 @@ class JobSpec(SpecModel):
     retry_window: float | None = None
     """How soon after its start a failure is retried (default 5m; 0/off: any failure)."""
     hang_timeout: float | None = None
-    """Stop the job after a stack dump when it makes no progress this long: no output, and no
-    process's stack moves (busy CPUs and GPUs are no progress) (default: the profile's; 0/off: never)."""
+    """Suspect a hang when the job makes no progress this long: no output, and nothing of it moves
+    (a variable of a thread that runs, a stack, a file, a GPU's memory: busy CPUs and GPUs alone are
+    no progress); its stacks are dumped (default: the profile's; 0/off: never)."""
+    hang_action: Literal["stop", "warn"] | None = None
+    """What a suspected hang does: stop (FAILED `hung: ...`, unless it moved while its stacks were
+    dumped) or warn (the job runs on, its message says since when; moving again clears it)
+    (default: the profile's, stop)."""
     infeasible_grace: float | None = None
     """Stop the job when a demand of it fits no node this long (default: the profile's, 60s; 0/off: never)."""
     stop_grace: float = 30.0

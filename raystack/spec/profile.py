@@ -193,8 +193,11 @@ class Profile(SpecModel):
     """The fabric NCCL should use between nodes (ib: InfiniBand; ofi: libfabric, e.g. Slingshot's cxi):
     the canary warns, or with `canary: strict` refuses, when NCCL used anything else."""
     hang_timeout: float | None = None
-    """A job with no progress for this long (no output, no process's stack moving, however busy its
-    CPUs and GPUs) is stopped after a stack dump (0/off: never; a spec may set its own)."""
+    """A job with no progress for this long (no output, nothing of it moving, however busy its CPUs
+    and GPUs) is suspected hung and its stacks dumped (0/off: never; a spec may set its own)."""
+    hang_action: Literal["stop", "warn"] = "stop"
+    """What a suspected hang does to a job that does not say: stop it (FAILED `hung: ...`) or warn
+    (it runs on, its message says since when)."""
     folder_cap: Size | None = Size("8G")
     """The cluster folder's total size: the oldest allocations' copies of Ray's logs, usage samples and
     worker logs are pruned beyond it (0/off: never)."""
@@ -267,6 +270,7 @@ class Profile(SpecModel):
         folder_cap = self.folder_cap.bytes if self.folder_cap else 0
         optional = {
             "RAYSTACK_HANG_TIMEOUT": f"{self.hang_timeout:g}" if self.hang_timeout else None,
+            "RAYSTACK_HANG_ACTION": self.hang_action if self.hang_action != "stop" else None,
             "RAYSTACK_CANARY": self.canary if self.canary != "auto" else None,
             "RAYSTACK_FABRIC": self.fabric,
             "RAYSTACK_OBJECT_STORE_MEMORY": self.object_store_memory,

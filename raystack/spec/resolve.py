@@ -167,6 +167,18 @@ def check_ray(
         raise ConfigError(f"{source}: {why}")
 
 
+def warn_of_secrets(env: dict[str, str], secrets: list[str], source: str) -> None:
+    """A warning for each env value that looks like a secret and is not given as one."""
+    for key in looks_secret(env):
+        if key not in secrets:
+            log.warning(
+                "raystack: warning: %s: env.%s looks like a secret: its value goes into the ledger and "
+                "Ray's runtime_env; give it as secrets: [%s] (taken from your environment at submit, "
+                "never written down) or `submit --secret %s`",
+                *(source, key, key, key),
+            )
+
+
 def resolve(
     spec: JobSpec,
     cluster: ClusterRecord,
@@ -186,14 +198,7 @@ def resolve(
     )
     check_ray(spec, cluster, joined, submit_dir, source)
     outputs = {key: str((base_dir / expand(path)).resolve()) for key, path in spec.outputs.items()}
-    for key in looks_secret(joined.env):
-        if key not in spec.secrets:
-            log.warning(
-                "raystack: warning: %s: env.%s looks like a secret: its value goes into the ledger and "
-                "Ray's runtime_env; give it as secrets: [%s] (taken from your environment at submit, "
-                "never written down) or `submit --secret %s`",
-                *(source, key, key, key),
-            )
+    warn_of_secrets(joined.env, spec.secrets, source)
     return JobRequest(
         id=job_id or new_job_id(spec.name),
         name=spec.name,
@@ -213,6 +218,7 @@ def resolve(
         retries=spec.retries,
         retry_window=spec.retry_window,
         hang_timeout=spec.hang_timeout,
+        hang_action=spec.hang_action,
         infeasible_grace=spec.infeasible_grace,
         stop_grace=spec.stop_grace,
         outputs=outputs,

@@ -77,6 +77,7 @@ class JobRequest(BaseModel):
     retries: int = 0
     retry_window: float | None = None  # None: RETRY_WINDOW; 0: any failure is retried
     hang_timeout: float | None = None  # None: the cluster's (profile); 0: off
+    hang_action: str | None = None  # "stop" | "warn"; None: the cluster's (profile), else stop
     infeasible_grace: float | None = None  # None: the cluster's (profile)
     stop_grace: float = 30
     outputs: dict[str, str] = Field(default_factory=dict)
@@ -134,6 +135,7 @@ class JobRecord(BaseModel):
     started: float | None = None
     ended: float | None = None
     fault: str | None = None  # "infeasible" or "hung": why raystack stopped it (never retried)
+    suspected: float | None = None  # (wall) since when it showed no progress, while a hang is suspected
     evicted: str | None = None  # why its nodes leave the cluster: stopped, then requeued (shrink)
     # Its environment, made while the job before it ran (allocation/prepare.py): what, where, how long.
     prepared: str | None = None

@@ -1,8 +1,11 @@
-"""Progress, not busyness (allocation/progress.py): the node's probe samples real processes with
-py-spy and tells a loop that moves from one that spins in place or sleeps."""
+"""Progress, not busyness (allocation/progress.py): the node's probe looks at real processes (their
+threads' CPU, py-spy's stacks with their variables, their open files) and tells a loop that works
+from one that spins in place, sleeps, or retries a check. The whole corpus of healthy and hung
+programs runs as jobs in tests/testbed/test_hangs.py; here, the rule's parts one by one."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,8 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.progress import JobProgress, ProgressProbe, Seen, moved, running_stacks
+from raystack.allocation.progress import (
+    JobProgress,
+    Look,
+    ProgressProbe,
+    Thread,
+    computing,
+    files_moved,
+    frame_key,
+    open_files,
+    thread_cpu,
+    thread_moved,
+    to_sample,
+)
 from raystack.allocation.stacks import py_spy
+from raystack.store import paths
 from raystack.store import progress as store
 from tests.allocation.test_runner import home  # noqa: F401 (the fixture)
 
@@ -33,6 +49,17 @@ while True:
 # On a CPU all the time inside one call, as a rank spinning in cudaStreamSynchronize: one stack.
 SPINS = "any(iter(int, 1))\n"
 SLEEPS = "import threading\nthreading.Event().wait()\n"  # asleep (an NCCL peer that never comes, on gloo)
+# A poll loop that counts its tries: a variable that changes, in a thread that barely runs.
+RETRIES = (
+    "import time\ndef wait():\n    tries = 0\n    while True:\n        tries += 1\n        time.sleep(0.05)\n"
+    "wait()\n"
+)
+# A loop that mostly waits (as for a GPU), its counter moving: 25 steps a second of 5 ms of work.
+WAITS = (
+    "import time\ndef train():\n    step = 0\n    while True:\n        end = time.time() + 0.005\n"
+    "        while time.time() < end:\n            pass\n        time.sleep(0.035)\n        step += 1\n"
+    "train()\n"
+)
 
 
 @pytest.fixture
@@ -51,35 +78,70 @@ def processes() -> Iterator[dict]:
         proc.wait()
 
 
-def rounds(probe: ProgressProbe, jobs: list[str], n: int) -> None:
+def looked(probe: ProgressProbe, jobs: list[str], n: int, every: float = 0.6) -> dict[str, list[str]]:
+    """`n` looks at each job, `every` s apart: the evidence each look found (no move: '')."""
+    found: dict[str, list[str]] = {job: [] for job in jobs}
     for _ in range(n):
         for job in jobs:
+            before = probe.jobs[job].moved
             probe.sample(job)
-        time.sleep(0.45)
+            row = probe.rows()[job]
+            found[job].append(row.get("why", "") if row["moved"] != before else "")
+        time.sleep(every)
+    return found
 
 
-def test_a_moving_loop_moves_a_spin_in_place_or_a_sleep_does_not(home: Path, processes: dict) -> None:  # noqa: F811
-    processes["start"]("walks", WALKS)
-    processes["start"]("stuck", SPINS)
-    processes["start"]("stuck", SLEEPS)
-    time.sleep(1.0)  # (Python up and in its loop)
-    store.watch("c", {"walks": 1.0, "stuck": 1.0})
+def probe_of(jobs: list[str]) -> ProgressProbe:
+    (paths.cluster("c").logs).mkdir(parents=True, exist_ok=True)
+    store.watch("c", dict.fromkeys(jobs, 1.0))
     probe = ProgressProbe("c", "node1", look_every=0.0)
     probe._read_request()
-    rounds(probe, ["walks", "stuck"], 4)
+    return probe
+
+
+def test_what_works_moves_what_spins_sleeps_or_retries_does_not(home: Path, processes: dict) -> None:  # noqa: F811
+    for job, code in (
+        ("walks", WALKS),
+        ("waits", WAITS),
+        ("spins", SPINS),
+        ("sleeps", SLEEPS),
+        ("retries", RETRIES),
+    ):
+        processes["start"](job, code)
+    time.sleep(1.0)  # (Python up and in its loop)
+    probe = probe_of(["walks", "waits", "spins", "sleeps", "retries"])
+    found = looked(probe, list(probe.jobs), 6)
+    # (a busy 2-core machine: most looks, not every one, show the moving loops moving)
+    assert sum(map(bool, found["walks"][1:])) >= 3 and sum(map(bool, found["waits"][1:])) >= 3, found
+    assert set(found["waits"]) <= {"", "values"}, found  # (its counter, while it mostly sleeps)
+    assert found["spins"][1:] == found["sleeps"][1:] == found["retries"][1:] == [""] * 5, found
     rows = probe.rows()
-    assert rows["walks"]["moved"] > 0 and rows["walks"]["n"] == 4 and rows["walks"]["procs"] == 1
-    assert rows["stuck"] == {"host": "node1", "n": 4, "moved": 0.0, "procs": 2}
+    assert rows["spins"]["procs"] == 1 and rows["spins"]["n"] == 6 and "why" not in rows["spins"]
     # a process of the job that starts is a sign of progress too
-    processes["start"]("stuck", SLEEPS)
-    probe.sample("stuck")
-    assert probe.rows()["stuck"]["moved"] > 0 and probe.rows()["stuck"]["procs"] == 3
+    processes["start"]("sleeps", SLEEPS)
+    probe.sample("sleeps")
+    assert probe.rows()["sleeps"]["why"] == "processes" and probe.rows()["sleeps"]["procs"] == 2
+
+
+def test_a_thread_computing_in_one_native_call_moves(home: Path, processes: dict) -> None:  # noqa: F811
+    """One long line in a BLAS kernel: Python shows nothing moving, its native frames compute."""
+    pytest.importorskip("numpy")
+    code = (
+        "import numpy as np\na = np.random.rand(2500, 2500)\nwhile True:\n    np.linalg.eigvals(a)\n"
+    )
+    processes["start"]("blas", code)
+    time.sleep(1.5)
+    probe = probe_of(["blas"])
+    probe.jobs["blas"].every = 0.0  # (the costly looks at once: nothing moved before)
+    found = looked(probe, ["blas"], 4)
+    assert "native" in found["blas"], found
 
 
 def test_the_request_decides_what_is_sampled(home: Path) -> None:  # noqa: F811
     probe = ProgressProbe("c", "node1", look_every=0.0)
     probe()
     assert probe.rows() == {}
+    (paths.cluster("c").logs).mkdir(parents=True, exist_ok=True)
     store.watch("c", {"a": 5.0, "b": 2.0})
     probe()
     deadline = time.time() + 30
@@ -92,61 +154,115 @@ def test_the_request_decides_what_is_sampled(home: Path) -> None:  # noqa: F811
     assert list(probe.rows()) == ["b"]
 
 
-def sampled(code: str, n: int = 15) -> float:
-    """When the probe first saw a process running `code` move, within `n` samples (0: never)."""
-    probe = ProgressProbe("c", "node1", look_every=0.0)
-    probe.jobs["j"] = JobProgress(1.0)
-    for _ in range(n):
-        probe.sample("j")
-        if probe.rows()["j"]["moved"]:
-            break
-        time.sleep(0.2)
-    return probe.rows()["j"]["moved"]
-
-
-POLL = "def wait(flags):\n    while not any(flags):\n        pass\nwait([0])\n"  # (as work.is_completed())
-HELPER = "def wait(work):\n    while not work.done():\n        pass\n"
-HELPER += "class W:\n    def done(self):\n        return False\nwait(W())\n"
-HOT = "def step(t):\n    return [(t * 31 + i) % 97 for i in range(400)][-1] + t + 1\n"
-HOT += "t = 0\nwhile True:\n    t = step(t)\n"  # (most samples land on one line: its variables move)
-
-
-@pytest.mark.parametrize(
-    ("code", "moves"),
-    [
-        (POLL, False),  # polls in place over two lines: the same variables
-        (HOT, True),  # one hot line, a loop variable that changes
-        # The limits (docs/troubleshooting.md): a poll loop through a Python helper goes in and
-        # out of it; a script's top level shows no variables, only its lines.
-        (HELPER, True),
-        ("while True:\n    pass\n", True),
-    ],
-)
-def test_what_a_loop_changes_tells_work_from_polling(
-    home: Path,  # noqa: F811
-    processes: dict,
-    code: str,
-    moves: bool,
-) -> None:
-    processes["start"]("j", code)
-    time.sleep(1.0)
-    # (a busy 2-core machine delays samples: one that moves is given more of them to show it)
-    assert (sampled(code, n=40 if moves else 15) > 0) is moves
-
-
-def test_the_rules_of_one_process_between_two_samples() -> None:
-    a, b = {1: (("f", "x.py", 1),)}, {1: (("f", "x.py", 2),)}
-    assert moved(Seen(a, True, 1.0), Seen(b, True, 1.5))  # running, with another stack
-    assert not moved(Seen(a, True, 1.0), Seen(a, True, 9.0))  # running in place (an NCCL spin)
-    assert not moved(Seen({}, True, 1.0), Seen(b, True, 1.5))  # a poll loop caught awake once
-    assert not moved(Seen({2: a[1]}, True, 1.0), Seen(b, True, 1.5))  # another thread each time
-    assert not moved(None, Seen(b, True, 1.5))  # new: its start is counted by the caller
-    assert moved(Seen({}, False, 1.0), Seen({}, False, 1.2))  # not readable: its CPU use counts
-    assert not moved(Seen({}, False, 1.0), Seen({}, False, 1.01))
+def test_frames_keep_plain_values_and_leave_objects_out() -> None:
+    frame = {
+        "name": "train",
+        "filename": "t.py",
+        "line": 12,
+        "locals": [
+            {"name": "step", "repr": "950"},
+            {"name": "loss", "repr": "<Tensor at 0x7f4d51a2ebc0>"},
+            {"name": "l", "repr": "0.00148"},
+            {"name": "cfg", "repr": '{"lr": 0.1, "opt": <SGD at 0x7f44>}'},
+        ],
+    }
+    assert frame_key(frame) == ("train", "t.py", (("step", "950"), ("l", "0.00148")))
+    assert frame_key({"name": "<module>", "filename": "s.py", "line": 5}) == ("<module>", "s.py", 5)
     dump = [
-        {"thread_id": 7, "active": True, "frames": [{"name": "step", "filename": "t.py", "line": 3,
-                                                     "locals": [{"name": "i", "repr": "4"}]}]},
-        {"thread_id": 8, "active": False, "frames": [{"name": "wait", "filename": "th.py", "line": 9}]},
-        {"thread_id": 9, "active": True, "frames": [{"name": "<module>", "filename": "s.py", "line": 5}]},
-    ]  # fmt: skip
-    assert running_stacks(dump) == {7: (("step", "t.py", (("i", "4"),)),), 9: (("<module>", "s.py", 5),)}
+        {
+            "os_thread_id": 7,
+            "active": False,
+            "frames": [frame, {"name": "<module>", "filename": "t.py", "line": 15}],
+        }
+    ]
+    sample = to_sample(dump)
+    assert list(sample) == [7] and sample[7].frames[0] == ("<module>", "t.py", 15)  # (outermost first)
+
+
+def test_what_moved_between_two_samples_of_a_thread() -> None:
+    top = ("<module>", "t.py", 20)
+    a = Thread(False, (top, ("train", "t.py", (("step", "1"),))))
+    assert (
+        thread_moved(a, Thread(False, (top, ("train", "t.py", (("step", "2"),))))) == "values"
+    )  # waiting or not
+    assert thread_moved(a, a) is None
+    deeper = Thread(True, (top, ("train", "t.py", (("step", "1"),)), ("forward", "m.py", ())))
+    assert thread_moved(Thread(True, a.frames), deeper) == "stack"  # running at both, other functions
+    assert thread_moved(a, deeper) is None  # (caught running once: a poll loop awake)
+    # a frame of another function at the same depth: what is deeper is another call, not compared
+    other = Thread(False, (top, ("evaluate", "t.py", (("step", "9"),))))
+    assert thread_moved(a, other) is None
+
+
+def native(*frames: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "module": module, "filename": module} for name, module in frames]
+
+
+TORCH, GOMP, LIBC, CUDA = (
+    "/x/libtorch_cpu.so",
+    "/x/libgomp.so.1",
+    "/usr/lib/libc.so.6",
+    "/usr/lib/libcuda.so.1",
+)
+
+
+def test_native_frames_tell_compute_from_waits() -> None:
+    """As py-spy --native showed them here (a BLAS chain; its OpenMP barrier) and as waits look."""
+    assert computing(native(("mkl_blas_def_sgemm_kernel_0_zen", TORCH)))
+    assert computing(
+        native(("0x7fdf40a1e10f", GOMP), ("0x7fdf40a1ca9d", GOMP), ("mkl_blas_sgemm_omp_driver_v1", TORCH))
+    )
+    assert not computing([{"name": "<module>", "filename": "s.py", "line": 1}])  # Python's own loop
+    assert not computing(native(("0x7f90c344524a", LIBC)))  # (unsymbolised: a wait or a copy)
+    blas = "/x/libscipy_openblas64_.so"  # (numpy's eigvals: its main thread waits for its helpers)
+    assert computing(
+        native(("exec_blas_async_wait", blas), ("exec_blas", blas), ("gemm_driver.isra.0", blas))
+    )
+    assert not computing(native(("0x1", CUDA), ("cudaStreamSynchronize", "/x/libcudart.so.13")))
+    assert not computing(
+        native(("0x1", CUDA), ("cudaLaunchKernel", "/x/libcudart.so.13"), ("at::cuda::blas::gemm", TORCH))
+    )
+    assert not computing(native(("c10d::ProcessGroupGloo::AsyncWork::wait", TORCH)))
+    assert not computing(
+        native(("gloo::transport::tcp::UnboundBuffer::waitRecv", TORCH), ("at::native::x_kernel", TORCH))
+    )
+    assert not computing(native(("builtin_any", "/usr/lib/libpython3.11.so.1.0")))
+    assert not computing([])
+
+
+def test_open_files_and_their_offsets(home: Path, tmp_path: Path, processes: dict) -> None:  # noqa: F811
+    """A file being written moves; logs and the cluster folder (flight-recorder dumps) do not count."""
+    data, log = tmp_path / "ckpt.bin", tmp_path / "train.log"
+    inside = paths.cluster("c").root / "flight"
+    inside.mkdir(parents=True)
+    code = (
+        f"import time\nf = open({str(data)!r}, 'wb')\ng = open({str(log)!r}, 'ab')\n"
+        f"h = open({str(inside / 'rank_0')!r}, 'wb')\n"
+        "while True:\n    for x in (f, g, h):\n        x.write(b'x' * 4096)\n        x.flush()\n"
+        "    time.sleep(0.2)\n"
+    )
+    proc = processes["start"]("files", code)
+    time.sleep(1.0)
+    skip = str(paths.cluster("c").root)
+    first = open_files(proc.pid, skip)
+    assert {path for _, path in first} == {str(data)}, first
+    time.sleep(0.5)
+    second = open_files(proc.pid, skip)
+    assert files_moved(Look({}, first), Look({}, second))
+    assert not files_moved(Look({}, second), Look({}, second))
+    assert files_moved(Look({}, {}), Look({}, {(3, "/x/new.pt"): (0, True)}))  # opened for writing
+    assert not files_moved(Look({}, {}), Look({}, {(3, "/x/data.bin"): (0, False)}))  # (a read: not yet)
+    assert thread_cpu(proc.pid) and all(v >= 0 for v in thread_cpu(proc.pid).values())
+
+
+def test_a_thread_must_have_run_for_its_values_to_count() -> None:
+    before = Look({1: 10.0, 2: 5.0}, {})
+    assert before.busy(before, 10.0) == set()
+    now = Look({1: 10.05, 2: 5.2, 3: 0.5}, {})
+    assert now.busy(before, 10.0) == {2, 3}  # (1 % of 10 s is 0.1 s; a new thread counts whole)
+    assert now.busy(before, 1.0) == {1, 2, 3}  # (RUN_MIN: 20 ms)
+
+
+def test_a_job_never_seen_moving_has_no_evidence() -> None:
+    assert JobProgress(1.0).row("node1") == {"host": "node1", "n": 0, "moved": 0.0, "procs": 0}
+    assert os.environ.get("RAYSTACK_JOB_ID") is None  # (the test process itself is no job's)

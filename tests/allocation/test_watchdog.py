@@ -344,3 +344,57 @@ def test_a_stuck_jobs_message_is_its_fault_not_its_stopped_actors(home: Path) ->
     record = read_job("c", job)
     assert record.state is JobState.FAILED and record.message.startswith("infeasible: actor Big")
     assert record.actor_error  # (what the actors said is kept beside it)
+
+
+def quiet_then(
+    r: Runner, clock: Clock, job: str, t: float, first: int, last: int, moved: float = 0.0
+) -> None:
+    for i in range(first, last):  # samples every 10 s
+        write_progress(job, t + 10 * i, n=i + 1, moved=moved)
+        clock.t += 10
+        r.tick()
+
+
+def test_warn_flags_a_suspected_hang_lets_it_run_and_clears_it_when_it_moves(home: Path) -> None:  # noqa: F811
+    """hang_action: warn: at the verdict the stacks are asked for and the message says since when;
+    the job is not stopped; once it moves again the suspicion is lifted."""
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=60, hang_action="warn")
+    t = time.time()
+    quiet_then(r, clock, job, t, 0, 10)
+    record = read_job("c", job)
+    assert job in stacks.requests("c") and api.stopped == [] and record.state is JobState.RUNNING
+    assert record.message.startswith("suspected hang since ") and "(hang_action: warn)" in record.message
+    assert record.suspected is not None and record.fault is None
+    quiet_then(r, clock, job, t, 10, 16)
+    assert api.stopped == [] and read_job("c", job).suspected is not None  # (still quiet: still suspected)
+    write_progress(job, t + 200, n=20, moved=t + 200, host="node2")  # a move on another node
+    clock.t += 10
+    r.tick()
+    record = read_job("c", job)
+    assert record.suspected is None and "moved again at" in record.message, record.message
+    assert "on node2, after a suspected hang since" in record.message
+    assert api.stopped == []
+
+
+def test_a_job_that_moves_while_its_stacks_are_dumped_is_not_stopped(home: Path) -> None:  # noqa: F811
+    """stop: the verdict waits for the nodes' dumps; a move reported meanwhile lifts it (a long line
+    that ended just then), while the lines a flight-recorder dump prints do not."""
+    api, clock = FakeApi(), Clock()
+    r, job = running_job(api, clock, hang_timeout=60)
+    records.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
+    t = time.time()
+    quiet_then(r, clock, job, t, 0, 8)
+    assert "dumping stacks" in read_job("c", job).message and api.stopped == []
+    with open(paths.cluster("c").job_log(job), "a") as fh:
+        fh.write("[rank0]: dumping the flight recorder\n")  # (output during the dumps: not progress)
+    clock.t += 5
+    r.tick()
+    assert read_job("c", job).fault is not None and api.stopped == []
+    write_progress(job, t + 90, n=10, moved=t + 90)
+    clock.t += 5
+    r.tick()
+    r.tick()
+    record = read_job("c", job)
+    assert api.stopped == [] and record.fault is None and record.suspected is None, record.message
+    assert record.state is JobState.RUNNING and "moved again" in record.message

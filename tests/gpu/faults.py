@@ -10,6 +10,8 @@ job queued behind it (tests/gpu/suite.py runs it; `run.sh --only faults`).
   cuda-error  rank 0 triggers a device-side assert     }
   nccl-error  rank 1 joins on rank 0's GPU (ncclInvalidUsage: Duplicate GPU detected)
   engine      grpo_tiny's vLLM engine SIGKILLed 0.05 s into its generate at step 2
+  corpus      the hang corpus's GPU programs (tests/gpu/corpus.py): the healthy ones SUCCEED never
+              suspected of a hang, the hung ones FAIL hung in time, saying where they wait
 FAULTS=hang,oom,... runs those only (one run of the device tool lasts 10 minutes; vLLM's engine
 alone takes 1.5 of them to start). Each time: the job behind it SUCCEEDED, and no process holds
 GPU memory once it ran. On one GPU the 2-rank faults are skipped (two ranks need two GPUs); oom,
@@ -30,6 +32,7 @@ from typing import Any
 from raystack import Cluster
 from raystack.client import Job
 from raystack.store.ledger import JobState
+from tests.gpu.corpus import run_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 DEBUG, GRPO = REPO / "jobs" / "debug", REPO / "jobs" / "grpo_tiny" / "grpo_tiny.yaml"
@@ -134,7 +137,10 @@ def run_faults(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple
     figures: dict[str, Any] = {}
     checks: dict[str, bool] = {}
     skipped: dict[str, str] = {}
-    chosen = (os.environ.get("FAULTS") or ",".join([c[0] for c in CASES] + ["engine"])).split(",")
+    chosen = (os.environ.get("FAULTS") or ",".join([c[0] for c in CASES] + ["engine", "corpus"])).split(",")
+    if "corpus" in chosen:
+        found, ok, skip = run_corpus(cluster, ngpu, say)
+        figures["corpus"], checks, skipped = found, {**checks, **ok}, {**skipped, **skip}
     for mode, rank, needs, pattern in CASES:
         if mode not in chosen:
             continue

@@ -1,13 +1,13 @@
 """Hangs and deaths as distributed jobs really meet them, on a 2-node testbed cluster (CPU, gloo;
 the same on GPUs with NCCL: tests/gpu/suite.py's `faults` part).
 
-Hang = no progress, whatever the meters say (allocation/progress.py): a torchrun job whose rank 1
-never joins the second all-reduce ends FAILED `hung: ...` naming the rank that never arrived,
-whether rank 0 sleeps in gloo's wait or spins on a CPU core inside one call (as NCCL spins in
-cudaStreamSynchronize); a quiet evaluation whose stack changes, and a GRPO-shaped job whose
-learner sleeps while its generator works, print nothing for longer than their hang_timeout and
-SUCCEED. A rank killed by SIGKILL or SIGSEGV ends the job FAILED within 30 s, the rank and the
-signal in the message. The job queued behind each fault runs."""
+Hang = no progress, whatever the meters say (allocation/progress.py): the whole CPU corpus of
+tests/hangs runs as jobs (healthy programs quiet for 3 x hang_timeout SUCCEED, never suspected;
+hung ones FAIL within hang_timeout + 60 s saying where they wait), and a torchrun job whose rank 1
+never joins while rank 0 spins on a CPU core inside one call (as NCCL spins in
+cudaStreamSynchronize) ends FAILED `hung: ...` naming both ranks. A rank killed by SIGKILL or
+SIGSEGV ends the job FAILED within 30 s, the rank and the signal in the message. The job queued
+behind each fault runs."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from raystack.store import paths
 from raystack.store.ledger import JobState
 
 from ..conftest import module_home
+from ..hangs.cases import HERE as CORPUS
+from ..hangs.cases import Case, cases
 from .test_cluster import raystack
 from .test_spmd import launched
 
@@ -89,8 +91,11 @@ def first_line_time(job: Job) -> float:
     raise AssertionError(f"no RANKFAULT first line: {job.logs()[-2000:]}")
 
 
-@pytest.mark.parametrize("mode", ["hang", "spin"])
-def test_a_rank_that_never_joins_ends_the_job_hung_with_the_rank_named(fl: dict, mode: str) -> None:
+def test_a_rank_spinning_where_its_peer_never_joins_ends_the_job_hung_with_the_rank_named(fl: dict) -> None:
+    """Rank 0 polls its all-reduce on a CPU core inside one call (as NCCL spins in
+    cudaStreamSynchronize) while rank 1 never joins (the sleeping form is the corpus's
+    peer_never_joins, below)."""
+    mode = "spin"
     cluster = fl["cluster"]
     job, after = rankfault(cluster, mode), cluster.submit(DEBUG / "hello.yaml")
     since = first_line_time(job)
@@ -101,45 +106,13 @@ def test_a_rank_that_never_joins_ends_the_job_hung_with_the_rank_named(fl: dict,
         record.message
     )
     assert took <= HANG + 60, (took, record.message)
-    if mode == "hang":  # (asleep in gloo's wait: its stack is in all_reduce)
-        assert re.search(r"rank 0 waits in all_reduce at rankfault\.py:\d+", record.message), record.message
-        assert re.search(r"rank 1 never arrived \(asleep in main \(rankfault\.py:\d+\)\)", record.message)
-    else:  # (spinning inside one call on a CPU core: where, and rank 1 asleep in its sleep)
-        assert re.search(r"rank 0 running in main \(rankfault\.py:\d+\)", record.message), record.message
-        assert re.search(r"rank 1 asleep in main \(rankfault\.py:\d+\)", record.message)
+    # (spinning inside one call on a CPU core: where, and rank 1 asleep in its sleep)
+    assert re.search(r"rank 0 running in main \(rankfault\.py:\d+\)", record.message), record.message
+    assert re.search(r"rank 1 asleep in main \(rankfault\.py:\d+\)", record.message)
     dumps = job.stacks()
     assert dumps.kept and {p.name.split("-")[0] for p in dumps.files} >= {"node1", "node2"}
     assert after.wait(timeout=300).state is JobState.SUCCEEDED
     assert launched(fl["cluster"].record().allocation_id or "") == []
-
-
-def test_what_moves_quietly_is_not_hung(fl: dict) -> None:
-    """Side by side, one node each, printing nothing for twice their hang_timeout: an evaluation in
-    a numpy loop whose stack changes (on a CPU all the time) and a GRPO-shaped job whose learner
-    sleeps in ray.get while its generator works."""
-    cluster = fl["cluster"]
-    busy = cluster.submit(
-        DEBUG / "rankfault.yaml",
-        sets=[
-            "name=rf-busy",
-            f"command=rankfault.py --mode busy --seconds {2 * HANG}",
-            "procs_per_node=1",
-            "nodes=1",
-            "needs.nodes=1",
-            f"hang_timeout={HANG}s",
-        ],
-    )
-    slow = cluster.submit(
-        ["python", "slowgen.py", "--rounds", "1", "--seconds", str(2 * HANG)],
-        sets=[f"working_dir={DEBUG}", "name=slowgen", f"hang_timeout={HANG}s", "needs.nodes=1"],
-    )
-    evaluation, learner = busy.wait(timeout=600), slow.wait(timeout=600)
-    assert evaluation.state is JobState.SUCCEEDED, evaluation.message
-    assert learner.state is JobState.SUCCEEDED, learner.message
-    assert busy.logs().count("RANKFAULT done") == 1 and '"rounds": 1' in slow.logs()
-    assert (evaluation.started or 0) < (learner.ended or 0) and (learner.started or 0) < (
-        evaluation.ended or 0
-    )
 
 
 def fault_time(job: Job) -> float:
@@ -201,3 +174,64 @@ def test_a_jobs_secrets_reach_its_driver_and_ranks_and_are_written_nowhere(fl: d
     found = subprocess.run(["grep", "-rlF", SECRET, str(root)], capture_output=True, text=True)
     assert found.stdout == "" and SECRET not in shown + driver.stdout + ranks.stdout
     assert not list((root / "secrets").glob("*"))  # (each job's file went when it ended)
+
+
+CORPUS_HANG = 20  # s: the corpus jobs' hang_timeout; the healthy ones work 3 x that, printing nothing
+BATCHES = [  # (side by side on the cluster, as many as 2 cores give time to move; busy ones spread)
+    ["torch_item", "torch_item_toplevel", "hf_trainer", "peer_never_joins", "sleep_forever", "lock_deadlock"],
+    ["torch_nosync", "deepspeed_zero", "matmul_chain", "ray_get_forever", "poll_retry", "spin_in_call"],
+    ["pandas_prep", "mp_pool", "checkpoint_write", "ray_driver", "dataloader_stuck"],
+]
+
+
+def corpus_job(cluster: Cluster, case: Case) -> Job:
+    sets = [
+        f"name={case.name}",
+        f"hang_timeout={CORPUS_HANG}s",
+        f"env.CORPUS_SECONDS={3 * CORPUS_HANG}",
+        "env.CORPUS_DEVICE=cpu",
+    ]
+    if case.ranks > 1:  # (one rank on each node)
+        spmd = [f"command={case.script}", f"nodes={case.ranks}", "procs_per_node=1"]
+        return cluster.submit(CORPUS / "spmd.yaml", sets=sets + spmd, now=True)
+    return cluster.submit(["python", case.script], sets=[*sets, f"working_dir={CORPUS}"], now=True)
+
+
+def started_at(job: Job) -> float:
+    """When its last rank printed its start line (`CORPUS start ... t=...`); the job's start else."""
+    found = [float(t) for t in re.findall(r"CORPUS start \S+ rank=\d+ t=([\d.]+)", job.logs())]
+    return max(found) if found else job.record().started or 0.0
+
+
+def test_the_hang_corpus_healthy_programs_run_hung_ones_fail_naming_where(fl: dict) -> None:
+    """Every CPU program of tests/hangs, as a job with hang_timeout 20s: each healthy one prints
+    nothing for 60 s and SUCCEEDS, never suspected of a hang; each hung one FAILS `hung: ...`
+    within hang_timeout + 60 s of its start line, its message saying where it waits."""
+    cluster, by_name = fl["cluster"], {c.name: c for c in cases(gpu=False)}
+    assert sorted(n for batch in BATCHES for n in batch) == sorted(by_name)  # (the whole CPU corpus)
+    suspected: dict[str, str] = {}
+    for batch in BATCHES:
+        jobs = {name: corpus_job(cluster, by_name[name]) for name in batch}
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            records = {name: job.record() for name, job in jobs.items()}
+            for name, record in records.items():
+                if record.message.startswith("suspected") and by_name[name].healthy:
+                    suspected[name] = record.message
+            if all(r.state.is_terminal() for r in records.values()):
+                break
+            time.sleep(1.0)
+        for name, job in jobs.items():
+            case, record = by_name[name], job.record()
+            if case.healthy:
+                assert record.state is JobState.SUCCEEDED, (name, record.message, job.logs()[-3000:])
+                assert job.logs().count("CORPUS done") == case.ranks, (name, job.logs()[-2000:])
+                continue
+            assert record.state is JobState.FAILED, (name, record.message)
+            assert record.message.startswith(f"hung: no progress for {CORPUS_HANG}s "), (name, record.message)
+            assert re.search(case.where, record.message), (name, record.message)
+            took = (record.ended or time.time()) - started_at(job)
+            assert took <= CORPUS_HANG + 60, (name, took, record.message)
+            assert job.stacks().kept and job.stacks().files, name  # (the dumps taken before the stop)
+    assert suspected == {}, suspected
+    assert launched(cluster.record().allocation_id or "") == []  # (no rank left behind)
