@@ -24,13 +24,12 @@ spots). Between two looks, the job moved on this node when, in one of its proces
   flight recorder dumps land there) changed its offset, or one was opened for writing.
 - processes: a process of the job started or ended.
 - native (read only once the job did not move for QUIET_LOOKS looks: a native dump costs seconds):
-  none of the above on this node, and a thread that ran so while its Python frames did not
-  move computes in native code: a BLAS, LAPACK or ATen kernel among its native frames (one long
-  line; also while it waits at a barrier for its helper threads), or else an innermost native
-  function, past the C library's and OpenMP's (their waits and copies look alike unsymbolised),
-  that is no wait (a synchronize, a lock, a sleep, a poll); never with a collective (NCCL, gloo)
-  or a CUDA library among them (a launch into a full queue waits as much as it works: the GPU's
-  memory says which), nor in Python's own loop.
+  none of the above on this node, and a thread that ran while its Python frames did not move is
+  inside a compute kernel (BLAS, LAPACK, oneDNN, FFT, an ATen kernel: one long line of matmuls;
+  also while it waits at a barrier for its helper threads) at two native dumps in a row, with no
+  collective (NCCL, gloo) or CUDA library among its frames (a launch into a full queue waits as
+  much as it works: the GPU's memory says which). A Python loop that polls through a short native
+  call (`while flag.item() == 0`) is caught outside a kernel as often as not.
 - gpu (as native): none of the above, and a process of the job moved GPU memory since the last
   look (NVML's memory utilisation, GPU_MEMORY % or more: per process where NVML samples them, else
   of a GPU one of them holds): a step of a model, a chain of matmuls queued from one line.
@@ -76,24 +75,15 @@ LOGS = (".log", ".out", ".err")
 # A native frame in a GPU library: GPU work is judged by the GPU's memory (a launch that waits for a
 # full queue looks the same whether the queue moves or waits behind a collective that never ends)
 GPU_LIBRARIES = re.compile(r"libcuda\.|libcudart|libnccl|libcublas|libcudnn|libnvrtc")
-# Frames passed over to find the function that runs: the C library's and OpenMP's (their waits and
-# copies cannot be told apart unsymbolised), and frames py-spy could not name
-PASSED = re.compile(r"libgomp|libiomp|libomp|libc\.so|libpthread|ld-linux|libstdc\+\+")
 # Functions of collectives (a rank in one waits for its peers, whatever the frames above it)
 COLLECTIVE = re.compile(r"nccl|gloo|c10d::|processgroup|mpi_|ucp_", re.IGNORECASE)
 # Functions that compute: a thread with one of them in its stack computes, also while it waits for
 # its helper threads at a barrier (OpenBLAS's exec_blas_async_wait, OpenMP's barrier)
 COMPUTE = re.compile(
-    r"gemm|gemv|blas|lapack|mkl_|dnnl|onednn|getrf|potrf|geqrf|syev|heev|hseqr|gesdd|fft|conv|_kernel",
+    r"gemm|gemv|blas|lapack|mkl_|dnnl|onednn|getrf|potrf|geqrf|syev|heev|hseqr|gesdd|fft|conv|"
+    r"cpu_kernel|vectorized_loop|VectorizedLoop",  # (not c10's dispatcher: wrap_kernel_functor...)
     re.IGNORECASE,
 )
-# Functions that wait, spin or poll rather than compute
-WAIT_NAMES = re.compile(
-    r"sync|memcpy|query|futex|pthread_|sem_|__lll_|epoll|poll|select|sleep|sched_yield|barrier|"
-    r"wait|spin|recv|send",
-    re.IGNORECASE,
-)
-PYTHON = re.compile(r"libpython|/python[\d.]*$")
 
 Frame = tuple[str, str, object]  # (function, file, its plain values, or its line where it has none)
 
@@ -269,28 +259,25 @@ def pair_moved(a: Sample, b: Sample, busy: set[int]) -> str | None:
 
 def computing(frames: list[dict[str, Any]]) -> bool:
     """A thread's native dump (innermost frame first) shows it computing on a CPU (the module
-    docstring's rule): no GPU library or collective among its native frames, and a compute
-    function among them, or an innermost one (past the C library's and OpenMP's) that is no wait."""
+    docstring's rule): a compute kernel among its native frames, and no GPU library or collective."""
     native = list(takewhile(lambda f: f.get("module"), frames))  # (up to the first Python frame)
     names = [str(f.get("name")) for f in native]
-    if not native or any(GPU_LIBRARIES.search(str(f.get("module"))) for f in native):
+    if any(GPU_LIBRARIES.search(str(f.get("module"))) for f in native):
         return False
-    if any(COLLECTIVE.search(name) for name in names):
-        return False
-    if any(COMPUTE.search(name) for name in names):
-        return True
-    for frame, name in zip(native, names, strict=True):
-        module = str(frame.get("module"))
-        if PASSED.search(module) or name.startswith("0x"):
-            continue
-        return not (WAIT_NAMES.search(name) or PYTHON.search(module))
-    return False
+    return not any(COLLECTIVE.search(n) for n in names) and any(COMPUTE.search(n) for n in names)
 
 
 def native_compute(exe: str, pid: int, tids: set[int]) -> bool:
-    """Whether one of the threads `tids` of a process computes in native code (one native dump)."""
-    dump = spy(exe, pid, native=True) or []
-    return any(computing(t.get("frames") or []) for t in dump if int(t.get("os_thread_id") or 0) in tids)
+    """Whether one of the threads `tids` of a process computes in one long native call: a compute
+    kernel in two native dumps in a row (a Python loop calling a short one, a poll of a tensor,
+    is caught outside it, in the interpreter or the dispatcher, as often as not)."""
+
+    def attempt(_n: int) -> bool | None:
+        dump = spy(exe, pid, native=True) or []
+        found = {int(t.get("os_thread_id") or 0) for t in dump if computing(t.get("frames") or [])}
+        return None if found & tids else False
+
+    return retry(attempt, 2, BURST_GAP) is None
 
 
 def gpu_memory_moving(pids: set[int], since: float) -> bool:

@@ -126,9 +126,7 @@ def test_what_works_moves_what_spins_sleeps_or_retries_does_not(home: Path, proc
 def test_a_thread_computing_in_one_native_call_moves(home: Path, processes: dict) -> None:  # noqa: F811
     """One long line in a BLAS kernel: Python shows nothing moving, its native frames compute."""
     pytest.importorskip("numpy")
-    code = (
-        "import numpy as np\na = np.random.rand(2500, 2500)\nwhile True:\n    np.linalg.eigvals(a)\n"
-    )
+    code = "import numpy as np\na = np.random.rand(2500, 2500)\nwhile True:\n    np.linalg.eigvals(a)\n"
     processes["start"]("blas", code)
     time.sleep(1.5)
     probe = probe_of(["blas"])
@@ -228,6 +226,10 @@ def test_native_frames_tell_compute_from_waits() -> None:
     )
     assert not computing(native(("builtin_any", "/usr/lib/libpython3.11.so.1.0")))
     assert not computing([])
+    poll = native(
+        ("at::native::_local_scalar_dense_cpu", TORCH), ("at::_ops::_local_scalar_dense::call", TORCH)
+    )
+    assert not computing(poll)  # (`while flag.item() == 0`: a short call, polled)
 
 
 def test_open_files_and_their_offsets(home: Path, tmp_path: Path, processes: dict) -> None:  # noqa: F811
