@@ -3,7 +3,7 @@
 # (editable, from this checkout), then a local cluster (token auth), a queued job that joins the
 # cluster, plain `ray job submit` and `ray status` configured by `raystack env`, and `down`.
 # Prints one line per version and writes bench/results/ray_range.txt.
-#   bash bench/ray_range.sh 2.52.0 2.55.1
+#   bash bench/ray_range.sh 2.54.0 2.55.1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD

@@ -142,8 +142,18 @@ def parse_duration(
     if 0 < seconds < least:
         raise ValueError(f"{value!r} is less than {duration_text(least)}")
     if seconds > limit:
-        raise ValueError(f"{value!r} is longer than {limit / 86400:g} days; use e.g. 2h or 3d")
+        raise ValueError(
+            f"{value!r} is over the limit of {duration_text(limit)}; give less, e.g. {example(limit)}"
+        )
     return seconds
+
+
+def example(limit: float) -> str:
+    """A round duration well within `limit`, for a message: 12h within a day, 30d within a year."""
+    for text, seconds in (("30d", 30 * 86400), ("3d", 3 * 86400), ("12h", 43200), ("30m", 1800), ("30s", 30)):
+        if seconds <= limit:
+            return text
+    return "1s"
 
 
 def off_or_duration(value: Any, limit: float = MAX_DURATION) -> float | None:

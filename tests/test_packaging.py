@@ -95,3 +95,16 @@ def test_python_dash_m_raystack_is_the_command(installed: Path, tmp_path: Path) 
     assert done.stdout.strip() == f"raystack {version}" and not version.startswith("0.0.0"), done.stdout
     bad = run(installed, tmp_path, "-m", "raystack", "logs", "../cluster")
     assert bad.returncode == 1 and bad.stderr.startswith("raystack: error: ") and bad.stderr.count("\n") == 1
+
+
+def test_the_wheel_ships_the_examples_and_examples_copies_them(installed: Path, tmp_path: Path) -> None:
+    """A user who installed the wheel has something to try: `raystack examples DIR` copies the
+    debug jobs (each spec with its script) out of the installed package, and `check` takes one."""
+    done = run(installed, tmp_path, "-m", "raystack.cli", "examples", str(tmp_path / "ex"))
+    assert done.returncode == 0, done.stderr
+    copied = {p.name for p in (tmp_path / "ex").iterdir()}
+    assert {"hello.yaml", "hello.py", "spmd.yaml", "spmd.py", "zero3.yaml", "ds_config.json"} <= copied
+    checked = run(installed, tmp_path, "-m", "raystack.cli", "check", str(tmp_path / "ex" / "hello.yaml"))
+    assert checked.returncode == 0 and "ok:" in checked.stdout, checked.stderr
+    again = run(installed, tmp_path, "-m", "raystack.cli", "examples", str(tmp_path / "ex"))
+    assert again.returncode == 1 and "--force" in again.stderr

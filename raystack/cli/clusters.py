@@ -16,6 +16,7 @@ from raystack.cli.common import (
     ClusterOpt,
     JsonOpt,
     NameArg,
+    ParsableOpt,
     app,
     cluster_name,
     complete_profile,
@@ -185,6 +186,7 @@ def up(
     canary: CanaryOpt = None,
     no_canary: NoCanaryOpt = False,
     as_json: JsonOpt = False,
+    parsable: ParsableOpt = False,
 ) -> None:
     """Submit one allocation that runs a Ray cluster, and wait until it is READY."""
     gpu_type, gpu_count = _typed_gpus(gpus_per_node)
@@ -204,13 +206,13 @@ def up(
         "signal_lead": signal_lead,
     }
     if local_:
-        _refuse_slurm_options(nodes, {**slurm_options, **asdict(site)})
-        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, wait_s, as_json)
+        _refuse_slurm_options(nodes, {**slurm_options, **asdict(site), "max_nodes": max_nodes})
+        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, wait_s, (as_json, parsable))
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
     plan = _plan_on_slurm(nodes, prof, name or "default", slurm_options)
-    _up_slurm(plan, dry_run, no_wait, wait_s, as_json)
+    _up_slurm(plan, dry_run, no_wait, wait_s, (as_json, parsable))
 
 
 def _plan_on_slurm(
@@ -279,12 +281,15 @@ def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
     ]
     if given:
         fix = "use --gpus/--cpus" if given[0] in ("--gpus-per-node", "--cpus-per-task") else "drop it"
+        if given[0] == "--max-nodes":
+            fix = "it cannot grow: drop --max-nodes, or start a SLURM cluster to grow one"
         raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
 
 
 def _up_slurm(
-    plan: allocate.AllocationPlan, dry_run: bool, no_wait: bool, timeout: float | None, as_json: bool
+    plan: allocate.AllocationPlan, dry_run: bool, no_wait: bool, timeout: float | None, how: tuple[bool, bool]
 ) -> None:
+    as_json, parsable = how
     if plan.note and not as_json:
         err.print(f"raystack: {plan.note}", markup=False)
     if dry_run:
@@ -303,7 +308,7 @@ def _up_slurm(
         with on_interrupt(lambda: still_starting(record.name)):
             cluster.wait_ready(progress=say, timeout=timeout)
         record = cluster.snapshot()
-    _show_ready(record, as_json)
+    _show_ready(record, as_json, parsable)
 
 
 def _up_local(
@@ -314,8 +319,9 @@ def _up_local(
     dry_run: bool,
     no_wait: bool,
     timeout: float | None,
-    as_json: bool,
+    how: tuple[bool, bool],
 ) -> None:
+    as_json, parsable = how
     plan, gpu_ids = Cluster.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
     if dry_run:
         script = allocate.render_script(plan, gpu_ids)
@@ -335,14 +341,20 @@ def _up_local(
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         with on_interrupt(lambda: still_starting(name)):
             cluster.wait_ready(progress=say, timeout=timeout)
-    _show_ready(cluster.snapshot(), as_json)
+    _show_ready(cluster.snapshot(), as_json, parsable)
 
 
-def _show_ready(record: ClusterRecord, as_json: bool) -> None:
-    """A cluster as `up` and `wait` leave it: READY with its dashboard and tunnel, or where it is."""
+def _show_ready(record: ClusterRecord, as_json: bool, parsable: bool = False) -> None:
+    """A cluster as `up` and `wait` leave it: READY with its dashboard and tunnel, or where it is
+    (--parsable: its allocation's id alone on stdout, the rest on stderr)."""
     name = record.name
     if as_json:
         print_json(record.model_dump(mode="json"))
+        return
+    if parsable:
+        print(record.allocation_id, flush=True)
+        if record.state.value != "READY":
+            err.print(f"cluster {name}: {record.state.value} ({record.message})", markup=False)
         return
     if record.state.value != "READY":
         out.print(f"cluster {name}: {record.state.value} ({record.message})")

@@ -133,13 +133,16 @@ JobArg = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+ParsableOpt = Annotated[
+    bool, typer.Option("--parsable", help="Print the id alone on stdout (as sbatch --parsable): ID=$(...).")
+]
 
 
 def cluster_name(positional: str | None, option: str | None) -> str | None:
     """The cluster a verb is about: its positional name or --cluster/-c (both mean the same)."""
-    if positional and option and positional != option:
+    if positional is not None and option is not None and positional != option:
         raise ConfigError(f"two clusters named: '{positional}' and --cluster '{option}'; give one")
-    return positional or option
+    return positional if positional is not None else option  # ('' stays '': refused, never the default)
 
 
 def print_json(data: Any) -> None:

@@ -8,7 +8,6 @@ import typer
 
 from raystack.cli.clusters import (
     AccountOpt,
-    CpusPerTaskOpt,
     GpusPerNodeOpt,
     NodesOpt,
     NoWaitOpt,
@@ -20,13 +19,12 @@ from raystack.cli.clusters import (
     _typed_gpus,
 )
 from raystack.cli.common import (
-    CLUSTER_HELP,
     ClusterOpt,
     JsonOpt,
     NameArg,
+    ParsableOpt,
     app,
     cluster_name,
-    complete_cluster,
     complete_profile,
     err,
     print_json,
@@ -46,12 +44,11 @@ GrowProfileOpt = Annotated[
         autocompletion=complete_profile,
     ),
 ]
-# (grow asks SLURM for nodes, as `up` does: -c is sbatch's --cpus-per-task there, not the cluster)
-GrowClusterOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--cluster", metavar="NAME", show_default=False, help=CLUSTER_HELP, autocompletion=complete_cluster
-    ),
+# (grow acts on an existing cluster: -c is --cluster, as on every such verb; `up`, which makes
+# one, keeps sbatch's -c for --cpus-per-task)
+GrowCpusOpt = Annotated[
+    int | None,
+    typer.Option("--cpus-per-task", min=1, metavar="N", help="CPUs per node.  [default: the cluster's]"),
 ]
 AllocArg = Annotated[str, typer.Argument(metavar="ALLOC_ID", help="The grown allocation (raystack status).")]
 DeadlineOpt = Annotated[
@@ -65,18 +62,19 @@ DeadlineOpt = Annotated[
 @app.command(short_help="Add nodes to a running cluster: a further allocation of Ray workers.")
 def grow(
     name: NameArg = None,
-    cluster: GrowClusterOpt = None,
+    cluster: ClusterOpt = None,
     nodes: NodesOpt = 1,
     profile: GrowProfileOpt = None,
     time: TimeOpt = None,
     partition: PartitionOpt = None,
     account: AccountOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    cpus_per_task: CpusPerTaskOpt = None,
+    cpus_per_task: GrowCpusOpt = None,
     sbatch: SbatchOpt = None,
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
+    parsable: ParsableOpt = False,
     auto: Annotated[bool, typer.Option("--for-queue", hidden=True)] = False,
 ) -> None:
     """Submit a further allocation whose nodes join the cluster as Ray workers (its token, TLS and
@@ -97,6 +95,8 @@ def grow(
         prof = load_profile(profile or Cluster.get(target).record().profile)
         options["profile"] = prof.model_copy(update={"gpu_type": gpu_type}) if gpu_type else prof
     entry = growing.grow(target, nodes, auto=auto, **options)
+    if parsable:  # (the grown allocation's id alone on stdout, at once: `raystack shrink ID` takes it)
+        print(entry.alloc_id, flush=True)
     if not as_json:
         err.print(
             f"cluster {target}: allocation {entry.alloc_id} submitted for {nodes} more node(s)", markup=False

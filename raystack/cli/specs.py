@@ -1,7 +1,8 @@
-"""Verbs about specs and profiles, no cluster needed: check, profiles."""
+"""Verbs about specs and profiles, no cluster needed: check, profiles, examples."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +13,7 @@ from typer.core import TyperGroup
 from raystack.cli.common import ClusterOpt, JsonOpt, app, complete_profile, err, out, print_json
 from raystack.cli.submit import AfterOpt, SweepOpt, TakesCommand, job_argument
 from raystack.client import check as checking
+from raystack.spec.examples import copy_examples
 from raystack.spec.planning import plan_line
 from raystack.spec.profile import available_profiles, load_profile, profile_path
 from raystack.spec.values import duration_text
@@ -137,7 +139,10 @@ def profiles(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 @profiles_app.command("show")
 def show(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="A profile name, or a .yaml file.")],
+    name: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help="A profile, or a .yaml file.", autocompletion=complete_profile),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Every setting of one profile, defaults included, and the file it comes from."""
@@ -148,3 +153,17 @@ def show(
         return
     out.print(f"# {profile_path(name)}", markup=False)
     out.print(yaml.safe_dump(values, sort_keys=False, default_flow_style=False).rstrip(), markup=False)
+
+
+@app.command(short_help="Copy the example job specs (and their scripts) into a folder to try.")
+def examples(
+    folder: Annotated[Path, typer.Argument(metavar="DIR", help="Where to copy them (made if missing).")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite files of the same names.")] = False,
+) -> None:
+    """The debug jobs raystack ships (hello, actors, placement, spmd, zero3, faults, ...): each
+    spec with the script it runs. Nothing there is overwritten unless --force."""
+    copied = copy_examples(folder, force)
+    out.print(f"copied {len(copied)} files into {folder}", markup=False)
+    specs = sorted(p.name for p in copied if p.suffix == ".yaml")
+    err.print(f"  specs: {', '.join(specs)}", markup=False)
+    err.print(f"  try one: raystack submit {folder / 'hello.yaml'} -f", markup=False)

@@ -4,7 +4,9 @@ sweeps and dependencies."""
 from __future__ import annotations
 
 import difflib
+import errno
 import json
+import os
 import shlex
 import stat
 from pathlib import Path
@@ -14,7 +16,7 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
-from raystack.cli.common import ClusterOpt, JsonOpt, app, err, on_interrupt, print_json
+from raystack.cli.common import ClusterOpt, JsonOpt, ParsableOpt, app, err, on_interrupt, print_json
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.errors import ConfigError
 from raystack.spec.job import name_problem
@@ -45,6 +47,11 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
             raise ConfigError(f"{before[0]!r} before --: give a job spec or a command after --, not both")
         if not command:
             raise ConfigError(f"nothing after --: give the command, e.g. {verb} -- python train.py")
+        if not command[0].strip():  # (`-- "$CMD"` with CMD unset: a shell would find no program)
+            raise ConfigError(
+                f"the command after -- starts with an empty word ({command[0]!r}: an unset variable?); "
+                f"give the program, e.g. {verb} -- python train.py"
+            )
         return command
     if not before:
         raise ConfigError(f"give a job spec or a command after --: {verb} job.yaml, {verb} -- python x.py")
@@ -74,6 +81,15 @@ def job_argument(ctx: typer.Context, args: list[str]) -> str | list[str]:
 def _not_a_spec(given: str) -> str:
     """Why a .yaml path given as the job spec cannot be read as one: missing, or not a file."""
     path = Path(given)
+    if path.is_symlink() and not path.exists():  # (a link to nothing, or to itself)
+        why = f"points to {os.readlink(path)!r}, which does not exist"
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # (Python 3.11 and 3.12: a loop)
+            why = "is a loop of symbolic links"
+        except OSError as exc:
+            why = "is a loop of symbolic links" if exc.errno == errno.ELOOP else why
+        return f"job spec {given!r} {why}: give a YAML file"
     if not path.exists():
         return f"no job spec {given!r} (no such file){_nearest_spec(given)}"
     mode = path.stat().st_mode
@@ -218,13 +234,13 @@ def submit(
     follow: FollowOpt = False,
     now: NowOpt = False,
     as_json: JsonOpt = False,
+    parsable: ParsableOpt = False,
 ) -> None:
     """Queue a job (a spec file, or a command after --) on the cluster; it may still be PENDING in
     SLURM. ray job submit's flags add to the spec (--working-dir, --entrypoint-num-cpus/-gpus/
     -memory, --entrypoint-resources, --metadata-json, --runtime-env[-json], --submission-id);
-    sbatch's -N, -t and --gpus set the spec's nodes (needs.nodes), timeout and needs.gpus;
-    --sweep makes one job per value, --after makes it wait for other jobs, --secret NAME gives it a
-    variable of this environment without writing its value down."""
+    sbatch's -N, -t and --gpus set the spec's nodes (needs.nodes), timeout and needs.gpus; --sweep:
+    one job per value, --after: wait for other jobs, --secret NAME: a variable, never written down."""
     job_input = job_argument(ctx, list(args or []))
     if name is not None and (why := name_problem(name)):
         raise ConfigError(f"--name {why}")
@@ -243,7 +259,7 @@ def submit(
     target = Cluster.get(cluster)
     given: dict[str, Any] = {"now": now, "sweeps": sweep, "after": after, "job_id": submission_id}
     jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], secrets=secret, **given)
-    _tell(target, jobs, follow, as_json)
+    _tell(target, jobs, follow, "parsable" if parsable else "json" if as_json else "text")
     if follow:
         with on_interrupt(lambda: still(jobs)):
             exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
@@ -309,7 +325,11 @@ def _follow_many(jobs: list[Job]) -> JobRecord:
     return next((r for r in records if r.state is not JobState.SUCCEEDED), records[-1])
 
 
-def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None:
+def _tell(target: Cluster, jobs: list[Job], follow: bool, how: str) -> None:
+    """What submit says: text on stderr, or JSON, or (parsable) the ids alone, one a line."""
+    if how == "parsable":
+        print("\n".join(job.id for job in jobs), flush=True)
+        return
     rows = [
         {
             "id": job.id,
@@ -319,7 +339,7 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, as_json: bool) -> None
         }
         for job in jobs
     ]
-    if as_json:
+    if how == "json":
         print_json(rows[0] if len(rows) == 1 else rows)
         return
     first = jobs[0].seen or jobs[0].record()
@@ -373,7 +393,11 @@ def runtime_env_sets(path: Path | None, text: str | None) -> list[str]:
     renv: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--runtime-env {path}: not UTF-8 text (byte {exc.start}): save it as UTF-8 YAML or JSON"
+            ) from None
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"--runtime-env {path}: cannot read it ({exc})") from None
         if not isinstance(loaded, dict):

@@ -32,7 +32,7 @@ from raystack.errors import (
     SlurmUnavailable,
 )
 from raystack.slurmtime import duration_text, parse_duration
-from raystack.spec import sbatch
+from raystack.spec import rayenv, sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.store import cluster as records
 from raystack.store import paths, tls
@@ -134,6 +134,7 @@ def plan(
     size, which the caller reads from sinfo (slurm.node_shape) when `wants_node_shape`.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    rayenv.check_floor()
     _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes)
     name = paths.validate_name(name)
     walltime = slurmtime.validate_time(time) if time else prof.time  # (the profile's: read at load)
@@ -480,6 +481,7 @@ def plan_local(
 ) -> tuple[AllocationPlan, list[str]]:
     """A one-node plan for this machine, and the GPU ids it gets."""
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    rayenv.check_floor()
     ids, cores = local.gpu_ids(), local.cpu_count()
     if cpus is not None and not 1 <= cpus <= cores:
         raise ConfigError(

@@ -454,7 +454,10 @@ def parse_set(item: str, said: str | None = None) -> tuple[list[str], Any]:
         raise ConfigError(f"{said}: use --set key.sub=value, e.g. --set env.LR=1e-6")
     if tuple(path[:-1]) in RAW_TEXT_PATHS or raw == "":
         return path, raw
-    return path, parse_yaml(raw, said, invalid_as_text=True)
+    value = parse_yaml(raw, said, invalid_as_text=True)
+    if value is None and raw.strip() not in ("null", "Null", "NULL", "~"):  # (YAML reads `!` as an empty tag)
+        return path, raw
+    return path, value
 
 
 def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from raystack.errors import ConfigError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # (Python 3.10: the same parser, released apart)
@@ -38,9 +40,30 @@ ASK_TIMEOUT = 60.0  # seconds for a python to say which Ray it has (importing ra
 ASK = "import importlib.metadata as m; print(m.version('ray'))"
 
 
+# NOTE: Ray before 2.54 has CVE-2026-27482 (GHSA-q5fh-2hc8-f6rq): the dashboard's DELETE routes
+# can be reached from a browser page. raystack starts its clusters with the Ray it is installed
+# with; pyproject.toml asks for this floor too.
+RAY_FLOOR = "2.54"
+
+
 def installed() -> str:
     """The Ray of this Python environment (the cluster's, where the head or the `up` runs)."""
     return importlib.metadata.version("ray")
+
+
+def check_floor(version: str | None = None) -> None:
+    """Refuse to start a cluster on a Ray older than RAY_FLOOR (said with the CVE and the fix)."""
+    found = version or installed()
+    try:
+        old = Version(found) < Version(RAY_FLOOR)
+    except InvalidVersion:
+        return
+    if old:
+        raise ConfigError(
+            f"Ray {found} is installed here: Ray before {RAY_FLOOR} has CVE-2026-27482 (the dashboard's "
+            f"DELETE routes reachable from a browser page); raystack starts clusters on Ray {RAY_FLOOR} "
+            f"or newer: pip install 'ray[default]>={RAY_FLOOR}'"
+        )
 
 
 def requirements(renv: dict[str, Any]) -> Iterator[tuple[str, str]]:

@@ -69,12 +69,16 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     # (a cluster that grows for its queue, `up --max-nodes`, holds up to max_nodes)
     nodes, gpn, cpn = cluster.held
-    nodes = max(nodes, cluster.max_nodes or 0)
+    local = cluster.backend == "local"  # (one node of this machine: it never grows)
+    nodes = nodes if local else max(nodes, cluster.max_nodes or 0)
     n = spec.needs
 
     def refused(asked: str, total: str = "") -> ConfigError:
         have = f"{cluster.called} has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}{total}"
         fix = "lower it, or start a larger cluster with raystack up"
+        if local:
+            have += " (a --local cluster is this one machine)"
+            fix = "lower it, or run it on a SLURM cluster (raystack up --nodes N)"
         return ConfigError(f"{source}: {asked} but {have}; {fix}")
 
     if n.nodes is not None and n.nodes > nodes:

@@ -8,9 +8,11 @@ import math
 import os
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from raystack.launch import PIN_DIR, SECRET_NAMES_ENV, SECRETS_ENV, SUBMIT_DIR_ENV
+from raystack.spec import workdir
 from raystack.spec.planning import PlanSpec, occupied, substitute
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
@@ -142,6 +144,10 @@ def runtime_env(request: JobRequest, cluster: ClusterRecord, resumes: int = 0) -
     if request.working_dir:
         renv["working_dir"] = request.working_dir
         renv["excludes"] = request.excludes
+        local = "://" not in request.working_dir and Path(request.working_dir).is_dir()
+        if local and (zipped := workdir.packed(Path(request.working_dir), request.excludes)):
+            renv["working_dir"] = str(zipped)  # (Ray uploads a zip as it is: no ignore file read)
+            del renv["excludes"]
     return renv
 
 

@@ -2,20 +2,29 @@
 
 Ray packages a working_dir by walking it (following symlinks), skipping what its `excludes`
 match (relative to the working_dir) and what each folder's `.gitignore` and `.rayignore` match
-(relative to that folder), with gitwildmatch patterns (pathspec). This walk applies the same
-rules with the same public library, but stops as soon as the upload is over the dashboard's
-limit, refuses a symlink loop instead of following it forever, refuses what is neither a file nor
-a folder (a FIFO, a socket, a device, a link to /dev/zero: Ray's packager blocks reading those),
-and reports where the bytes are.
+(relative to that folder), with gitwildmatch patterns (Ray's copy of pathspec). This walk applies
+the same rules with the public pathspec library, but stops as soon as the upload is over the
+dashboard's limit, refuses a symlink loop instead of following it forever, refuses what is
+neither a file nor a folder (a FIFO, a socket, a device, a link to /dev/zero: Ray's packager
+blocks reading those), and reports where the bytes are.
+
+A line that is no pattern git would use (`!` alone, a trailing backslash) is skipped with a
+warning naming its file and line, as git skips it. Ray's packager (2.60) fails on some of those
+(IndexError): such a working_dir goes to Ray as a zip of what this walk found (`packed`), which
+Ray uploads as it is.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import logging
 import os
 import re
 import stat
+import tempfile
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +54,7 @@ DEFAULT_EXCLUDES = [*TOOLING, *BULK, *SECRETS]
 MAX_LEFT_OUT = 20  # entries of what BULK left out, kept for the note and a failure's hint
 
 Matcher = Callable[[Path], bool]
+log = logging.getLogger("raystack")
 
 
 def ray_default_excludes() -> list[str]:
@@ -58,12 +68,48 @@ def include_gitignore() -> bool:
     return os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
 
 
-def _matcher(base: Path, lines: list[str]) -> Matcher:
+def _compile(lines: list[str]) -> PathSpec:
     # NOTE: the pattern kind Ray 2.60 uses (pathspec deprecates its name, not its meaning); the
     # test against Ray's own packager fails if Ray changes it.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        spec = PathSpec.from_lines("gitwildmatch", lines)
+        return PathSpec.from_lines("gitwildmatch", lines)
+
+
+def git_patterns(lines: list[str], source: str) -> list[str]:
+    """The lines that are patterns (as git reads them); each other one is skipped with a warning
+    naming `source` and its line, as git skips it (git says nothing: a line that matches nothing)."""
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            _compile([line])
+        except (ValueError, IndexError) as exc:  # (pathspec's GitIgnorePatternError is a ValueError)
+            log.warning(
+                "raystack: warning: %s line %d: %r is not a pattern git uses (%s): skipped",
+                *(source, number, line.rstrip("\n"), type(exc).__name__),
+            )
+            continue
+        kept.append(line)
+    return kept
+
+
+def ray_cannot_read(lines: list[str], source: str) -> list[str]:
+    """`source:N` of each line Ray's own packager fails on (its copy of pathspec raises)."""
+    try:
+        from ray._private.thirdparty.pathspec import PathSpec as RayPathSpec
+    except ImportError:  # (another Ray: judged as the public library judges)
+        return []
+    bad = []
+    for number, line in enumerate(lines, 1):
+        try:
+            RayPathSpec.from_lines("gitwildmatch", [line])
+        except Exception:
+            bad.append(f"{source}:{number}")
+    return bad
+
+
+def _matcher(base: Path, lines: list[str], source: str = "excludes") -> Matcher:
+    spec = _compile(git_patterns(lines, source))
     base = base.absolute()
 
     def match(path: Path) -> bool:
@@ -72,13 +118,18 @@ def _matcher(base: Path, lines: list[str]) -> Matcher:
     return match
 
 
-def _ignore_files(folder: Path, gitignore: bool) -> list[Matcher]:
+def _ignore_files(folder: Path, gitignore: bool, trouble: list[str] | None = None) -> list[Matcher]:
+    """The matchers of a folder's .gitignore and .rayignore; the lines Ray cannot read go into
+    `trouble`."""
     found = []
     for name in IGNORE_FILES if gitignore else IGNORE_FILES[1:]:
         path = folder / name
         if path.is_file():
             with open(path, errors="replace") as fh:
-                found.append(_matcher(folder, fh.readlines()))
+                lines = fh.readlines()
+            found.append(_matcher(folder, lines, str(path)))
+            if trouble is not None:
+                trouble.extend(ray_cannot_read(lines, str(path)))
     return found
 
 
@@ -94,6 +145,14 @@ class Upload:
     too_many_files: bool = False  # the walk stopped at the file limit (not the byte limit)
     left_out: dict[str, str] = field(default_factory=dict)  # path (a folder's with /) -> BULK pattern
     stopped: str | None = None  # why the walk stopped early
+    ray_cannot: list[str] = field(default_factory=list)  # file:line (or excludes:N) Ray's packager fails on
+
+    def add(self, rel: Path, size: int) -> None:
+        self.bytes += size
+        self.files.append(str(rel))
+        first = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
+        self.by_top[first] = self.by_top.get(first, 0) + size
+        self.files_by_top[first] = self.files_by_top.get(first, 0) + 1
 
     def biggest(self, n: int = 3) -> list[tuple[str, int]]:
         return sorted(self.by_top.items(), key=lambda kv: -kv[1])[:n]
@@ -117,10 +176,10 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
     gitignore = include_gitignore()
     top = _matcher(root, [*ray_default_excludes(), *excludes])
     bulk = _bulk(root, excludes)
-    up = Upload(root)
+    up = Upload(root, ray_cannot=ray_cannot_read(excludes, "excludes"))
     # (folder, ignore-file matchers in force there, real paths of the folders above it)
     stack: list[tuple[Path, list[Matcher], frozenset[str]]] = [
-        (root, _ignore_files(root, gitignore), frozenset({os.path.realpath(root)}))
+        (root, _ignore_files(root, gitignore, up.ray_cannot), frozenset({os.path.realpath(root)}))
     ]
     while stack:
         folder, matchers, above = stack.pop()
@@ -154,13 +213,11 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
                         f"working_dir {root}: {rel} is a symlink loop (it leads back to {real}); "
                         f"Ray would follow it forever: add '{rel}' to excludes or to .rayignore"
                     )
-                stack.append((path, [*matchers, *_ignore_files(path, gitignore)], above | {real}))
+                stack.append(
+                    (path, [*matchers, *_ignore_files(path, gitignore, up.ray_cannot)], above | {real})
+                )
             elif is_file:
-                up.bytes += size
-                up.files.append(str(rel))
-                first = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
-                up.by_top[first] = up.by_top.get(first, 0) + size
-                up.files_by_top[first] = up.files_by_top.get(first, 0) + 1
+                up.add(rel, size)
                 if up.bytes > limit:
                     up.stopped = f"over {limit / 2**20:.0f} MiB"
                     return up
@@ -196,6 +253,34 @@ def _named(rel: Path, why: str) -> str:
             if fnmatch.fnmatchcase(part, why.rstrip("/")):
                 return "/".join(rel.parts[: i + 1]) + "/"
     return str(rel)
+
+
+def packed(root: Path, excludes: list[str], folder: Path | None = None) -> Path | None:
+    """A zip of what Ray would upload from `root`, where Ray's packager would fail on a line of
+    its ignore files or excludes (None where Ray packages it itself): the files this walk finds,
+    sorted, with fixed times, so that the same content makes the same zip (and Ray's name for
+    it, a hash of it: a prepared upload is found again at submit)."""
+    up = scan(root, excludes)
+    if not up.ray_cannot or up.stopped:
+        return None
+    digest = hashlib.sha256()
+    for rel in sorted(up.files):
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    folder = folder or Path(tempfile.gettempdir())
+    target = folder / f"raystack-wd-{digest.hexdigest()[:20]}.zip"
+    if not target.exists():
+        part = target.with_suffix(f".{os.getpid()}.part")
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
+            for rel in sorted(up.files):
+                info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = (os.stat(root / rel).st_mode & 0o7777) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(info, (root / rel).read_bytes())
+        os.replace(part, target)
+    log.info(
+        "working_dir %s goes to Ray as %s (Ray's packager cannot read %s)", root, target, up.ray_cannot[0]
+    )
+    return target
 
 
 def left_out_note(left_out: dict[str, str]) -> str:

@@ -426,7 +426,7 @@ def resolve(name: str | None, ended: Callable[[ClusterRecord], bool] | None = No
     """The cluster meant: NAME, else $RAYSTACK_CLUSTER (which `raystack env` exports, and every
     job has), else the only live cluster, else the only cluster at all. `ended`: whether a record
     has ended (default: as it says; the client also asks SLURM about the live-looking ones)."""
-    if name:
+    if name is not None:  # (an empty name is refused: an unset $NAME must never mean the default)
         return paths.validate_name(name, "the cluster (CLUSTER, --cluster/-c)")
     name = os.environ.get("RAYSTACK_CLUSTER") or None
     if name:

@@ -76,9 +76,15 @@ def name_fault(value: object) -> str:
     return f"it starts with {value[0]!r}: start with a letter or digit"
 
 
+def shown(value: str, most: int = 40) -> str:
+    """A value as an error message quotes it: whole when short, else its start and its length."""
+    return repr(value) if len(value) <= most else f"{value[:most]!r}... ({len(value)} characters)"
+
+
 def validate_name(name: str, field: str = "--name") -> str:
     if fault := name_fault(name):
-        raise ConfigError(f"{field}: {name!r} is not a valid cluster name: {fault}")
+        hint = " (an unset variable in a script?)" if not name else ""
+        raise ConfigError(f"{field}: {shown(name)} is not a valid cluster name: {fault}{hint}")
     return name
 
 
@@ -86,7 +92,7 @@ def validate_job_id(job_id: str) -> str:
     """A job id names files in the cluster folder: never a path (`../cluster`), never empty."""
     if fault := name_fault(job_id):
         raise ConfigError(
-            f"{job_id!r} is not a job id: {fault} (ids are as printed by `raystack submit`; list them "
+            f"{shown(job_id)} is not a job id: {fault} (ids are as printed by `raystack submit`; list them "
             "with `raystack queue`)"
         )
     return job_id

@@ -121,6 +121,22 @@ def test_jobs_run_through_the_queue_with_their_own_gpus(lc: dict) -> None:
     assert b"SLURM_JOB_ID=" not in env
 
 
+def test_a_working_dir_whose_gitignore_ray_cannot_read_runs(lc: dict, tmp_path: Path) -> None:
+    """A `!` line (git skips it; Ray 2.60's packager fails on it with IndexError): submit warns
+    naming the line, and the job runs with what git would upload (data/ left out)."""
+    wd = tmp_path / "repo"
+    (wd / "data").mkdir(parents=True)
+    (wd / "data" / "big.txt").write_text("x")
+    (wd / "main.py").write_text("import os\nprint('FILES', sorted(os.listdir('.')))\n")
+    (wd / ".gitignore").write_text("data/\n!\n")
+    out = rs(lc["home"], "submit", "--working-dir", str(wd), "--json", "--", "python", "main.py")
+    assert f"{wd / '.gitignore'} line 2: '!' is not a pattern git uses" in out.stderr, out.stderr
+    job_id = json.loads(out.stdout)["id"]
+    follow = rs(lc["home"], "logs", job_id, "-f", check=False, timeout=300)
+    assert follow.returncode == 0, follow.stdout[-3000:]
+    assert "FILES ['.gitignore', 'main.py']" in follow.stdout, follow.stdout[-2000:]
+
+
 def test_a_second_local_cluster_of_the_same_name_is_refused(lc: dict) -> None:
     again = rs(lc["home"], "up", "--local", "--cpus", "1", check=False)
     assert again.returncode == 1 and "in use by a live cluster" in again.stderr

@@ -81,3 +81,80 @@ def test_a_failure_on_a_missing_module_or_file_names_what_the_defaults_left_out(
     assert missing_hint("KeyError: 'env'", left) == ""
     assert missing_hint("FileNotFoundError: 'environment.yaml'", left) == ""
     assert missing_hint("ModuleNotFoundError: No module named 'env'", {}) == ""
+
+
+# Lines a .gitignore may hold, odd ones included; each against the files below (as a walk meets them).
+ODD = [
+    "!", "foo\\", "\\", "\\#hash", "#comment", "\\!bang", "**/deep", "a/**/b", "dir/", "/root.txt",
+    "*.log", "!keep.log", "[abc].txt", "[!x].md", " lead", "trail ", "**", "a/*", "[", "x/**",
+    "!/", "/", "*.tmp\\", "a\\b", "**/", "!!double", "c[", "\\[lit", "*/", "?", "???.cfg",
+]  # fmt: skip
+FILES = [
+    "!", "foo", "#hash", "bang", "!bang", "x/deep", "deep", "a/b", "a/c/b", "dir/f", "dirf", "root.txt",
+    "sub/root.txt", "z.log", "keep.log", "a.txt", "d.txt", "y.md", "x.md", " lead", "trail", "x/y/z",
+    "c[", "[lit", "ab", "t.tmp", "abc.cfg", "q", "!!double", "e/f/g",
+]  # fmt: skip
+# (Where the public pathspec and git part, left out: an escaped trailing space, `sp\ `, which
+# git reads as `sp ` and pathspec 1.1 refuses: skipped with a warning.)
+
+
+def test_the_matcher_takes_what_git_takes_and_skips_what_git_skips(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Each odd line alone in a .gitignore: the files the walk leaves out are those `git
+    check-ignore` ignores; a line git does not read as a pattern is skipped with a warning naming
+    the file and line, and nothing raises."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        import pytest
+
+        pytest.skip("git is not installed")
+    root = tmp_path / "wd"
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for line in ODD:
+        (root / ".gitignore").write_text(line + "\n")
+        out = subprocess.run(
+            ["git", "-c", "core.quotepath=off", "check-ignore", "--no-index", "-z", "--stdin"],
+            cwd=root, input="\0".join(FILES), capture_output=True, text=True,
+        )  # fmt: skip
+        ignored_by_git = set(out.stdout.split("\0")) - {""}
+        caplog.clear()
+        uploaded = set(workdir.scan(root, []).files) - {".gitignore"}
+        left_out = {f for f in FILES if f not in uploaded}
+        assert left_out == ignored_by_git, (line, sorted(left_out ^ ignored_by_git))
+        warned = [r.getMessage() for r in caplog.records if "is not a pattern git uses" in r.getMessage()]
+        if line in ("!", "foo\\", "\\", "*.tmp\\"):
+            assert warned and f"{root / '.gitignore'} line 1" in warned[0], (line, warned)
+
+
+def test_a_working_dir_ray_cannot_package_goes_to_ray_as_a_zip_ray_takes(tmp_path: Path) -> None:
+    """Ray 2.60's packager fails (IndexError) on a `!` line of a .gitignore or the excludes:
+    `packed` zips what the walk found, the same zip for the same content, and Ray's own upload
+    path takes a zip as it is."""
+    root = tmp_path / "wd"
+    (root / "data").mkdir(parents=True)
+    (root / "train.py").write_text("print('ok')\n")
+    (root / "data" / "big.bin").write_text("x" * 1000)
+    (root / "run.log").write_text("log")
+    assert workdir.packed(root, [], tmp_path) is None  # (nothing odd: Ray packages it itself)
+    (root / ".gitignore").write_text("data/\n!\n*.log\n")
+    from ray._private.runtime_env.packaging import create_package, get_uri_for_package
+
+    try:
+        create_package(str(root), tmp_path / "ray.zip", include_gitignore=True)
+        ray_fails = False
+    except IndexError:
+        ray_fails = True
+    assert ray_fails  # (if Ray reads such a line one day, the zip is no longer needed)
+    first = workdir.packed(root, [], tmp_path)
+    assert first is not None and workdir.scan(root, []).ray_cannot == [f"{root / '.gitignore'}:2"]
+    with ZipFile(first) as zf:
+        assert sorted(zf.namelist()) == [".gitignore", "train.py"]
+    first.unlink()
+    again = workdir.packed(root, [], tmp_path)
+    assert again == first and get_uri_for_package(again).startswith("gcs://_ray_pkg_")  # (by content)
+    (root / ".gitignore").write_text("data/\n*.log\n")
+    assert workdir.packed(root, ["!"], tmp_path) is not None  # (excludes: ['!'])

@@ -1,6 +1,7 @@
 """raystack from its wheel, on the oldest Rays it takes (the rest of the suite runs on the newest,
-the venv of `make install`): 2.52.0, the first with token authentication, and 2.55.1 (OpenRLHF
-pins 2.55). For each, a clean venv gets the wheel built from this checkout and that Ray, with
+the venv of `make install`): 2.54.0, the first without CVE-2026-27482 (token authentication came
+in 2.52; the dashboard's DELETE routes were reachable from a browser page before 2.54), and 2.55.1
+(OpenRLHF pins 2.55). For each, a clean venv gets the wheel built from this checkout and that Ray, with
 every other dependency as pip resolves it from the registry; then, as a user would with it:
 
 * `raystack --version`;
@@ -30,7 +31,7 @@ from ..conftest import TESTBED_DIR
 pytestmark = [pytest.mark.testbed, pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
-VERSIONS = ("2.52.0", "2.55.1")
+VERSIONS = ("2.54.0", "2.55.1")
 SAYS_RAY = "import ray; ray.init(); print('RAY', ray.__version__, ray.cluster_resources().get('CPU'))"
 
 
