@@ -17,9 +17,10 @@ How an allocation's end is told apart (`classify`), and what follows:
 | node lost   | the head saw a node leave Ray (it then ends the allocation | goes on | resume (requeued)|
 |             | itself), or SLURM's reason names a node                    |         |                  |
 | preempted   | SLURM's reason says Preempt                                | goes on | resume (requeued)|
-| down        | `raystack down` wrote it into the record first             | ends    | FAILED           |
+| down        | `raystack down` wrote it into the record first             | ends    | STOPPED          |
 | idle        | the head's idle autostop wrote it into the record first    | ends    | (none: idle)     |
-| scancel     | SIGTERM before the time limit, SLURM's reason None         | ends    | FAILED           |
+| scancel     | SIGTERM before the time limit, SLURM's reason None (local: | ends    | resume (requeued)|
+|             | a signal to the node program, or it was killed)            |         |                  |
 | crashed     | the head's node program met an error it cannot go on with, | goes on | resume (requeued)|
 |             | or Ray's head exited under the running cluster (its GCS or |         |                  |
 |             | raylet killed: the OOM killer, a node fault)               |         |                  |
@@ -27,7 +28,12 @@ How an allocation's end is told apart (`classify`), and what follows:
 | requeued    | SLURM's restart count of the job grew past this run's      | the same| resume (requeued)|
 |             | (`scontrol requeue`, a preemption or node failure that     | job runs|                  |
 |             | requeues): SLURM starts the same job id again              | again   |                  |
-| failed      | Ray or a node failed to start                              | goes on | FAILED           |
+| failed      | Ray or a node failed to start, or why is unknown           | goes on | resume (requeued)|
+
+Every signal to a raystack or Ray process (SIGTERM, SIGINT, SIGHUP, SIGKILL: a shutdown, a plain
+`kill`, the OOM killer) leaves the jobs in flight INTERRUPTED at the head of the queue, to resume
+when the cluster is up again (`interruptions` + 1, RAYSTACK_RESUME=1); only `raystack down` stops
+them (STOPPED), and only a job's own error fails it.
 
 When the chain ends with a follow-on pending, the follow-on is cancelled: nothing stays in SLURM.
 """
@@ -67,11 +73,11 @@ ENDINGS = {
     EndKind.PREEMPTED: (True, True),
     EndKind.DOWN: (False, False),
     EndKind.IDLE: (False, False),
-    EndKind.SCANCEL: (False, False),
+    EndKind.SCANCEL: (False, True),
     EndKind.CRASHED: (True, True),
     EndKind.HEAD_LOST: (True, True),
     EndKind.REQUEUED: (True, True),
-    EndKind.FAILED: (True, False),
+    EndKind.FAILED: (True, True),
 }
 # The text of an end the record announced before it came.
 ANNOUNCED = {

@@ -87,14 +87,18 @@ def test_scancel_ends_the_chain_and_cancels_the_follow_on(
     record = walltime.end_allocation("c", "7", end, ClusterState.STOPPED)
     assert record.state is ClusterState.STOPPED and cancelled == ["8"]
     assert "the pending allocation 8 was cancelled" in record.chain_ended  # type: ignore[operator]
-    assert read_job("c", job).state is JobState.FAILED
+    # (a signal from outside is no error of the job's: it waits, at the head of the queue, for the
+    # cluster to be up again)
+    interrupted = read_job("c", job)
+    assert interrupted.state is JobState.INTERRUPTED and interrupted.interruptions == 1
+    assert interrupted.message.endswith("; it resumes in the next allocation"), interrupted.message
 
 
 def test_down_leaves_the_jobs_it_ended_stopped_not_failed(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A person ended them (`raystack down`), as `raystack stop` would: STOPPED; a scancel from
-    outside (above) is a failure of the job's allocation: FAILED."""
+    outside (above) interrupts them, to resume."""
     monkeypatch.setattr(slurm, "scancel", lambda alloc_id: None)
     job = running_job()
     walltime.end_allocation("c", "7", walltime.ending("down", "raystack down"), ClusterState.STOPPED)

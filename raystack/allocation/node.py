@@ -48,8 +48,8 @@ def setup_process() -> None:
     )
     os.umask(0o077)  # whatever the allocation script or the user's shell had
     become_subreaper()
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # (SIGHUP: a closed terminal, local)
+        signal.signal(sig, on_signal)
     # NOTE: the walltime warning goes to the batch shell only (--signal=B:USR1), which leaves a
     # flag file for the head; a USR1 sent to the whole step by hand must not end the node.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -14,12 +14,12 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from raystack.client.access import live_dashboard
-from raystack.client.reconcile import as_ended, pending_end
+from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end
 from raystack.errors import ClusterError, RaystackError
 from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
@@ -94,6 +94,8 @@ class Job:
     seen: JobRecord | None = None  # the ledger entry as it was written or last read here
     queued_place: int | None = None  # its place in the queue as `submit` left it (0: started)
     queued_note: str | None = None  # what `submit` was told of the cluster then (`ending_note`)
+    _pending: PendingEnd | None = None  # its allocation's end, where it ended unrecorded
+    _look: Every = field(default_factory=lambda: Every(2.0))
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"
@@ -103,8 +105,18 @@ class Job:
         return cls(find_cluster_of(job_id, cluster), job_id)
 
     def record(self) -> JobRecord:
-        """The ledger entry, read now."""
-        self.seen = read_job(self.cluster, self.id)
+        """The ledger entry, read now; a job in flight in an allocation that ended unrecorded (its
+        node program killed) as its settlement will leave it, as `queue` and `status` show it."""
+        record = read_job(self.cluster, self.id)
+        if record.state in (JobState.RUNNING, JobState.SUBMITTED) and record.attempts:
+            if self._look():  # (asking whether the allocation ended may ask SLURM: every 2 s at most)
+                try:
+                    cluster = records.read(self.cluster)
+                    self._pending = None if cluster.state.is_terminal() else pending_end(cluster)
+                except RaystackError:
+                    self._pending = None
+            record = job_as_ended(record, self._pending)
+        self.seen = record
         return self.seen
 
     @property
@@ -237,6 +249,8 @@ class Job:
         if record.state not in (JobState.QUEUED, JobState.INTERRUPTED):
             return None
         running = active(self.cluster)
+        if self.id in running and self._pending is not None:  # (its allocation ended unrecorded)
+            return f"{record.state.value.lower()}, back at the head of the queue when the cluster is up again"
         if self.id in running:  # (taken from the queue, not yet handed to Ray)
             return f"{record.state.value.lower()}, starting now"
         pos = position(self.cluster, self.id)

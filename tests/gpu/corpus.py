@@ -8,6 +8,7 @@ GPU's memory activity is read per GPU: a healthy neighbour on the same GPU would
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from collections.abc import Callable
@@ -62,6 +63,10 @@ def run_corpus(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple
     chosen = [c for c in cases(gpu=True) if c.name in ON_GPU]
     for case in [c for c in chosen if not c.healthy and c.ranks > ngpu]:
         skipped[f"corpus {case.name}"] = f"{case.ranks} ranks need {case.ranks} GPUs"
+    for name, module in (("vllm_generate", "vllm"), ("deepspeed_zero", "deepspeed")):
+        if importlib.util.find_spec(module) is None:
+            skipped[f"corpus {name}"] = f"{module} is not installed here (tests/gpu/stage.py)"
+            chosen = [c for c in chosen if c.name != name]
     healthy = {c.name: submit(cluster, c, ngpu) for c in chosen if c.healthy}
     suspected = ended(healthy, set(healthy))
     for name, job in healthy.items():

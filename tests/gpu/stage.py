@@ -15,6 +15,7 @@ optional GPU-kernel packages (flashinfer, tilelang, cutlass-dsl, quack, tokenspe
 what the machine has (torch, torchvision, torchaudio, transformers, numba, ...). The manifest
 records every file of every part with its sha256, and what was left out.
 
+`--set core` stages the same without vLLM (2 parts, into /tmp/site): for runs with no engine.
 The frameworks (`--set frameworks`: TRL, verl and what they need beyond the above, with verl's
 pins transformers 5.9 and the tokenizers it allows) are a set of their own, in .stage/frameworks/,
 unpacked into /tmp/site-frameworks (tests/gpu/run.sh puts it before /tmp/site):
@@ -91,7 +92,11 @@ FRAMEWORKS = [
 # (verl/models/transformers/monkey_patch.py:352), which TRL 1.16 no longer has.
 APART = {"trl-env": "trl-"}
 BUILT = {"frameworks": ["antlr4-python3-runtime==4.9.3"]}  # hydra 1.3's pin: an sdist only (pure Python)
-SETS = {"base": (STAGE, SITE), "frameworks": (STAGE / "frameworks", Path("/tmp/site-frameworks"))}
+SETS = {
+    "base": (STAGE, SITE),
+    "core": (STAGE / "core", SITE),  # (the base without vLLM: 2 parts, for runs that need no engine)
+    "frameworks": (STAGE / "frameworks", Path("/tmp/site-frameworks")),
+}
 # Members of the vLLM wheel a small dense model on sm90 does not load.
 STRIP = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm-rs"]
 STRIP_GLOBS = ["vllm/third_party/**/*.cpython-3*.so"]  # (but the 3.12 build)
@@ -120,7 +125,8 @@ def prepare(which: str) -> int:
         run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *FRAMEWORKS)
         run(*pip, "wheel", "--no-deps", "-w", str(wheels), *BUILT[which])
     else:
-        run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *RAY, *RAYSTACK, *VLLM)
+        engine = VLLM if which == "base" else ["hjson"]  # (DeepSpeed's, which the machine lacks)
+        run(*pip, "download", "--no-deps", *PLATFORM, "-d", str(wheels), *RAY, *RAYSTACK, *engine)
         build = {**os.environ, "DS_BUILD_OPS": "0"}  # (DeepSpeed builds its ops at run time, if ever)
         subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), DEEPSPEED], check=True, env=build)
     found = sorted(str(w) for w in wheels.glob("*.whl"))

@@ -160,7 +160,10 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     """A SIGKILLed node program (it cannot stop its Ray): the first command that sees it gone
     settles and sweeps it as SLURM would an ended allocation: its running job's driver is killed
     (it ran on as an orphan until `down`), Ray's temp folder removed, `status` says FAILED with no
-    job running, and `down` says the job FAILED (it said STOPPED while the ledger said FAILED)."""
+    job running; every reader (`job`, `job --json`, `queue --json`, `logs -f`) says the job is
+    INTERRUPTED (queue said FAILED while `job` said RUNNING), `down` says so and leaves it queued,
+    and the next `up` resumes it (RAYSTACK_RESUME=1); a SIGTERM to the node program (a shutdown, a
+    plain `kill`) interrupts it the same way."""
     home = tmp_path_factory.mktemp("kill")
     rec = json.loads(rs(home, "up", "--local", "--cpus", "1", "--name", "k", "--json").stdout)
     job_id = rec["allocation_id"]
@@ -171,7 +174,9 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
         )
     )
     assert len(temp) == 1 and temp[0].is_dir(), temp
-    sleeper = "import time; print('SLEEPING', flush=True); time.sleep(600)"
+    sleeper = (
+        "import os, time; print('SLEEPING', os.environ.get('RAYSTACK_RESUME'), flush=True); time.sleep(600)"
+    )
     job = json.loads(rs(home, "submit", "-c", "k", "--json", "--", "python", "-c", sleeper).stdout)["id"]
     deadline = time.monotonic() + 120
     while (
@@ -188,6 +193,15 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     status = json.loads(rs(home, "status", "k", "--json", check=False).stdout)
     assert status["state"] == "FAILED" and "no longer running" in status["message"], status
     assert status["running_job"] is None, status
+    said = {
+        "job": json.loads(rs(home, "job", job, "--json").stdout)["state"],
+        "queue": {r["id"]: r for r in json.loads(rs(home, "queue", "k", "--all", "--json").stdout)}[job][
+            "state"
+        ],
+    }
+    follow = rs(home, "logs", job, "-f", check=False, timeout=60)
+    assert said == {"job": "INTERRUPTED", "queue": "INTERRUPTED"}, said
+    assert follow.returncode == 1 and f"job {job} INTERRUPTED" in follow.stderr, follow.stderr
     assert not [p for p in drivers if cmdline(p)], "the job's driver outlived its cluster"
     assert not temp[0].exists(), "Ray's temp folder was left"
     text = rs(home, "status", "k", check=False).stdout
@@ -204,14 +218,33 @@ def test_down_stops_exactly_its_processes_and_a_killed_one_is_found_and_swept(
     assert not [pid for pid in left_behind(job_id) if b"raystack.allocation.runner" in cmdline(pid)]
     # ... and `down` leaves nothing of it, and says what became of the job.
     down = rs(home, "down", "k")
-    assert f"ended before it (FAILED): {job}" in down.stderr and "STOPPED" not in down.stderr, down.stderr
+    assert f"ended before it (INTERRUPTED): {job}" in down.stderr and "STOPPED" not in down.stderr, (
+        down.stderr
+    )
     deadline = time.monotonic() + 30
     while left_behind(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left_behind(job_id)
     assert orphan.wait(timeout=10) == -signal.SIGKILL
     ledger = json.loads(rs(home, "job", job, "--json").stdout)
-    assert ledger["state"] == "FAILED", ledger
+    assert ledger["state"] == "INTERRUPTED" and ledger["attempts"] == 1, ledger
+    # The next `up` resumes it; a SIGTERM to the node program interrupts it again.
+    again = json.loads(rs(home, "up", "--local", "--cpus", "1", "--name", "k", "--json").stdout)[
+        "allocation_id"
+    ]
+    deadline = time.monotonic() + 120
+    while "SLEEPING 1" not in rs(home, "logs", job).stdout and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert json.loads(rs(home, "job", job, "--json").stdout)["state"] == "RUNNING"
+    for pid in local.pids(again) or []:
+        if b"raystack.allocation.node" in cmdline(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while local.alive(again) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ledger = json.loads(rs(home, "job", job, "--json").stdout)
+    assert ledger["state"] == "INTERRUPTED" and ledger["attempts"] == 2, ledger
+    rs(home, "down", "k", check=False)
 
 
 def test_local_ids_and_hosts() -> None:
@@ -252,9 +285,9 @@ def test_a_tls_local_cluster_runs_jobs_and_serves_ray_status(
 
 
 def test_up_in_a_shell_that_has_another_clusters_env_gets_ready(tmp_path: Path) -> None:
-    """`eval "$(raystack env other)"`, then `raystack up` in the same shell: the new cluster's
-    node program must not use the other cluster's address and token (it never saw its own node
-    join, and failed after the join timeout)."""
+    """`eval "$(raystack env other)"`, then `ID=$(raystack up --parsable)` in the same shell: the new
+    cluster's node program must not use the other cluster's address and token (it never saw its
+    own node join, and failed after the join timeout)."""
     home, token = tmp_path / "home", tmp_path / "other-token"
     token.write_text("another-clusters-token-0123456789\n")
     token.chmod(0o600)
@@ -262,8 +295,9 @@ def test_up_in_a_shell_that_has_another_clusters_env_gets_ready(tmp_path: Path) 
         "RAY_ADDRESS": "127.0.0.1:9", "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAYSTACK_CLUSTER": "other",
     }  # fmt: skip
-    up = rs(home, "up", "--local", "--name", "fresh", "--cpus", "1", "--json", timeout=180, shell=other)
-    try:
-        assert json.loads(up.stdout)["state"] == "READY", up.stderr[-2000:]
+    up = rs(home, "up", "--local", "--name", "fresh", "--cpus", "1", "--parsable", timeout=180, shell=other)
+    try:  # (--parsable: the allocation's id alone on stdout, as sbatch --parsable prints the job's)
+        assert up.stdout.strip() == record(home, "fresh")["allocation_id"], up.stdout + up.stderr[-2000:]
+        assert record(home, "fresh")["state"] == "READY", up.stderr[-2000:]
     finally:
         rs(home, "down", "fresh", check=False)

@@ -392,7 +392,7 @@ BAD = [
     (GOOD + "stop_grace: 0\n", [], r"field 'stop_grace': 0 is no time at all"),
     (GOOD + "stop_grace: 0.5s\n", [], r"field 'stop_grace': '0.5s' is less than"),
     (GOOD + "hang_timeout: 2x\n", [], r"field 'hang_timeout': '2x' is not a duration; use minutes"),
-    (GOOD + "timeout: 100000d\n", [], r"field 'timeout': '100000d' is over the limit of 365d; give less, e.g. 30d"),
+    (GOOD + "timeout: 100000d\n", [], r"'timeout': '100000d' is over the limit of 365d; give less, e.g. 30d"),
     (GOOD + "name: x\n", [], r"not valid YAML \(duplicate key 'name' at line 3\)"),
     (GOOD + "outputs: {ckpt: a, CKPT: b}\n", [], r"'ckpt' and 'CKPT' would both be RAYSTACK_OUTPUT_CKPT"),
     (GOOD + "env: {RAYSTACK_JOB_ID: x}\n", [], r"RAYSTACK_JOB_ID is set by raystack itself"),
