@@ -54,8 +54,8 @@ def _run(argv: Sequence[str], *, timeout: float = 60) -> str:
     """Run one SLURM command; return stdout or raise SlurmError with its stderr."""
     if shutil.which(argv[0]) is None:
         raise SlurmMissing(
-            f"`{argv[0]}` is not on PATH: run raystack on a SLURM login node "
-            "(or `module load slurm`), or start the local testbed with slurm/testbed/up"
+            f"`{argv[0]}` is not on PATH: no SLURM here; run it on this machine with `raystack up --local`, "
+            "or on a SLURM login node (or after `module load slurm`)"
         )
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
