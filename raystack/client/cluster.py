@@ -40,6 +40,7 @@ from raystack.store.queue import (
     QueueView,
     active,
     enqueue_all,
+    id_taken,
     positions,
     settle_orphans,
 )
@@ -426,9 +427,7 @@ class Cluster:
             except ConfigError as exc:
                 raise ConfigError(f"--submission-id: {exc}") from None
             if paths.cluster(self.name).ledger(job_id).exists():
-                raise ConfigError(
-                    f"--submission-id {job_id}: cluster {self.name} has a job {job_id}; choose another"
-                )
+                raise ConfigError(id_taken(job_id, self.name))
         after = after_option(after)
         jobs = prepare_jobs(spec, list(sets or []), self.settle(), Path.cwd(), list(sweeps or []), job_id)
         for one in jobs:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from raystack.errors import ClusterError
+from raystack.errors import ClusterError, ConfigError
 from raystack.store import cluster as records
 from raystack.store import deps, paths
 from raystack.store.files import append_line, locked, make_private_dirs, poke, quarantine, touch
@@ -193,8 +193,8 @@ def _create(
         )
         if create_job(request.cluster, record):
             break
-        if not callable(new_id):
-            raise ClusterError(f"job id {request.id} is taken in cluster {request.cluster}")
+        if not callable(new_id):  # (a chosen id, --submission-id: as the client's own check says it)
+            raise ConfigError(id_taken(request.id, request.cluster))
         request.id = new_id(request.name)
     else:
         raise ClusterError(f"no free job id after {ID_RETRIES} tries in {p.jobs}")
@@ -382,6 +382,12 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
     append_line(p.journal, f"+ {entry}")
     (p.active / job_id).unlink(missing_ok=True)
     return record
+
+
+def id_taken(job_id: str, cluster: str) -> str:
+    """What a submit with a chosen id that a job of the cluster has already is told (checked
+    before anything is written, and again under the lock: a racing submit gets the same line)."""
+    return f"--submission-id {job_id}: cluster {cluster} has a job {job_id}; choose another"
 
 
 def orphan_outcome(

@@ -135,3 +135,22 @@ def test_examples_are_the_debug_jobs(tmp_path: Path, capsys: pytest.CaptureFixtu
     code, _, err = run(capsys, "examples", str(tmp_path / "ex"))
     assert code == 0 and (tmp_path / "ex" / "hello.yaml").is_file() and "raystack submit" in err
     assert {"hello.yaml", "spmd.yaml", "zero3.yaml"} <= {p.name for p in (tmp_path / "ex").glob("*.yaml")}
+
+
+def test_a_taken_submission_id_is_said_one_way_whichever_check_meets_it(
+    home: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two racing submits with one --submission-id: the one that loses meets either the early
+    check or the ledger's O_EXCL under the lock; both say the same line (they said two texts)."""
+    from raystack.errors import ConfigError
+    from raystack.store import queue
+    from raystack.store.ledger import JobRequest
+
+    code, out, _ = run(capsys, "submit", "-c", "c4", "--submission-id", "mine-1", "--parsable", "ok.yaml")
+    assert code == 0 and out.strip() == "mine-1"
+    code, _, err = run(capsys, "submit", "-c", "c4", "--submission-id", "mine-1", "ok.yaml")
+    assert code == 1
+    with pytest.raises(ConfigError) as raced:  # (the race: past the early check, then the lock)
+        queue.enqueue(JobRequest(id="mine-1", name="ok", cluster="c4", entrypoint="true"))
+    assert err.strip() == f"raystack: error: {raced.value}", (err, str(raced.value))
