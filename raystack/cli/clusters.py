@@ -389,6 +389,8 @@ def dashboard(
         return
     out.print(f"1. on your laptop:  {info['tunnel']}", markup=False, soft_wrap=True)
     out.print(f"2. open:            {info['url']}", markup=False, soft_wrap=True)
+    if "tunnel_url" in info:  # (a local cluster: its URL works here, the tunnel's from elsewhere)
+        out.print(f"   (from another machine, through the tunnel: {info['tunnel_url']})", markup=False)
     out.print(f"3. its token, here: {info['login']}", markup=False, soft_wrap=True)
     if "certificate" in info:
         out.print(f"   the certificate: {info['certificate']}", markup=False, soft_wrap=True)

@@ -368,6 +368,8 @@ class Cluster:
             "tunnel": tunnel_line(record, local_ip, port, host),
             "login": f'eval "$(raystack env {self.name})" && ray get-auth-token',
         }
+        if record.backend == "local" and record.dashboard_url:  # (open here as it is; the tunnel's
+            info["tunnel_url"], info["url"] = info["url"], record.dashboard_url  # from elsewhere)
         if record.tls:  # the certificate names the head's address, not the tunnel's
             info["certificate"] = (
                 f"signed by the cluster's own CA {tls.ca_cert(self.name)}: import it, or accept "

@@ -86,6 +86,9 @@ def test_up_local_is_ready_with_what_was_asked_and_nothing_public(lc: dict) -> N
     status = json.loads(rs(lc["home"], "status", "local", "--json").stdout)
     assert status["ready"] and status["gpus"] == 2 and status["cpus"] == 2
     assert "lost" not in status["message"]
+    # `raystack dashboard`: the URL that opens here (the tunnel's loopback address, from elsewhere)
+    dash = json.loads(rs(lc["home"], "dashboard", "local", "--json").stdout)
+    assert dash["url"] == rec["dashboard_url"] and dash["tunnel_url"].startswith("http://127.0.0."), dash
     # The dashboard (Jobs API) answers on loopback only.
     port = rec["ports"]["dashboard"]
     public = [ip for ip in {socket.gethostbyname(socket.gethostname())} if not ip.startswith("127.")]
