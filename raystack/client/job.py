@@ -108,7 +108,7 @@ class Job:
         """The ledger entry, read now; a job in flight in an allocation that ended unrecorded (its
         node program killed) as its settlement will leave it, as `queue` and `status` show it."""
         record = read_job(self.cluster, self.id)
-        if record.state in (JobState.RUNNING, JobState.SUBMITTED) and record.attempts:
+        if not record.state.is_terminal() and record.attempts:  # (as `queue` and `status` do)
             if self._look():  # (asking whether the allocation ended may ask SLURM: every 2 s at most)
                 try:
                     cluster = records.read(self.cluster)

@@ -78,7 +78,8 @@ def test_readers_show_an_unrecorded_end_and_write_nothing_down_settles_it(rs_hom
     listed = {r["name"]: r for r in json.loads(cli("list", "--json").stdout)}
     assert listed["rd"]["state"] == "STOPPED"
     rows = json.loads(cli("queue", "rd", "--all", "--json").stdout)
-    assert [(r["id"], r["state"]) for r in rows] == [(job_id, "FAILED")]
+    assert [(r["id"], r["state"]) for r in rows] == [(job_id, "INTERRUPTED")]  # (scancel: it resumes)
+    assert json.loads(cli("job", job_id, "-c", "rd", "--json").stdout)["state"] == "INTERRUPTED"
     assert f"allocation {alloc} ended" in rows[0]["message"]
     waited = cli("wait", "rd", "--timeout", "30s")
     assert waited.returncode == 1 and "STOPPED" in waited.stderr, waited.stderr
@@ -96,8 +97,8 @@ def test_readers_show_an_unrecorded_end_and_write_nothing_down_settles_it(rs_hom
     assert down.returncode == 0, down.stderr
     assert records.read("rd").state is ClusterState.STOPPED
     settled = read_job("rd", job_id)
-    assert settled.state is JobState.FAILED and f"allocation {alloc} ended" in settled.message
-    assert queue.active("rd") == []
+    assert settled.state is JobState.INTERRUPTED and f"allocation {alloc} ended" in settled.message
+    assert queue.active("rd") == [] and [e.job_id for e in queue.waiting("rd")] == [job_id]
 
 
 def test_submit_settles_first_and_refuses_an_ended_cluster(rs_home: Path) -> None:
@@ -107,4 +108,4 @@ def test_submit_settles_first_and_refuses_an_ended_cluster(rs_home: Path) -> Non
     again = cli("submit", "-c", "rs", "--", "python", "-c", "print(2)")
     assert again.returncode == 1 and "rs" in again.stderr, again.stderr
     assert records.read("rs").state is ClusterState.STOPPED  # (settled by the writer)
-    assert read_job("rs", job_id).state is JobState.FAILED
+    assert read_job("rs", job_id).state is JobState.INTERRUPTED  # (back in the queue, to resume)
