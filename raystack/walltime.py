@@ -199,18 +199,22 @@ def end_changes(
     }, nxt
 
 
-def end_allocation(name: str, alloc_id: str, end: Ending, last_state: ClusterState) -> ClusterRecord:
+def end_allocation(
+    name: str, alloc_id: str, end: Ending, last_state: ClusterState, at: float | None = None
+) -> ClusterRecord:
     """Record allocation `alloc_id`'s end: settle its jobs in flight, and either hand the cluster to
     the pending follow-on (SUBMITTED) or end it (`last_state`), cancelling a follow-on that the
-    ending does not let run. Safe to call from the head, the runner or a client (first wins)."""
-    for job in settle_orphans(name, None, end.text, requeue=end.requeue, stopped=end.kind is EndKind.DOWN):
+    ending does not let run. Safe to call from the head, the runner or a client (first wins).
+    `at`: when it ended, where that was before now (found after the fact)."""
+    stopped = end.kind is EndKind.DOWN
+    for job in settle_orphans(name, None, end.text, requeue=end.requeue, stopped=stopped, at=at):
         log.info("job %s was in flight: %s", job, "INTERRUPTED, to resume" if end.requeue else "FAILED")
     p = paths.cluster(name)
     with locked(p):
         record = records.read(name)
         if record.allocation_id not in (None, alloc_id):
             return record  # a later allocation holds the cluster already
-        records.note_allocation(record, alloc_id, ended=time.time(), reason=end.text)
+        records.note_allocation(record, alloc_id, ended=at or time.time(), reason=end.text)
         changes, cancel = end_changes(record, alloc_id, end, last_state, str(p.logs))
         records.apply_changes(record, changes)
         records.write(record)

@@ -106,7 +106,8 @@ def test_the_wheel_ships_the_examples_and_examples_copies_them(installed: Path, 
     assert {"hello.yaml", "hello.py", "spmd.yaml", "spmd.py", "zero3.yaml", "ds_config.json"} <= copied
     # Against the node size a user gives: whether this machine's SLURM answers sinfo is not the question.
     spec = str(tmp_path / "ex" / "hello.yaml")
-    checked = run(installed, tmp_path, "-m", "raystack.cli", "check", spec, "--gpus-per-node", "0", "--cpus-per-node", "4")
+    size = ["--gpus-per-node", "0", "--cpus-per-node", "4"]
+    checked = run(installed, tmp_path, "-m", "raystack.cli", "check", spec, *size)
     assert checked.returncode == 0 and "ok:" in checked.stdout, checked.stderr
     again = run(installed, tmp_path, "-m", "raystack.cli", "examples", str(tmp_path / "ex"))
     assert again.returncode == 1 and "--force" in again.stderr

@@ -162,3 +162,34 @@ def test_a_chain_an_earlier_version_began_goes_on(home: Path, monkeypatch: pytes
     monkeypatch.setattr(slurm, "sbatch", lambda opts, script: seen.append(opts) or "8")
     assert walltime.submit_follow_on("c", "7") == "8"
     assert seen == [["--job-name=raystack-c", "--ntasks-per-node=1", "--nodes=2", "--dependency=afterany:7"]]
+
+
+def test_a_job_whose_allocation_ended_unrecorded_ran_until_the_last_heartbeat(home: Path) -> None:
+    """Issue 65: after a SIGKILL of the node program a job's duration counted on until a reader or
+    a command noticed the end (minutes, or hours overnight). The job stopped running at the head's
+    last heartbeat: readers show it so, and the settlement writes it so."""
+    import os
+    import time
+
+    from raystack.cli.jobs import _ran_until
+    from raystack.client import reconcile
+    from raystack.store import paths
+    from raystack.store.ledger import update_job
+
+    clusters.write(rec(backend="local"))
+    job = running_job()
+    t0 = time.time() - 600
+    update_job("c", job, state=JobState.RUNNING, started=t0)
+    beat = paths.cluster("c").heartbeat
+    beat.write_text("x")
+    os.utime(beat, (t0 + 10, t0 + 10))  # (its node program was SIGKILLed then)
+    info = slurm.answer("7", "COMPLETED", reason=LOCAL_ENDED)
+    record = clusters.read("c")
+    pending = reconcile.pending_end(record, info)
+    assert pending is not None and pending.at == pytest.approx(t0 + 10)
+    seen = reconcile.job_as_ended(read_job("c", job), pending)
+    assert seen.state is JobState.INTERRUPTED and _ran_until(seen) == pytest.approx(t0 + 10)
+    reconcile.settle(record, info)
+    settled = read_job("c", job)
+    assert settled.state is JobState.INTERRUPTED and _ran_until(settled) == pytest.approx(t0 + 10)
+    assert clusters.read("c").allocations[-1].ended == pytest.approx(t0 + 10)

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from raystack.store import cluster as records
 from raystack.store import raylogs
 from raystack.store.ledger import JobRecord
 from raystack.store.raylogs import CappedCopy, original_end
+from raystack.waiting import Repeats
 
 log = logging.getLogger("raystack.runner")
 JOIN_TIMEOUT = 10.0  # seconds to wait for the stream's last lines once the job has ended
@@ -38,6 +40,8 @@ JOB_LOG_CAP = int(os.environ.get("RAYSTACK_JOB_LOG_CAP") or 1 << 30)
 NO_CAP = 1 << 62
 SYNC_WAIT = 10.0  # seconds a finished job waits for every node's copy of Ray's logs
 LOCAL_PART = 8 << 20  # bytes read at a time from Ray's own file of a driver's output
+# (a full filesystem fails the gathering on every runner pass until the job's end is recorded)
+GATHERING = Repeats(time.monotonic, log, "gathering worker logs")
 
 
 class LogTail:
@@ -186,7 +190,9 @@ def gather(name: str, allocation: str, api: Any, record: JobRecord, events: bool
         late = raylogs.wait_synced(name, allocation, asked, SYNC_WAIT)
         if late:
             log.warning("%s: no copy of Ray's logs from %s yet; gathering what is there", record.id, late)
-        return raylogs.summary(raylogs.gather(name, record, found, hosts))
+        summary = raylogs.summary(raylogs.gather(name, record, found, hosts))
+        GATHERING.over()
+        return summary
     except OSError as exc:  # (the shared filesystem): the job's outcome is recorded anyway
-        log.warning("%s: worker logs not gathered: %s", record.id, exc)
+        GATHERING.failed(f"{record.id}: {exc}")
         return None

@@ -36,7 +36,7 @@ from raystack.store import cluster as records
 from raystack.store import diagnosis, paths, stacks
 from raystack.store import progress as watched
 from raystack.store.ledger import JobRecord, read_job, update_job
-from raystack.waiting import REAL, Clock
+from raystack.waiting import REAL, Clock, Repeats
 
 log = logging.getLogger("raystack.runner")
 INFEASIBLE_EVERY = 5.0  # seconds between looks at a running job's pending demands
@@ -97,6 +97,7 @@ class Watchdog:
         self.watches: dict[str, Watch] = {}
         self.spying: dict[str, float] | None = None  # the jobs the nodes sample (store/progress.py)
         self.stacks_asked: dict[str, tuple[float, float, set[str]]] = {}  # sid -> (asked, deadline, hosts)
+        self.asking = Repeats(clock.now, log, "asking the nodes to sample stacks")
 
     def watch(self, record: JobRecord) -> Watch:
         sid = record.attempts[-1].id
@@ -124,8 +125,9 @@ class Watchdog:
             try:
                 watched.watch(self.cluster, wanted)
                 self.spying = wanted
-            except OSError as exc:  # (a full filesystem: the CPU rule stands in meanwhile)
-                log.warning("cannot ask the nodes to sample stacks: %s", exc)
+                self.asking.over()
+            except OSError as exc:  # (a full filesystem: asked again next pass, said once a minute)
+                self.asking.failed(str(exc))
 
     def check(self, record: JobRecord, info: Any, running: bool) -> str | None:
         """A fault text when the attempt in flight must be stopped (infeasible, hung), else None."""

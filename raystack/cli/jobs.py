@@ -25,7 +25,7 @@ from raystack.cli.common import (
 )
 from raystack.cli.submit import exit_for, still
 from raystack.client import Cluster, Job, JobRecord, JobState
-from raystack.client.job import Sweep
+from raystack.client.job import Sweep, stale_note
 from raystack.client.status import runner_failing, runner_waiting
 from raystack.errors import ClusterError, ConfigError
 from raystack.spec.values import parse_duration
@@ -77,6 +77,8 @@ def queue_(
     record = handle.snapshot()
     if stuck := runner_failing(handle.name, record) or runner_waiting(handle.name, record):
         err.print(f"  {stuck}", markup=False)
+    if any(not r.state.is_terminal() for r in view.records) and (note := stale_note(handle.name)):
+        err.print(f"raystack: note: {note}", markup=False)
     if not wanted and view.hidden():
         err.print(f"  ... and {view.hidden()}: raystack queue {handle.name} --all")
 
@@ -100,8 +102,9 @@ def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
     record = job.record()
     row = _job_row(job.cluster, record, {job.id: job.position()})
     waiting = job.waiting_line(record)
+    note = None if record.state.is_terminal() else stale_note(job.cluster)
     if as_json:
-        print_json({**row, "waiting": waiting, "prepared": record.prepared})
+        print_json({**row, "waiting": waiting, "prepared": record.prepared, "note": note})
         return
     when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"  # noqa: E731
     table = Table(show_header=False, box=None)
@@ -120,6 +123,8 @@ def job_(job_id: JobArg, cluster: ClusterOpt = None, as_json: JsonOpt = False) -
     ):
         table.add_row(key, value)
     out.print(table)
+    if note:
+        err.print(f"raystack: note: {note}", markup=False)
 
 
 def _job_row(cluster: str, r: JobRecord, places: dict[str, int]) -> dict[str, Any]:

@@ -85,6 +85,30 @@ def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
 FULL = 2**20  # bytes free under which the cluster folder's filesystem is full for a job's log
 
 
+def full_filesystem(cluster: str) -> str | None:
+    """'the filesystem of <cluster folder> is full (N KiB free)' where it is (as statvfs sees it; a
+    quota it does not show is the site's `quota` tool's to say); None where there is room."""
+    root = paths.cluster(cluster).root
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return None
+    return f"the filesystem of {root} is full ({free // 1024} KiB free)" if free < FULL else None
+
+
+def stale_note(cluster: str) -> str | None:
+    """Why the states shown may lag: the queue runner cannot write the ledger on a full filesystem
+    (a job that ended shows RUNNING, the next does not start, until there is room)."""
+    full = full_filesystem(cluster)
+    if full is None:
+        return None
+    return (
+        f"{full}: the queue runner cannot record jobs' ends or start the next until there is room, "
+        "so these states may lag (a job that ended can show RUNNING); free room there "
+        "(`raystack forget` removes ended clusters' folders)"
+    )
+
+
 @dataclass(eq=False, repr=False)
 class Job:
     """A job in a cluster's queue and ledger; everything it knows is on the shared filesystem."""
@@ -180,19 +204,9 @@ class Job:
 
     def room_note(self) -> str | None:
         """Why the log of a job in flight may have stopped growing: the cluster folder's filesystem
-        is full (as statvfs sees it; a quota it does not show is the site's `quota` tool's to say).
-        None where there is room."""
-        root = paths.cluster(self.cluster).root
-        try:
-            free = shutil.disk_usage(root).free
-        except OSError:
-            return None
-        if free >= FULL:
-            return None
-        return (
-            f"the filesystem of {root} is full ({free // 1024} KiB free): this log stops growing "
-            "until there is room, and is written in full then"
-        )
+        is full. None where there is room."""
+        full = full_filesystem(self.cluster)
+        return full and f"{full}: this log stops growing until there is room, and is written in full then"
 
     def workers(self, node: str | None = None, actor: str | None = None) -> list[raylogs.WorkerLog]:
         """The job's Ray workers (its actors) with their gathered logs, those that logged an

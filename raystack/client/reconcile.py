@@ -13,7 +13,9 @@ when it is final (`adapters.allocator.ended`): a failing squeue is never an answ
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from dataclasses import dataclass
 
 from raystack.adapters import allocator as allocated
@@ -21,7 +23,7 @@ from raystack.adapters.allocator import AllocInfo
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
-from raystack.store.ledger import JobRecord
+from raystack.store.ledger import JobRecord, JobState
 from raystack.store.queue import orphan_outcome
 from raystack.walltime import Ending, classify, end_allocation, end_changes
 
@@ -35,6 +37,7 @@ class PendingEnd:
     alloc_id: str
     end: Ending
     state: ClusterState  # the state the cluster ends in (unless a follow-on takes over)
+    at: float | None = None  # when its jobs stopped running, where known (None: now)
 
 
 def pending_end(record: ClusterRecord, info: AllocInfo | None = None) -> PendingEnd | None:
@@ -55,7 +58,17 @@ def pending_end(record: ClusterRecord, info: AllocInfo | None = None) -> Pending
     else:  # the cluster never started: cancelled or refused while pending, or its script failed
         end = Ending(EndKind.FAILED, never_started(record.name, alloc_id, ended), False, False)
     state = ClusterState.STOPPED if ran and end.kind is not EndKind.FAILED else ClusterState.FAILED
-    return PendingEnd(alloc_id, end, state)
+    return PendingEnd(alloc_id, end, state, last_alive(record.name, ended))
+
+
+def last_alive(name: str, ended: AllocInfo) -> float | None:
+    """When an allocation that ended unrecorded last ran its jobs: the head's last heartbeat, or
+    the scheduler's end time where that is earlier (None where neither is known)."""
+    known = [float(ended.end_time)] if ended.end_time > 0 else []
+    with contextlib.suppress(OSError):
+        known.append(paths.cluster(name).heartbeat.stat().st_mtime)
+    known = [t for t in known if t >= ended.start_time]  # (not a beat of the allocation before)
+    return min([*known, time.time()]) if known else None
 
 
 def interrupted(record: ClusterRecord) -> PendingEnd | None:
@@ -102,7 +115,11 @@ def job_as_ended(job: JobRecord, pending: PendingEnd | None) -> JobRecord:
         return job
     end = pending.end
     state, message = orphan_outcome(job, end.text, end.requeue, stopped=end.kind is EndKind.DOWN)
-    return job.model_copy(update={"state": state, "message": message})
+    at = max(pending.at or time.time(), job.started or 0.0)
+    entry = {"state": state.value, "time": at, "message": message}
+    ended = None if state is JobState.INTERRUPTED else at
+    changes = {"state": state, "message": message, "ended": ended, "history": [*job.history, entry]}
+    return job.model_copy(update=changes)
 
 
 def settle(record: ClusterRecord, info: AllocInfo | None = None) -> ClusterRecord:
@@ -118,4 +135,4 @@ def settle(record: ClusterRecord, info: AllocInfo | None = None) -> ClusterRecor
     current = records.read(record.name)
     if current.allocation_id != record.allocation_id or current.state.is_terminal():
         return current  # someone settled it, or a new allocation took over, meanwhile
-    return end_allocation(record.name, pending.alloc_id, pending.end, pending.state)
+    return end_allocation(record.name, pending.alloc_id, pending.end, pending.state, pending.at)

@@ -366,7 +366,9 @@ def requeue(name: str, job_id: str, message: str) -> JobRecord:
         return _requeue(p, name, job_id, message)
 
 
-def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> JobRecord:
+def _requeue(
+    p: paths.ClusterPaths, name: str, job_id: str, message: str, at: float | None = None
+) -> JobRecord:
     record = read_job(name, job_id)
     entry = record.entry or Entry(f"1{int(record.request.queued_at * 1e9):020d}", job_id).name
     record = change_job(
@@ -377,6 +379,7 @@ def _requeue(p: paths.ClusterPaths, name: str, job_id: str, message: str) -> Job
         entry=entry,
         interruptions=record.interruptions + 1,
         evicted=None,
+        at=at,
     )
     touch(p.queue / entry)  # (before the active marker goes: never in neither place)
     append_line(p.journal, f"+ {entry}")
@@ -405,13 +408,20 @@ def orphan_outcome(
 
 
 def settle_orphans(
-    name: str, allocation: str | None, reason: str, requeue: bool = False, stopped: bool = False
+    name: str,
+    allocation: str | None,
+    reason: str,
+    requeue: bool = False,
+    stopped: bool = False,
+    at: float | None = None,
 ) -> list[str]:
     """Active jobs whose last attempt ran in another allocation than `allocation` (None: any) have
     lost their Ray cluster. By default they are FAILED with `reason`, never submitted again by
     accident; with `requeue` (the allocation ended on purpose: walltime, a lost node with the
     chain going on) they go back to the head of the queue, INTERRUPTED, to resume; `stopped`
-    (`raystack down` ended it): STOPPED, as `raystack stop` leaves a job."""
+    (`raystack down` ended it): STOPPED, as `raystack stop` leaves a job. `at`: when they stopped
+    running, where that is known better than now (an allocation that ended unrecorded: its last
+    heartbeat), so a job's duration is what it ran, not until its end was noticed."""
     p = paths.cluster(name)
     settled = []
     for job_id in active(name):
@@ -429,10 +439,11 @@ def settle_orphans(
                 continue
             if not record.state.is_terminal():
                 state, message = orphan_outcome(record, reason, requeue, stopped)
+                when = max(at, record.started or 0.0) if at else None  # (never before it started)
                 if state is JobState.INTERRUPTED:
-                    _requeue(p, name, job_id, message)
+                    _requeue(p, name, job_id, message, when)
                 else:
-                    change_job(name, job_id, state=state, ended=time.time(), message=message)
+                    change_job(name, job_id, state=state, ended=when or time.time(), message=message, at=when)
                 settled.append(job_id)
             (p.active / job_id).unlink(missing_ok=True)
     return settled

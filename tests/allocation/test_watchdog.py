@@ -398,3 +398,49 @@ def test_a_job_that_moves_while_its_stacks_are_dumped_is_not_stopped(home: Path)
     record = read_job("c", job)
     assert api.stopped == [] and record.fault is None and record.suspected is None, record.message
     assert record.state is JobState.RUNNING and "moved again" in record.message
+
+
+def test_a_full_filesystem_is_said_once_a_minute_not_on_every_pass(
+    home: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 65: with RAYSTACK_HOME full the runner logged 'cannot ask the nodes to sample stacks'
+    and 'worker logs not gathered' on every pass (two lines every ~1 s, into a log on that same
+    filesystem). Each is said at once, then once a minute with a count, and when it works again."""
+    import errno
+    import logging
+
+    from raystack.allocation import logtail
+    from raystack.allocation.watchdog import Watch, Watchdog
+    from raystack.store import raylogs
+    from raystack.store.ledger import read_job
+    from raystack.waiting import FakeClock
+
+    clock = FakeClock()
+    dog = Watchdog("c", FakeApi(), "100", None, clock=clock)
+    dog.watches["s"] = Watch("s", "j", 30.0, 60.0, 0.0, hang_checked=0.0)
+    full = OSError(errno.ENOSPC, "No space left on device", "/rs/clusters/c/logs/progress.request")
+
+    def refuse(*_: object) -> None:
+        raise full
+
+    monkeypatch.setattr(progress, "watch", refuse)
+    monkeypatch.setattr(raylogs, "request_sync", refuse)
+    monkeypatch.setattr(logtail.GATHERING, "clock", clock.now)
+    record = read_job("c", submit())
+    with caplog.at_level(logging.INFO, logger="raystack.runner"):
+        for _ in range(130):  # 130 passes, a second apart
+            dog.ask_nodes()
+            assert logtail.gather("c", "100", FakeApi(), record) is None
+            clock.t += 1.0
+        monkeypatch.undo()
+        dog.ask_nodes()
+    lines = [r.getMessage() for r in caplog.records]
+    asked = [line for line in lines if line.startswith("asking the nodes to sample stacks")]
+    gathered = [line for line in lines if line.startswith("gathering worker logs")]
+    assert len(asked) == 4 and len(gathered) == 3, lines
+    assert asked[0].startswith("asking the nodes to sample stacks failed, retrying: [Errno 28]")
+    assert asked[1].startswith("asking the nodes to sample stacks failed 60 more time(s) in 60s")
+    assert asked[3].startswith("asking the nodes to sample stacks succeeds again")
+    assert gathered[0].startswith(f"gathering worker logs failed, retrying: {record.id}: [Errno 28]")

@@ -365,6 +365,32 @@ def test_the_log_of_a_running_job_on_a_full_filesystem_says_why_it_stops_growing
     assert code == 0 and out == "step 1\n" and "note:" not in err, err
 
 
+def test_on_a_full_filesystem_queue_and_job_say_the_states_may_lag(
+    small_rs: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 65: while RAYSTACK_HOME was full a job that had ended showed RUNNING (the runner cannot
+    write the ledger) and nothing said why. `queue` and `job` say the states may lag, until there
+    is room; a job that ended says nothing of it."""
+    running, _ = queue_two(capsys)
+    code, _, err = run(capsys, "queue", "-c", "c4")
+    assert code == 0 and "note:" not in err, err
+    filler = small_rs / "filler"
+    with open(filler, "wb") as fh, pytest.raises(OSError):
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+    lag = "the queue runner cannot record jobs' ends or start the next until there is room"
+    code, out, err = run(capsys, "queue", "-c", "c4")
+    assert code == 0 and running in out and f"is full (0 KiB free): {lag}" in err, err
+    code, out, err = run(capsys, "job", running, "-c", "c4")
+    assert code == 0 and "RUNNING" in out and lag in err, err
+    code, out, _ = run(capsys, "job", running, "-c", "c4", "--json")
+    assert code == 0 and lag in json.loads(out)["note"]
+    filler.unlink()
+    code, out, err = run(capsys, "job", running, "-c", "c4", "--json")
+    assert code == 0 and json.loads(out)["note"] is None and "note:" not in err
+
+
 def test_a_queued_job_says_where_it_waits(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, waiting = queue_two(capsys)
     code, out, err = run(capsys, "logs", waiting, "-c", "c4")
