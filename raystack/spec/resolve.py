@@ -15,6 +15,7 @@ import secrets
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raystack import slurmtime
 from raystack.adapters.allocator import asked
@@ -227,7 +228,7 @@ def resolve(
         stop_grace=spec.stop_grace,
         outputs=outputs,
         after=list(spec.after),
-        needs=spec.needs.model_dump(exclude_none=True),
+        needs=declared_needs(spec),
         uv=spec.uv,
         min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
@@ -237,6 +238,15 @@ def resolve(
         spec_file=spec_file,
         submit_dir=str(submit_dir) if submit_dir else None,
     )
+
+
+def declared_needs(spec: JobSpec) -> dict[str, Any]:
+    """What the job occupies, as the queue packs and grows the cluster for it: its `needs`, and
+    an SPMD job's `nodes` (its ranks take whole nodes) where needs.nodes is not given."""
+    needs = spec.needs.model_dump(exclude_none=True)
+    if spec.kind == "spmd" and spec.nodes and "nodes" not in needs:
+        needs["nodes"] = spec.nodes
+    return needs
 
 
 def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:

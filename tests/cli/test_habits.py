@@ -740,7 +740,8 @@ def test_sbatch_letters_on_submit_set_the_fields_they_mean(
     code, _, err = run(capsys, "submit", str(trl), "-c", "c4", "-N", "2", "-t", "1:30:00")
     assert code == 0, err
     request = read_job("c4", read_job_ids("c4")[-1]).request
-    assert "--nodes=2 " in request.entrypoint and request.timeout == 5400 and not request.needs.get("nodes")
+    # (its nodes are what it occupies: the queue packs and grows for them as for needs.nodes)
+    assert "--nodes=2 " in request.entrypoint and request.timeout == 5400 and request.needs == {"nodes": 2}
     before = queued()
     code, _, err = run(capsys, "submit", "ok.yaml", "-c", "c4", "-p", "gpu")
     assert code == 1 and queued() == before

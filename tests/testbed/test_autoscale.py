@@ -4,6 +4,7 @@ grows the cluster to run them side by side, and shrinks back once the grown node
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,3 +56,21 @@ def test_the_queue_grows_the_cluster_and_it_shrinks_back_when_idle(auto: Cluster
     )
     st = json.loads(raystack("status", "auto", "--json").stdout)
     assert st["nodes_expected"] == 1 and st["grown"] is None, st
+
+
+def test_an_spmd_job_of_more_nodes_than_held_grows_the_cluster_and_ranks_on_each(auto: Cluster) -> None:
+    """Issue 66: on `up -N 1 --max-nodes 3` a `kind: spmd` job with `nodes: 3` FAILED at once
+    (`3 nodes x 1 processes do not fit 1 nodes x 4 GPUs`); `needs.nodes: 3` grew the cluster. An
+    SPMD job's nodes are a demand the queue grows for, as needs.nodes is; it runs when they joined."""
+    wait_until(lambda: not [g for g in clusters.read("auto").grown if not g.released], 180, "the shrink")
+    assert clusters.read("auto").nodes_held == 1
+    before = len(clusters.read("auto").grown)
+    debug = Path(__file__).resolve().parents[2] / "jobs" / "debug" / "spmd.yaml"
+    job = auto.submit(debug, sets=["nodes=3", "procs_per_node=1"])
+    assert job.record().request.needs == {"nodes": 3}
+    record = job.wait(timeout=240)
+    assert record.state is JobState.SUCCEEDED, record.message
+    hosts = set(re.findall(r"raystack spmd: node \d \((\S+)\)", job.logs()))
+    assert len(hosts) == 3, job.logs()[-2000:]
+    grown = clusters.read("auto").grown[before:]
+    assert [g.nodes for g in grown] == [2] and grown[0].auto, grown  # (the 2 nodes it lacked)

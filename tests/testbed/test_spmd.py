@@ -253,5 +253,8 @@ def test_trl_grpo_trainer_unchanged_twice_in_one_allocation_with_the_plans_batch
         assert (trl["per_device_train_batch_size"], trl["gradient_accumulation_steps"]) == (16, 2)
         assert trl["effective_batch"] == 64 and trl["steps"] == 30 and len(trl["rewards"]) == 30
         assert max(trl["rewards"][15:]) > trl["rewards"][0] and len(trl["losses"]) == 30
-    assert (runs[0].record().ended or 0) <= (runs[1].record().started or 0)
+    # (one allocation; side by side, as their nodes are a declared demand that packs: 2 + 2 of 4)
+    assert {a.allocation for job in runs for a in job.record().attempts} == {
+        sp["cluster"].record().allocation_id
+    }
     assert launched(sp["job"]) == []
