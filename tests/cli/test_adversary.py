@@ -95,7 +95,7 @@ def test_excludes_as_a_bare_bang_is_a_pattern_not_none(
     """`--set 'excludes=!'` said "valid list (got None)" (YAML reads `!` as an empty tag): a lone
     `!` is a pattern git skips, said with a warning, and the job is checked."""
     code, out, err = run(capsys, "check", "-c", "c4", "ok.yaml", "--set", "excludes=['!']")
-    assert code == 0 and "ok:" in out and "'!' is not a pattern git uses" in caplog.text, err
+    assert code == 0 and "ok:" in out and "excludes: '!' is not a pattern git uses" in caplog.text, err
     code, _, err = run(capsys, "check", "-c", "c4", "ok.yaml", "--set", "excludes=!")
     assert "got None" not in err and "internal error" not in err, err
 
