@@ -115,7 +115,11 @@ def report(
     cluster: ClusterOpt = None,
     job: Annotated[str | None, typer.Option("--job", help="Only this job's run.")] = None,
     png: Annotated[
-        Path | None, typer.Option("--png", help="Where to write the plot (default: the cluster's reports/).")
+        Path | None,
+        typer.Option(
+            "--png",
+            help="Where to write the plot (default: ~/.cache/raystack/reports/NAME.png).",
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -125,7 +129,7 @@ def report(
     handle = Cluster.get(cluster_name(name, cluster))
     record, jobs = handle.record(), handle.jobs()
     figures = reports.summarize(record, jobs, job)
-    default = handle.paths.reports / f"{handle.name}{'-' + job if job else ''}.png"
+    default = reports.default_png(handle.name, job)
     figures["png"] = None
     try:
         figures["png"] = str(reports.plot(figures, record, png or default))

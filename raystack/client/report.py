@@ -284,6 +284,12 @@ def _thin(pts: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def default_png(cluster: str, job: str | None = None) -> Path:
+    """Where `raystack report` draws unless told: the user's cache, not the cluster folder (a
+    reader only reads it)."""
+    return paths.cache() / "reports" / f"{cluster}{'-' + job if job else ''}.png"
+
+
 def plot(report: dict[str, Any], record: ClusterRecord, out: Path, now: float | None = None) -> Path:
     """A PNG: GPU utilisation and memory per node over time (CPU and host memory where there
     are no GPUs), jobs shaded and named, allocation boundaries dashed."""

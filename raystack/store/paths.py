@@ -17,7 +17,7 @@ $RAYSTACK_HOME/clusters/<name>/          (0700)
   head.beat            the head's node program rewrites it every few seconds (workers, status)
   walltime-warning-<j> left by allocation j's batch shell at SLURM's walltime warning
   usage/<j>-<host>.jsonl one line per usage sample of allocation j's node (CPU, memory, GPUs)
-  reports/             the PNGs `raystack report` draws
+  reports/             (left by older versions: `raystack report` draws into paths.cache())
   logs/                allocation-<jobid>.log, node-<host>.log, queue-runner.log, jobs/<id>[.<n>].log,
                        prometheus-<jobid>.log
   logs/ray/<host>/     Ray's own logs of that node (raylet, GCS, dashboard, workers), copied by its node
@@ -52,6 +52,12 @@ WARNING = "walltime-warning-{job}"
 def home() -> Path:
     """$RAYSTACK_HOME, default ~/.raystack: on the shared filesystem, seen by every node."""
     return Path(os.environ.get("RAYSTACK_HOME") or Path.home() / ".raystack").expanduser()
+
+
+def cache() -> Path:
+    """What readers make for the user (`raystack report`'s plots): $XDG_CACHE_HOME/raystack, default
+    ~/.cache/raystack; never the cluster folder, which only the cluster's own programs write."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "raystack"
 
 
 def clusters_dir() -> Path:

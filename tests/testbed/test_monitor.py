@@ -184,7 +184,8 @@ def test_idle_autostop_ends_the_cluster_and_its_chain(mon: dict) -> None:
 
 
 def test_report_after_the_end_matches_the_jobs_own_clocks(mon: dict) -> None:
-    out = raystack("report", NAME, "--json")
+    cache = mon["home"].parent / "cache"  # (a reader writes into the user's cache, never the cluster folder)
+    out = raystack("report", NAME, "--json", env={"XDG_CACHE_HOME": str(cache)})
     assert out.returncode == 0, out.stderr + out.stdout
     report = json.loads(out.stdout)
     record = clusters.read(NAME)
@@ -202,6 +203,7 @@ def test_report_after_the_end_matches_the_jobs_own_clocks(mon: dict) -> None:
     assert report["samples"] >= 2 * 0.8 * (alloc.ended - alloc.ready) / 2  # every 2 s, both nodes
     png = Path(report["png"])
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert png == cache / "raystack" / "reports" / f"{NAME}.png"
     # One job's report: the worker node ran about one core for it.
     one = json.loads(raystack("report", NAME, "--job", mon["burn"], "--json").stdout)
     worker = next(n for n in one["per_node"] if n["host"] != record.head_host)
