@@ -8,12 +8,13 @@ to decide what to do. Model: httpx's exception hierarchy.
     ├── ConfigError            bad input; nothing was submitted
     ├── ClusterError           a cluster is missing, in the wrong state, or failed to start
     │   └── NoSuchCluster      no record of that name (store/cluster.py also has UnreadableRecord)
-    ├── SlurmError             a SLURM command failed
-    │   ├── SlurmUnavailable   SLURM cannot be asked: slurmctld not answering
-    │   │   └── SlurmMissing   its commands are not on PATH (not a SLURM host)
-    │   ├── JobNotFound        slurmctld does not know the job (it ended long ago, or never was)
-    │   ├── JobEnding          the job is already completing (scancel)
-    │   └── AccountingDisabled sacct: the site keeps no accounting
+    ├── SchedulerError         the scheduler (SLURM, ...) refused or failed a request
+    │   ├── SchedulerUnavailable   it cannot be asked: its controller is not answering
+    │   │   └── SchedulerMissing   its commands are not on PATH (not a login node of it)
+    │   ├── AllocationNotFound     it does not know the allocation (ended long ago, or never was)
+    │   ├── AllocationEnding       the allocation is already completing (a cancel came late)
+    │   ├── NoSuchPartition        no partition (queue) of that name
+    │   └── AccountingDisabled     it keeps no accounting of ended allocations
     └── RayApiError            the dashboard (Jobs or State API) refused or did not answer
         ├── RayUnreachable     no answer at all (connection refused, timed out): try again
         ├── AuthRejected       401: the token was refused
@@ -30,31 +31,31 @@ class ConfigError(RaystackError):
     """A profile, job spec or command-line value is invalid; nothing was submitted."""
 
 
-class SlurmError(RaystackError):
-    """A SLURM command failed or is missing."""
+class SchedulerError(RaystackError):
+    """The scheduler refused or failed a request, or cannot be asked (each adapter translates its own)."""
 
 
-class SlurmUnavailable(SlurmError):
-    """SLURM cannot be asked now: slurmctld unreachable, or a command did not answer in time."""
+class SchedulerUnavailable(SchedulerError):
+    """The scheduler cannot be asked now: its controller unreachable, or a command did not answer in time."""
 
 
-class SlurmMissing(SlurmUnavailable):
-    """SLURM's commands are not on PATH: not a SLURM login node (or `module load slurm` missing)."""
+class SchedulerMissing(SchedulerUnavailable):
+    """The scheduler's commands are not on PATH: not a login node of it (or a `module load` missing)."""
 
 
-class JobNotFound(SlurmError):
-    """slurmctld answered that it does not know the job ("Invalid job id")."""
+class AllocationNotFound(SchedulerError):
+    """The scheduler answered that it does not know the allocation (SLURM: "Invalid job id")."""
 
 
-class JobEnding(SlurmError):
-    """scancel: the job is already completing."""
+class AllocationEnding(SchedulerError):
+    """A cancel came when the allocation was already completing."""
 
 
-class NoSuchPartition(SlurmError):
+class NoSuchPartition(SchedulerError):
     """sinfo lists no partition of the name asked for (a typo, or another site's profile)."""
 
 
-class AccountingDisabled(SlurmError):
+class AccountingDisabled(SchedulerError):
     """sacct: the site runs without accounting storage."""
 
 
@@ -84,3 +85,11 @@ class NotFound(RayApiError):
 
 class AlreadyExists(RayApiError):
     """A job with this submission id exists already."""
+
+
+# The names of 0.1, deprecated (removed in the next release): SLURM's words for the scheduler's errors.
+SlurmError = SchedulerError
+SlurmUnavailable = SchedulerUnavailable
+SlurmMissing = SchedulerMissing
+JobNotFound = AllocationNotFound
+JobEnding = AllocationEnding

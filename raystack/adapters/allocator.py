@@ -173,7 +173,7 @@ class Allocator(ABC):
     @abstractmethod
     def submit(self, script: Path, request: Request) -> str:
         """Start the allocation script as `request` asks; its id. The scheduler's refusal is raised
-        (SlurmError and its kinds)."""
+        (SchedulerError and its kinds)."""
 
     @abstractmethod
     def info(self, alloc_id: str) -> AllocInfo | None:

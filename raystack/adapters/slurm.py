@@ -34,12 +34,12 @@ from raystack.adapters.allocator import (
 from raystack.adapters.slurm_script import options, render
 from raystack.errors import (
     AccountingDisabled,
-    JobEnding,
-    JobNotFound,
+    AllocationEnding,
+    AllocationNotFound,
     NoSuchPartition,
-    SlurmError,
-    SlurmMissing,
-    SlurmUnavailable,
+    SchedulerError,
+    SchedulerMissing,
+    SchedulerUnavailable,
 )
 
 log = logging.getLogger("raystack")
@@ -51,16 +51,16 @@ CACHE_TTL = 1.0  # seconds a job's state is reused within one process
 
 
 def _run(argv: Sequence[str], *, timeout: float = 60) -> str:
-    """Run one SLURM command; return stdout or raise SlurmError with its stderr."""
+    """Run one SLURM command; return stdout or raise SchedulerError with its stderr."""
     if shutil.which(argv[0]) is None:
-        raise SlurmMissing(
+        raise SchedulerMissing(
             f"`{argv[0]}` is not on PATH: no SLURM here; run it on this machine with `raystack up --local`, "
             "or on a SLURM login node (or after `module load slurm`)"
         )
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise SlurmUnavailable(f"`{' '.join(argv)}` did not answer within {timeout:.0f}s") from exc
+        raise SchedulerUnavailable(f"`{' '.join(argv)}` did not answer within {timeout:.0f}s") from exc
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip().replace("\n", " ")
         raise refusal(message)(f"`{' '.join(argv[:2])}` failed: {message or f'exit {proc.returncode}'}")
@@ -69,19 +69,19 @@ def _run(argv: Sequence[str], *, timeout: float = 60) -> str:
 
 # What SLURM's commands print when they refuse, as the error type callers act on (the only place
 # their texts are read).
-REFUSALS: tuple[tuple[str, type[SlurmError]], ...] = (
-    ("Invalid job id", JobNotFound),
-    ("already completing", JobEnding),
+REFUSALS: tuple[tuple[str, type[SchedulerError]], ...] = (
+    ("Invalid job id", AllocationNotFound),
+    ("already completing", AllocationEnding),
     ("accounting storage is disabled", AccountingDisabled),
-    ("Unable to contact slurm controller", SlurmUnavailable),
-    ("Socket timed out", SlurmUnavailable),
-    ("Could not establish a configuration source", SlurmUnavailable),  # (no slurm.conf, no DNS SRV)
+    ("Unable to contact slurm controller", SchedulerUnavailable),
+    ("Socket timed out", SchedulerUnavailable),
+    ("Could not establish a configuration source", SchedulerUnavailable),  # (no slurm.conf, no DNS SRV)
 )
 
 
-def refusal(message: str) -> type[SlurmError]:
+def refusal(message: str) -> type[SchedulerError]:
     """The error type of a SLURM command's complaint."""
-    return next((kind for text, kind in REFUSALS if text in message), SlurmError)
+    return next((kind for text, kind in REFUSALS if text in message), SchedulerError)
 
 
 # ---------------------------------------------------------------------------- parsers (pure)
@@ -147,7 +147,7 @@ def parse_sbatch_parsable(out: str) -> str:
     lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
     match = _SBATCH_ID.fullmatch(lines[-1]) if lines else None
     if not match:
-        raise SlurmError(f"could not read a job id from sbatch output: {out.strip()!r}")
+        raise SchedulerError(f"could not read a job id from sbatch output: {out.strip()!r}")
     return match.group(1)
 
 
@@ -225,7 +225,7 @@ def gres_gpus(gres: str) -> int:
 def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
     """`sinfo --noheader --Node --format=%N|%P|%c|%G|%m|%f` -> the shape of `partition`'s nodes
     (the default partition, marked '*', when None; without the memory or features field, those
-    are unknown). Raises SlurmError when it has no nodes."""
+    are unknown). Raises SchedulerError when it has no nodes."""
     rows: dict[str, tuple[int, int]] = {}
     mems: list[int] = []
     features: set[str] | None = None
@@ -254,7 +254,7 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
         )
     if not rows or name is None:
         where = f"partition '{partition}'" if partition else "the default partition"
-        raise SlurmError(f"sinfo lists no nodes in {where}; name one with --partition")
+        raise SchedulerError(f"sinfo lists no nodes in {where}; name one with --partition")
     shapes = set(rows.values())
     return NodeShape(
         partition=name,
@@ -303,16 +303,16 @@ def job_info(job_id: str) -> AllocInfo | None:
         found = parse_squeue(out).get(job_id)
         if found is not None:
             return found
-    except JobNotFound:
+    except AllocationNotFound:
         pass
-    except SlurmError:
+    except SchedulerError:
         return None
     try:
         out = _run(["sacct", "--parsable2", "--noheader", "-j", job_id, "--format=" + ",".join(SACCT_FIELDS)])
         return parse_sacct(out).get(job_id) or gone(job_id)
     except AccountingDisabled:
         return gone(job_id)
-    except SlurmError:
+    except SchedulerError:
         return None
 
 
@@ -343,7 +343,7 @@ def restart_count(job_id: str) -> int | None:
     still being ended. None when SLURM cannot say."""
     try:
         return parse_restart_count(_run(["squeue", "--noheader", f"--jobs={job_id}", "--Format=RestartCnt"]))
-    except SlurmError:
+    except SchedulerError:
         return None
 
 
@@ -393,7 +393,7 @@ def time_limit(partition: str | None) -> tuple[str, int | None] | None:
 
 def scancel(job_id: str) -> None:
     """Cancel a job; cancelling a finished job is not an error."""
-    with contextlib.suppress(JobNotFound, JobEnding):
+    with contextlib.suppress(AllocationNotFound, AllocationEnding):
         _run(["scancel", job_id])
 
 

@@ -30,7 +30,7 @@ from raystack.client import Cluster, ClusterRecord, allocate
 from raystack.client.cluster import up_again, where
 from raystack.client.pending import expected_start
 from raystack.client.status import grown_lines, interconnect
-from raystack.errors import ClusterError, ConfigError, SlurmMissing, SlurmUnavailable
+from raystack.errors import ClusterError, ConfigError, SchedulerMissing, SchedulerUnavailable
 from raystack.plan.topology import plural
 from raystack.spec.profile import CANARY_MODES, Profile, load_profile
 from raystack.spec.profile import idle_timeout as parse_idle_timeout
@@ -221,9 +221,9 @@ def _plan_on_slurm(
     """The allocation `up` submits; where SLURM does not answer, the error says nothing was."""
     try:
         return allocate.plan_on_partition(nodes, profile=prof, name=name, **options)
-    except SlurmMissing:  # (said with its fix)
+    except SchedulerMissing:  # (said with its fix)
         raise
-    except SlurmUnavailable as exc:
+    except SchedulerUnavailable as exc:
         why = f"SLURM did not answer ({exc}): nothing was submitted"
         raise ClusterError(f"{why}; `raystack up` again once `sinfo` works") from None
 
@@ -444,20 +444,19 @@ def status(name: NameArg = None, cluster: ClusterOpt = None, as_json: JsonOpt = 
             "-" if st.time_left_s is None else f"{st.time_left_s // 3600}h{st.time_left_s % 3600 // 60:02d}m"
         )
         table = Table(show_header=False, box=None)
+        allocation = "-"  # (none yet: its `up` is submitting it, or stopped before it had one)
+        if st.allocation_id:
+            allocation = (
+                f"{'job ' if st.backend == 'slurm' else ''}{st.allocation_id} {st.allocation_state or '?'}"
+            )
+            if st.allocation_state == "PENDING":
+                allocation += (
+                    f" ({st.allocation_reason}){expected_start(st.allocation_expected_start, time.time())}"
+                )
         rows = [
             ("cluster", st.name),
             ("state", f"{st.state}  {st.message}"),
-            (
-                "slurm" if st.backend == "slurm" else "allocation",
-                "-"  # (none yet: its `up` is submitting it, or stopped before it had one)
-                if not st.allocation_id
-                else f"{'job ' if st.backend == 'slurm' else ''}{st.allocation_id} {st.slurm_state or '?'}"
-                + (
-                    f" ({st.slurm_reason}){expected_start(st.slurm_expected_start, time.time())}"
-                    if st.slurm_state == "PENDING"
-                    else ""
-                ),
-            ),
+            ("slurm" if st.backend == "slurm" else "allocation", allocation),
             ("time left", left),
             (
                 "nodes",

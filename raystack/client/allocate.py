@@ -27,9 +27,9 @@ from raystack.errors import (
     ClusterError,
     ConfigError,
     NoSuchPartition,
-    SlurmError,
-    SlurmMissing,
-    SlurmUnavailable,
+    SchedulerError,
+    SchedulerMissing,
+    SchedulerUnavailable,
 )
 from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import rayenv, sbatch
@@ -304,11 +304,11 @@ def plan_on_partition(nodes: int, **options: Any) -> AllocationPlan:
         partition = options.get("partition") or prof.partition
         try:
             shape = allocator(prof.backend).node_shape(partition)
-        except SlurmUnavailable:  # (not there, or no answer: the caller says what it means for it)
+        except SchedulerUnavailable:  # (not there, or no answer: the caller says what it means for it)
             raise
         except NoSuchPartition as exc:
             raise ConfigError(str(exc)) from None
-        except SlurmError as exc:
+        except SchedulerError as exc:
             raise ConfigError(
                 f"whole nodes by default, but sinfo could not say how big they are ({exc}); "
                 "give --gpus-per-node and --cpus-per-task, or a profile that sets them"
@@ -327,7 +327,7 @@ def _within_time_limit(p: AllocationPlan, what: str) -> None:
         return
     try:
         found = allocator(p.backend).time_limit(p.partition)
-    except SlurmError:
+    except SchedulerError:
         return
     if found is not None and found[1] is not None and p.walltime > found[1]:
         raise ConfigError(
@@ -347,9 +347,9 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     backend = allocator(p.backend)
     try:
         named = backend.named(f"raystack-{p.name}")
-    except SlurmMissing:  # (no SLURM commands on this host: said with the fix)
+    except SchedulerMissing:  # (no SLURM commands on this host: said with the fix)
         raise
-    except SlurmUnavailable as exc:
+    except SchedulerUnavailable as exc:
         raise ClusterError(
             f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once it "
             "answers (`squeue` works)"
@@ -377,9 +377,9 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     )
     try:
         alloc_id = backend.submit(p.script_path, request)
-    except SlurmUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
+    except SchedulerUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
         alloc_id = _queued_all_the_same(backend, p.name, mine, exc)
-    except SlurmError as exc:
+    except SchedulerError as exc:
         records.update_claim(p.name, state=ClusterState.FAILED, message=str(exc))
         why = why_refused(
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
@@ -397,7 +397,7 @@ def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> Clu
     raise ClusterError(f"cluster {name} was stopped or begun anew meanwhile: {alloc_id} cancelled")
 
 
-def _queued_all_the_same(backend: Allocator, name: str, script: str, exc: SlurmError) -> str:
+def _queued_all_the_same(backend: Allocator, name: str, script: str, exc: SchedulerError) -> str:
     """sbatch got no answer from slurmctld (a timeout): the allocation may have been queued
     anyway. Asked once (never submitted again): its id when SLURM has a job running this very
     script; otherwise the record is FAILED and the error says what to look for."""
@@ -407,7 +407,7 @@ def _queued_all_the_same(backend: Allocator, name: str, script: str, exc: SlurmE
             for i in backend.named(f"raystack-{name}")
             if i.state.is_active() and os.path.realpath(i.command) == script  # (not the last one's, ended)
         ]
-    except SlurmError:
+    except SchedulerError:
         queued = []
     if queued:
         log.warning("raystack: warning: sbatch did not answer (%s), but SLURM queued the allocation", exc)

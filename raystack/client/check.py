@@ -12,7 +12,7 @@ from pathlib import Path
 
 import raystack.client.allocate as allocate
 from raystack.client.cluster import Cluster, after_option
-from raystack.errors import ClusterError, ConfigError, SlurmError
+from raystack.errors import ClusterError, ConfigError, SchedulerError
 from raystack.spec.job import JobSpec
 from raystack.spec.profile import load_profile
 from raystack.spec.resolve import Prepared, prepare_jobs
@@ -64,7 +64,7 @@ def shape(
         plan = allocate.plan_on_partition(
             nodes or 1, profile=prof, name="check", gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_node
         )
-    except SlurmError as exc:
+    except SchedulerError as exc:
         raise ConfigError(
             f"check: profile {prof.name} takes whole nodes, and sinfo could not say how big they are "
             f"({exc}); give --gpus-per-node and --cpus-per-node, or a profile that sets them"

@@ -8,7 +8,7 @@ import difflib
 import re
 
 from raystack.adapters.allocator import NodeShape, allocator
-from raystack.errors import ConfigError, NoSuchPartition, SlurmError
+from raystack.errors import ConfigError, NoSuchPartition, SchedulerError
 from raystack.spec.values import size_to_mb
 
 
@@ -52,7 +52,7 @@ def why_refused(
         asked = size_to_mb(mem or "0")  # (sbatch's --mem units)
     except (ConfigError, NoSuchPartition) as exc:
         return f"; {exc}"
-    except (SlurmError, ValueError):
+    except (SchedulerError, ValueError):
         return ""
     if asked and shape.mem_mb is not None and asked > shape.mem_mb:
         return (

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from raystack.adapters.allocator import AllocInfo, AllocState, allocator, asked
-from raystack.errors import SlurmError
+from raystack.errors import SchedulerError
 from raystack.slurmtime import duration_text
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
@@ -112,7 +112,7 @@ def nodes_out(record: ClusterRecord, info: AllocInfo | None) -> str | None:
     partition = request.queue if request and request.queue else given[-1] if given else None
     try:
         found = allocator(record.backend).nodes_out(partition)
-    except SlurmError:
+    except SchedulerError:
         return None
     if not found or not found[1]:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from raystack.adapters.allocator import Allocator, AllocInfo, AllocState, allocator
 from raystack.adapters.nccl import canary_words
@@ -29,8 +29,8 @@ class ClusterStatus:
     state: str
     message: str
     allocation_id: str | None
-    slurm_state: str | None
-    slurm_reason: str | None
+    allocation_state: str | None  # the scheduler's word for it: RUNNING, PENDING, TIMEOUT, ...
+    allocation_reason: str | None  # the scheduler's reason (why it waits, why it ended)
     time_left_s: int | None
     nodes_expected: int
     nodes_alive: int | None
@@ -51,7 +51,7 @@ class ClusterStatus:
     idle_timeout_s: float | None = None  # autostop after this long idle
     prometheus: str | None = None  # the head's Prometheus (on the head's loopback)
     interconnect: str | None = None  # the canary at READY: bus bandwidth, transports, warnings
-    slurm_expected_start: int | None = None  # while PENDING: SLURM's estimate (epoch s), once it has one
+    allocation_expected_start: int | None = None  # while it waits: the scheduler's estimate (epoch s)
     grown: list[dict[str, Any]] | None = None  # the grown allocations: id, nodes, state, hosts, time left
     max_nodes: int | None = None  # it grows for its queue up to this many nodes (`up --max-nodes`)
     scaling: str | None = None  # what growing it waits for now
@@ -64,8 +64,39 @@ class ClusterStatus:
     def ended(self) -> bool:
         return ClusterState(self.state).is_terminal()  # (a state of another version: not ended)
 
+    # The names of 0.1 (deprecated: removed in the next release), in Python and in `status --json`.
+    DEPRECATED: ClassVar[dict[str, str]] = {
+        "slurm_state": "allocation_state",
+        "slurm_reason": "allocation_reason",
+        "slurm_expected_start": "allocation_expected_start",
+    }
+
+    @property
+    def slurm_state(self) -> str | None:
+        return self.allocation_state
+
+    @property
+    def slurm_reason(self) -> str | None:
+        return self.allocation_reason
+
+    @property
+    def slurm_expected_start(self) -> int | None:
+        return self.allocation_expected_start
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ready": self.ready}
+        fields = asdict(self)
+        old = {name: fields[new] for name, new in self.DEPRECATED.items()}
+        return {**fields, "ready": self.ready, **old, "deprecated": sorted(self.DEPRECATED)}
+
+
+def allocation_view(info: AllocInfo | None) -> dict[str, Any]:
+    """The scheduler's view of the allocation, for ClusterStatus."""
+    waits = info is not None and info.state is AllocState.WAITING
+    return {
+        "allocation_state": info.said if info else None,
+        "allocation_reason": info.reason if info else None,
+        "allocation_expected_start": (info.start_time or None) if info and waits else None,
+    }
 
 
 def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
@@ -99,9 +130,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         message=message,
         allocation_id=record.allocation_id,
         backend=record.backend,
-        slurm_state=info.said if info else None,
-        slurm_reason=info.reason if info else None,
-        slurm_expected_start=info.start_time or None if info and info.state is AllocState.WAITING else None,
+        **allocation_view(info),
         time_left_s=time_left,
         nodes_expected=record.nodes_expected
         + sum(g.nodes for g in record.grown if g.hosts and not g.released),

@@ -7,7 +7,7 @@ import pytest
 from raystack import errors
 from raystack.adapters import slurm
 from raystack.adapters.allocator import AllocState
-from raystack.errors import NoSuchPartition, SlurmError
+from raystack.errors import NoSuchPartition, SchedulerError
 from raystack.spec.values import size_to_mb
 
 from ..conftest import FIXTURES
@@ -84,7 +84,7 @@ def test_sinfo_node_shape() -> None:
     assert slurm.parse_sinfo_nodes(mixed, "cpu").gpus == 0
     with pytest.raises(NoSuchPartition, match=r"no partition 'nope' here \(sinfo lists cpu, gpu\); name one"):
         slurm.parse_sinfo_nodes(mixed, "nope")
-    with pytest.raises(SlurmError, match="no nodes in the default partition"):
+    with pytest.raises(SchedulerError, match="no nodes in the default partition"):
         slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
@@ -178,7 +178,7 @@ def test_sbatch_parsable(out: str, job: str) -> None:
 
 
 def test_sbatch_parsable_garbage() -> None:
-    with pytest.raises(SlurmError, match="could not read a job id"):
+    with pytest.raises(SchedulerError, match="could not read a job id"):
         slurm.parse_sbatch_parsable("Submitted batch job 5")
 
 
@@ -200,22 +200,22 @@ def test_sacct_disabled_message_is_recorded() -> None:
     ("stderr", "kind"),
     [
         # seen on the testbed (slurm-wlm 22.05)
-        ("slurm_load_jobs error: Invalid job id specified", errors.JobNotFound),
+        ("slurm_load_jobs error: Invalid job id specified", errors.AllocationNotFound),
         ("Slurm accounting storage is disabled", errors.AccountingDisabled),
         # as SLURM's commands word them (not reproducible on the testbed)
         (
             "scancel: error: Kill job error on job id 12: Job/step already completing or completed",
-            errors.JobEnding,
+            errors.AllocationEnding,
         ),
-        ("squeue: error: Unable to contact slurm controller (connect failure)", errors.SlurmUnavailable),
+        ("squeue: error: Unable to contact slurm controller (connect failure)", errors.SchedulerUnavailable),
         (  # (recorded: slurm-client on a host whose slurm.conf is missing; no DNS SRV record)
             "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host sinfo: error: "
             "fetch_config: DNS SRV lookup failed sinfo: fatal: Could not establish a configuration source",
-            errors.SlurmUnavailable,
+            errors.SchedulerUnavailable,
         ),
         (
             "sbatch: error: Batch job submission failed: Requested node configuration is not available",
-            errors.SlurmError,
+            errors.SchedulerError,
         ),
     ],
 )
@@ -225,7 +225,7 @@ def test_refusals_are_typed_where_they_arrive(stderr: str, kind: type) -> None:
 
 def test_a_missing_command_is_slurm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(errors.SlurmMissing, match="is not on PATH"):
+    with pytest.raises(errors.SchedulerMissing, match="is not on PATH"):
         slurm.node_shape(None)
 
     assert slurm.job_info("4242") is None  # cannot be asked: never an answer

@@ -17,7 +17,7 @@ from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
 from raystack.client.fits import unknown_features
-from raystack.errors import ConfigError, SlurmUnavailable
+from raystack.errors import ConfigError, SchedulerUnavailable
 from raystack.spec.profile import Profile
 
 from ..conftest import wait_until
@@ -365,7 +365,7 @@ def test_a_host_whose_slurm_cannot_be_reached_is_told_so_and_nothing_is_made(
         (shims / command).chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path / "rs"))
-    with pytest.raises(SlurmUnavailable, match=r"configuration source"):
+    with pytest.raises(SchedulerUnavailable, match=r"configuration source"):
         allocate.plan_on_partition(2, profile="generic", name="x")
     assert not (tmp_path / "rs" / "clusters").exists()
     # each command says what it means for it: `up` submitted nothing; `check` can go without SLURM

@@ -178,7 +178,8 @@ def test_status_json_and_exit_code(four: dict) -> None:
     st = json.loads(done.stdout)
     assert st["ready"] is True
     assert st["nodes_alive"] == NODES and st["gpus"] == NODES * 4 and st["cpus"] == NODES * 16
-    assert st["slurm_state"] == "RUNNING" and 0 < st["time_left_s"] <= 2 * 3600
+    assert st["allocation_state"] == "RUNNING" and 0 < st["time_left_s"] <= 2 * 3600
+    assert st["slurm_state"] == "RUNNING" and "slurm_state" in st["deprecated"]  # (the 0.1 name, one release)
 
 
 def test_commands_ask_slurm_about_their_own_job_once(four: dict, tmp_path: Path) -> None:

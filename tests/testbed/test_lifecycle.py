@@ -437,9 +437,10 @@ def test_a_cluster_behind_another_users_job_shows_when_slurm_expects_it(rs_home:
             r"PENDING \((Resources|Priority)\), SLURM expects it to start at \d\d:\d\d, in ", said
         ), said
         st = json.loads(raystack("status", "behind", "--json").stdout)
-        assert st["slurm_state"] == "PENDING" and st["slurm_reason"] in ("Resources", "Priority"), st
+        assert st["allocation_state"] == "PENDING", st
+        assert st["allocation_reason"] in ("Resources", "Priority"), st
         ends = slurm.job_info(other).end_time  # type: ignore[union-attr]
-        assert abs(st["slurm_expected_start"] - ends) <= 120, (st, ends)
+        assert abs(st["allocation_expected_start"] - ends) <= 120, (st, ends)
     finally:
         slurm.scancel(other)
     assert raystack("down", "behind").returncode == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters import slurm
-from raystack.errors import SlurmError
+from raystack.errors import SchedulerError
 
 from ..conftest import NODES, wait_until
 
@@ -64,9 +64,9 @@ def test_gres_gpus_are_granted_and_visible(rs_home: Path) -> None:
 def test_job_larger_than_cluster_is_refused_with_slurms_error(testbed: Path) -> None:
     script = testbed / "refused.sh"
     script.write_text("#!/bin/bash\ntrue\n")
-    with pytest.raises(SlurmError, match="Batch job submission failed: Node count specification invalid"):
+    with pytest.raises(SchedulerError, match="Batch job submission failed: Node count specification invalid"):
         slurm.sbatch([f"--nodes={NODES + 1}"], str(script))
-    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+    with pytest.raises(SchedulerError, match="Requested node configuration is not available"):
         slurm.sbatch(["--nodes=1", "--gres=gpu:5"], str(script))
 
 
