@@ -145,7 +145,7 @@ def submit_follow_on(name: str, alloc_id: str) -> str | None:
         "allocation %d of %d submitted as %s (to start once %s has ended)",
         record.chain_index + 1,
         record.chain_count,
-        allocator(record.backend).where(nxt),
+        allocator(record.backend).place(nxt),
         alloc_id,
     )
     return nxt

@@ -67,7 +67,7 @@ class AllocInfo:
     native: str = ""  # the scheduler's own state word: "TIMEOUT", "NODE_FAIL", "PENDING"
 
     @property
-    def said(self) -> str:
+    def state_text(self) -> str:
         """Its state as a person is told it: the scheduler's word where it has one."""
         return self.native or self.state.value
 
@@ -242,7 +242,7 @@ class Allocator(ABC):
         """Seconds to its walltime end while it runs; None without one (or not running)."""
         return None
 
-    def where(self, alloc_id: str | None) -> str:
+    def place(self, alloc_id: str | None) -> str:
         return f"{self.label} {alloc_id}"
 
 

@@ -523,7 +523,7 @@ class SlurmAllocator(Allocator):
         if "timelimit" in reason or info.native == "TIMEOUT":
             return "walltime", "walltime"
         if "node" in reason or info.native == "NODE_FAIL":
-            return "node lost", f"node failure ({info.reason or info.said})"
+            return "node lost", f"node failure ({info.reason or info.state_text})"
         if "preempt" in reason or info.native == "PREEMPTED":
             return "preempted", "preempted"
         return "scancel", "cancelled by scancel or an administrator"

@@ -95,7 +95,7 @@ class Autoscale:
         if waiting:
             g = waiting[0]
             info = allocator(record.backend).info(g.alloc_id)
-            said = f"{info.said}: {info.reason}" if info and info.reason not in ("", "None") else "?"
+            said = f"{info.state_text}: {info.reason}" if info and info.reason not in ("", "None") else "?"
             self.say(
                 record, f"waiting for {plural(g.nodes, 'more node')} (allocation {g.alloc_id} {said})", jobs
             )

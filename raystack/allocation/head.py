@@ -88,9 +88,9 @@ def claim(ctx: NodeContext) -> bool:
             holder = allocator(record.backend) if record else ctx.allocator
             info = holder.info(other)
             if info is None or not info.state.is_terminal():
-                state = info.said if info else "state unknown: SLURM did not answer"
+                state = info.state_text if info else "state unknown: SLURM did not answer"
                 raise Displaced(
-                    f"cluster {ctx.cluster} is already run by {holder.where(other)} ({state}); "
+                    f"cluster {ctx.cluster} is already run by {holder.place(other)} ({state}); "
                     f"allocation {ctx.alloc_id} leaves it alone and exits"
                 )
         record = record or records.ClusterRecord(name=ctx.cluster)

@@ -85,7 +85,8 @@ class Leaving:
         if info.state is AllocState.GONE and grown.alloc_id not in self.unknown:
             self.unknown.add(grown.alloc_id)  # (GONE is believed when said twice, a check apart)
             return False
-        why = f"it ended: {info.said}" + (f", {info.reason}" if info.reason and info.reason != "None" else "")
+        reason = f", {info.reason}" if info.reason and info.reason != "None" else ""
+        why = f"it ended: {info.state_text}{reason}"
         log.warning("grown allocation %s %s; its nodes are no longer the cluster's", grown.alloc_id, why)
         self.mark(grown.alloc_id, leaving=grown.leaving or why, released=self.now())
         if api is not None:  # (the runner also finds them when they fail first: allocation/retry.py)
@@ -173,11 +174,11 @@ def ask(backend: str, alloc_id: str) -> AllocInfo | None:
 
 class Lost(NamedTuple):
     grown: Grown
-    said: str  # how it ended: "it ended: CANCELLED"
+    how: str  # how it ended: "it ended: CANCELLED"
 
     @property
     def why(self) -> str:
-        return f"allocation {self.grown.alloc_id} left the cluster under it ({self.said})"
+        return f"allocation {self.grown.alloc_id} left the cluster under it ({self.how})"
 
 
 def lost_with(
@@ -207,7 +208,7 @@ def lost_with(
             said = (
                 "ended"
                 if alloc is None
-                else f"{'ended:' if alloc.state.is_terminal() else 'is'} {alloc.said}"
+                else f"{'ended:' if alloc.state.is_terminal() else 'is'} {alloc.state_text}"
             )
             return Lost(grown, f"it {said}")
     return None

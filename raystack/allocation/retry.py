@@ -70,6 +70,6 @@ def lost(name: str, api: Dashboard, record: JobRecord, ray_job: str | None) -> J
     if found is None:
         return record
     if not found.grown.leaving:  # (its nodes are no longer counted; the head's Leaving releases it)
-        records.note_grown(name, found.grown.alloc_id, leaving=found.said)
+        records.note_grown(name, found.grown.alloc_id, leaving=found.how)
     log.info("%s failed with its nodes: %s", record.id, found.why)
     return update_job(name, record.id, evicted=found.why)

@@ -27,7 +27,7 @@ from raystack.cli.common import (
 )
 from raystack.cli.options import CanaryOpt, IdleTimeoutOpt, MaxNodesOpt, MetricsOpt, NoCanaryOpt
 from raystack.client import Cluster, ClusterRecord, allocate
-from raystack.client.cluster import up_again, where
+from raystack.client.cluster import allocation_place, up_again
 from raystack.client.pending import expected_start
 from raystack.client.status import grown_lines, interconnect
 from raystack.errors import ClusterError, ConfigError, SchedulerMissing, SchedulerUnavailable
@@ -361,7 +361,7 @@ def _show_ready(record: ClusterRecord, as_json: bool, parsable: bool = False) ->
         out.print(f"follow it with: raystack status {name}")
         return
     out.print(
-        f"cluster {name} READY: {where(record)}, {plural(record.nodes_expected, 'node')} "
+        f"cluster {name} READY: {allocation_place(record)}, {plural(record.nodes_expected, 'node')} "
         f"({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
@@ -417,8 +417,8 @@ def still_starting(name: str) -> str:
     if record.state.is_terminal():
         return f"cluster {name} is {record.state.value}: {record.message}"
     return (
-        f"cluster {name} is still {record.state.value} ({where(record)}); wait again: raystack wait "
-        f"{name}, release it: raystack down {name}"
+        f"cluster {name} is still {record.state.value} ({allocation_place(record)}); "
+        f"wait again: raystack wait {name}, release it: raystack down {name}"
     )
 
 

@@ -23,7 +23,7 @@ from raystack.cli.common import (
     out,
     print_json,
 )
-from raystack.cli.submit import exit_for, still
+from raystack.cli.submit import exit_for, what_goes_on
 from raystack.client import Cluster, Job, JobRecord, JobState
 from raystack.client.job import Sweep, stale_note
 from raystack.client.status import runner_failing, runner_waiting
@@ -193,7 +193,7 @@ def logs(
     A job still in the queue says where it stands: `queued, position 3 (running: grpo-7b, 40m in)`."""
     job = Job.get(job_id, cluster)
     if follow:
-        with on_interrupt(lambda: still([job])):
+        with on_interrupt(lambda: what_goes_on([job])):
             exit_for(job.follow(out=sys.stderr if as_json else None))
     filtered = node is not None or actor is not None
     found = job.workers(node, actor) if workers or filtered else None

@@ -261,7 +261,7 @@ def submit(
     jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], secrets=secret, **given)
     _tell(target, jobs, follow, "parsable" if parsable else "json" if as_json else "text")
     if follow:
-        with on_interrupt(lambda: still(jobs)):
+        with on_interrupt(lambda: what_goes_on(jobs)):
             exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
 
 
@@ -296,7 +296,7 @@ def _kind(spec: Path) -> str:
     return str(data.get("kind", "ray")) if isinstance(data, dict) else "ray"
 
 
-def still(jobs: list[Job]) -> str:
+def what_goes_on(jobs: list[Job]) -> str:
     """What a Ctrl-C of a follow leaves going on, and the commands for it."""
     first = jobs[0].record()
     if first.request.sweep and len(jobs) > 1:

@@ -34,7 +34,7 @@ def live_dashboard(record: ClusterRecord, info: AllocInfo | None = None, clock: 
         )
     if info.state is not AllocState.RUNNING:
         raise ClusterError(
-            f"allocation {record.allocation_id} of cluster {record.name} is {info.said} in SLURM: "
+            f"allocation {record.allocation_id} of cluster {record.name} is {info.state_text} in SLURM: "
             f"its dashboard address {record.dashboard_url} is stale; nothing was sent to it"
         )
     return Dashboard.of(record.name, record.dashboard_url)

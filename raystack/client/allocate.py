@@ -362,7 +362,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     ]
     if twins:
         raise ClusterError(
-            f"{backend.where(twins[0].alloc_id)} ({twins[0].said}) already runs a cluster named "
+            f"{backend.place(twins[0].alloc_id)} ({twins[0].state_text}) already runs a cluster named "
             f"'{p.name}': end it first (`scancel {twins[0].alloc_id}`), or choose another --name"
         )
     request = p.request()
@@ -385,7 +385,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
         )
         raise ClusterError(f"SLURM refused the allocation: {exc}{why}") from exc
-    return _recorded(p.name, backend, alloc_id, f"submitted as {backend.where(alloc_id)}")
+    return _recorded(p.name, backend, alloc_id, f"submitted as {backend.place(alloc_id)}")
 
 
 def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> ClusterRecord:
@@ -511,4 +511,4 @@ def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
     # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
     log_file = p.cluster_paths.node_log(local.this_host())
     alloc_id = backend.submit(p.script_path, replace(p.request(), output=str(log_file)))
-    return _recorded(p.name, backend, alloc_id, f"started {backend.where(alloc_id)}")
+    return _recorded(p.name, backend, alloc_id, f"started {backend.place(alloc_id)}")

@@ -54,7 +54,7 @@ log = logging.getLogger("raystack")
 
 Progress = Callable[[str], None]
 SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
-Argv = list[str]  # (inside Cluster, `list` is the classmethod)
+Strings = list[str]  # (inside Cluster, `list` is the classmethod: ids, GPU ids, --set items)
 JobRecords = list[JobRecord]
 Jobs = list[Job]
 
@@ -260,11 +260,11 @@ class Cluster:
         cpus: int | None = None,
         profile: str | Profile = "generic",
         name: str = "local",
-    ) -> tuple[allocate.AllocationPlan, Argv]:
+    ) -> tuple[allocate.AllocationPlan, Strings]:
         return allocate.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
 
     @classmethod
-    def start_local(cls, plan: allocate.AllocationPlan, gpu_ids: Argv) -> Cluster:
+    def start_local(cls, plan: allocate.AllocationPlan, gpu_ids: Strings) -> Cluster:
         return cls(str(plan.name), allocate.start_local(plan, gpu_ids))
 
     def wait_ready(
@@ -398,7 +398,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ jobs
     def submit(
-        self, spec: str | Path | JobSpec | Argv, *, sets: Argv | None = None, now: bool = False
+        self, spec: str | Path | JobSpec | Strings, *, sets: Strings | None = None, now: bool = False
     ) -> Job:
         """Check a job (spec file, JobSpec or command argv) against this cluster and queue it.
 
@@ -409,14 +409,14 @@ class Cluster:
 
     def submit_jobs(
         self,
-        spec: str | Path | JobSpec | Argv,
+        spec: str | Path | JobSpec | Strings,
         *,
-        sets: Argv | None = None,
+        sets: Strings | None = None,
         now: bool = False,
-        sweeps: Argv | None = None,
-        after: Argv | None = None,
+        sweeps: Strings | None = None,
+        after: Strings | None = None,
         job_id: str | None = None,
-        secrets: Argv | None = None,
+        secrets: Strings | None = None,
     ) -> Jobs:
         """`submit`, for a sweep (one job per combination of `sweeps`, e.g. ["env.LR=1e-6,3e-6"],
         and of the spec's `sweep:` block), with dependencies (`after`: ["ID", "ID:any", ...],
@@ -454,13 +454,13 @@ class Cluster:
             Job(self.name, q.record.id, q.record, queued_place=q.place, queued_note=q.note) for q in queued
         ]
 
-    def in_flight(self) -> Argv:
+    def in_flight(self) -> Strings:
         """Ids of the jobs given to Ray and not yet ended."""
         return active(self.name)
 
-    def states_of(self, ids: Argv) -> dict[str, Argv]:
+    def states_of(self, ids: Strings) -> dict[str, Strings]:
         """Job ids grouped by the state their ledgers hold now ('?' where one cannot be read)."""
-        found: dict[str, Argv] = {}
+        found: dict[str, Strings] = {}
         for job_id in ids:
             try:
                 state = read_job(self.name, job_id).state.value
@@ -555,9 +555,9 @@ class Cluster:
             allocator(record.backend).sweep(record.allocation_id)
 
 
-def where(record: ClusterRecord) -> str:
+def allocation_place(record: ClusterRecord) -> str:
     """Where the cluster's allocation runs, in words: "SLURM job 12", "on this machine as ..."."""
-    return allocator(record.backend).where(record.allocation_id)
+    return allocator(record.backend).place(record.allocation_id)
 
 
 def loopback_for(name: str) -> str:

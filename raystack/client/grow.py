@@ -67,7 +67,7 @@ def grow(name: str, nodes: int, auto: bool = False, **options: Any) -> Grown:
     assert entry is not None
     if records.read(name).state.is_terminal():  # (`down` came meanwhile)
         backend.cancel(alloc_id)
-        raise ClusterError(f"cluster {name} ended meanwhile: {backend.where(alloc_id)} cancelled")
+        raise ClusterError(f"cluster {name} ended meanwhile: {backend.place(alloc_id)} cancelled")
     return entry
 
 
@@ -102,11 +102,11 @@ def joined(name: str, alloc_id: str, timeout: float | None = None, clock: Clock 
         info = backend.info(alloc_id)
         if info is not None and info.state.is_terminal():
             raise ClusterError(
-                f"{backend.where(alloc_id)} ended ({info.said}, {info.reason or 'no reason given'}) "
+                f"{backend.place(alloc_id)} ended ({info.state_text}, {info.reason or 'no reason given'}) "
                 f"before its nodes joined; its log: {paths.cluster(name).allocation_log(alloc_id)}"
             )
         if not entry.hosts:
-            seen[0] = f"{backend.where(alloc_id)} {info.said if info else '?'}" + (
+            seen[0] = f"{backend.place(alloc_id)} {info.state_text if info else '?'}" + (
                 f" ({info.reason})" if info and info.reason and info.reason != "None" else ""
             )
             return None

@@ -32,7 +32,7 @@ SAY_AGAIN = 600.0  # seconds after which a follow says the same waiting line aga
 DURATION = re.compile(r"\b\d+[smhd](?:\d+[smhd])*\b")  # (1m24s: the job ahead's time, always moving)
 
 
-def gist(line: str) -> str:
+def without_times(line: str) -> str:
     """A waiting line without its running times: said again only when more than those changed."""
     return DURATION.sub("", line)
 
@@ -305,7 +305,7 @@ class Job:
             if not record.state.is_terminal() and check():
                 ended = self.cluster_ended()
                 line = self.waiting_line(record) if not ended else None
-                if line and (gist(line) != gist(said) or clock.now() - said_at > SAY_AGAIN):
+                if line and (without_times(line) != without_times(said) or clock.now() - said_at > SAY_AGAIN):
                     said, said_at = line, clock.now()
                     say(line)
             elif not said and (line := self.waiting_line(record)):

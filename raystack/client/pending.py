@@ -134,4 +134,5 @@ def pending_line(record: ClusterRecord, info: AllocInfo) -> str:
     why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
     when = expected_start(info.start_time, time.time(), countdown=False)
     hint = never_starts(record.name, info) or nodes_out(record, info)
-    return f"{info.said} in SLURM (job {info.alloc_id}, reason: {why}){when}" + (f"; {hint}" if hint else "")
+    hint = f"; {hint}" if hint else ""
+    return f"{info.state_text} in SLURM (job {info.alloc_id}, reason: {why}){when}{hint}"

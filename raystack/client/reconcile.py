@@ -93,7 +93,7 @@ def never_started(name: str, alloc_id: str, ended: AllocInfo) -> str:
     folder = paths.cluster(name)
     said = raylogs.last_line(folder.allocation_log(alloc_id), limit=300)
     said = SPOOLED.sub(f"{folder.script}: ", said)  # (the line number is the launch script's)
-    return f"{ended.said}{reason} before the cluster started" + (f": {said}" if said else "")
+    return f"{ended.state_text}{reason} before the cluster started" + (f": {said}" if said else "")
 
 
 def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord:

@@ -93,7 +93,7 @@ def allocation_view(info: AllocInfo | None) -> dict[str, Any]:
     """The scheduler's view of the allocation, for ClusterStatus."""
     waits = info is not None and info.state is AllocState.WAITING
     return {
-        "allocation_state": info.said if info else None,
+        "allocation_state": info.state_text if info else None,
         "allocation_reason": info.reason if info else None,
         "allocation_expected_start": (info.start_time or None) if info and waits else None,
     }
@@ -118,7 +118,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
             ray_error = str(exc)
     running = [] if record.state.is_terminal() else active(name)  # (an ended cluster runs nothing)
     nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
-    state, message = said(name, record, info)
+    state, message = shown_state(name, record, info)
     if state == ClusterState.READY.value and nodes is not None and nodes < record.nodes_expected:
         message = (
             f"{nodes} of {record.nodes_expected} nodes in Ray now: a node's Ray left (whether it rejoins: "
@@ -144,7 +144,7 @@ def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
         chain_index=record.chain_index,
         chain_count=record.chain_count,
         next_allocation_id=record.next_allocation_id,
-        next_state=nxt.said if nxt else None,
+        next_state=nxt.state_text if nxt else None,
         next_reason=nxt.reason if nxt else None,
         resuming_jobs=interrupted(name),
         idle_s=round(time.time() - record.idle_since, 1)
@@ -180,7 +180,7 @@ def grown_row(backend: Allocator, grown: Grown) -> dict[str, Any]:
         "nodes": grown.nodes,
         "gpus_per_node": grown.gpus_per_node,
         "state": state,
-        "scheduler_state": info.said if info else None,
+        "scheduler_state": info.state_text if info else None,
         "reason": info.reason if info and info.state is AllocState.WAITING else None,
         "hosts": grown.hosts,
         "time_left_s": backend.time_left(info),
@@ -192,7 +192,7 @@ def interconnect(record: ClusterRecord) -> str | None:
     return canary_words(record.canary) if record.canary else None
 
 
-def said(name: str, record: ClusterRecord, info: AllocInfo | None) -> tuple[str, str]:
+def shown_state(name: str, record: ClusterRecord, info: AllocInfo | None) -> tuple[str, str]:
     """The state and message `status` shows: DEGRADED when the head has gone silent; why
     nothing is heard from an allocation whose nodes do not see the cluster folder."""
     silent = head_silent(name, record)

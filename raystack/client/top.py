@@ -12,7 +12,7 @@ from typing import Any
 
 from raystack.adapters.ray import Dashboard
 from raystack.client.access import live_dashboard
-from raystack.client.cluster import where
+from raystack.client.cluster import allocation_place
 from raystack.client.reconcile import as_ended, pending_end
 from raystack.errors import ClusterError, RayApiError
 from raystack.store import cluster as records
@@ -131,7 +131,7 @@ def snapshot(name: str, processes: bool = True) -> dict[str, Any]:
         "ended": ended,
         "message": record.message,
         "allocation_id": record.allocation_id,
-        "where": where(record) if record.allocation_id else "-",
+        "where": allocation_place(record) if record.allocation_id else "-",
         "time_left_s": (
             max(0, int(record.walltime_end - now)) if record.walltime_end and not ended else None
         ),

@@ -112,7 +112,7 @@ class LaunchHost:
         # (what the job that made it added, the warm-up's or a driver's, is not the next job's)
         self.base = {k: v for k, v in os.environ.items() if k not in own}
         self.launches: dict[str, Any] = {}
-        self.called: dict[str, float] = {}
+        self.title: dict[str, float] = {}
         self.lock = threading.Lock()
         # (node-local: the unpacked working_dirs; in the node's temp folder, which the node program
         # removes at the cluster's end: the watcher below dies with the allocation's processes)
@@ -136,20 +136,20 @@ class LaunchHost:
         if gpus:
             launcher.gpus = visible_gpus(self.base, gpus).split(",")
         with self.lock:
-            self.launches[key], self.called[key] = launcher, time.monotonic()
+            self.launches[key], self.title[key] = launcher, time.monotonic()
         return launcher.where()
 
     def call(self, key: str, method: str, *args: Any) -> Any:
         with self.lock:
             launcher = self.launches[key]
-            self.called[key] = time.monotonic()
+            self.title[key] = time.monotonic()
         return getattr(launcher, method)(*args)
 
     def keep(self, key: str) -> None:
         """A launch started ahead, kept for the driver that has not come yet (launch/ahead.py)."""
         with self.lock:
-            if key in self.called:
-                self.called[key] = time.monotonic()
+            if key in self.title:
+                self.title[key] = time.monotonic()
 
     def adopt(self, sid: str) -> dict[str, Any] | None:
         return self.ahead.adopt(sid) if self.ahead is not None else None
@@ -162,7 +162,7 @@ class LaunchHost:
         """The driver is done with a launch: stopped if it still runs, its rank logs removed."""
         with self.lock:
             launcher = self.launches.pop(key, None)
-            self.called.pop(key, None)
+            self.title.pop(key, None)
         if launcher is not None:
             launcher.stop(2.0)
             shutil.rmtree(launcher.logdir, ignore_errors=True)
@@ -171,7 +171,7 @@ class LaunchHost:
         def once() -> None:
             now = time.monotonic()
             with self.lock:
-                late = [k for k, t in self.called.items() if now - t > LEASE]
+                late = [k for k, t in self.title.items() if now - t > LEASE]
             for key in late:  # (its driver is gone: killed, or its job stopped hard)
                 self.close(key)
 

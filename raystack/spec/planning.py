@@ -87,7 +87,7 @@ def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayou
     shape = shape_of(cluster)
     if not shape.gpus_per_node or not shape.cpus_per_node:
         raise ConfigError(
-            f"{source}: field 'plan': {cluster.called} has {shape.gpus_per_node} GPUs and "
+            f"{source}: field 'plan': {cluster.title} has {shape.gpus_per_node} GPUs and "
             f"{shape.cpus_per_node} CPUs per node: a GRPO plan needs both"
         )
     try:
@@ -98,7 +98,7 @@ def layout_for(plan: PlanSpec, cluster: ClusterRecord, source: str) -> GrpoLayou
         )
     except Infeasible as exc:
         fix = f"; nearest that fits: {exc.nearest.summary()}" if exc.nearest else ""
-        raise ConfigError(f"{source}: field 'plan': {exc.reason} on {cluster.called}{fix}") from None
+        raise ConfigError(f"{source}: field 'plan': {exc.reason} on {cluster.title}{fix}") from None
 
 
 def values(layout: GrpoLayout, framework: str) -> dict[str, str]:

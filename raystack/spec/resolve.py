@@ -75,7 +75,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     n = spec.needs
 
     def refused(asked: str, total: str = "") -> ConfigError:
-        have = f"{cluster.called} has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}{total}"
+        have = f"{cluster.title} has {plural(nodes, 'node')} x {plural(gpn, 'GPU')}{total}"
         fix = "lower it, or start a larger cluster with raystack up"
         if local:
             have += " (a --local cluster is this one machine)"
@@ -95,7 +95,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
         if per_node > cpn:
             raise ConfigError(
                 f"{source}: needs.cpus_per_gpu={n.cpus_per_gpu:g} asks {per_node:g} CPUs per node "
-                f"but {cluster.called} has {cpn}; lower it or raise cpus_per_task"
+                f"but {cluster.title} has {cpn}; lower it or raise cpus_per_task"
             )
     if spec.kind == "spmd" and spec.nodes and spec.nodes > nodes:
         raise refused(f"nodes={spec.nodes}")
@@ -105,7 +105,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     if spec.entrypoint_num_gpus > gpn:  # (the driver is one process: on one node)
         raise ConfigError(
             f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but the driver runs on one node "
-            f"and {cluster.called} has {gpn} GPUs per node; lower it (its actors take the others)"
+            f"and {cluster.title} has {gpn} GPUs per node; lower it (its actors take the others)"
         )
     if cpn and spec.entrypoint_num_cpus > cpn:
         raise ConfigError(
@@ -115,7 +115,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     if memory and spec.entrypoint_memory > memory:
         raise ConfigError(
             f"{source}: entrypoint_memory={spec.entrypoint_memory / 2**30:.1f} GiB but a node of "
-            f"{cluster.called} gives Ray {memory / 2**30:.1f} GiB (its memory resource); lower it"
+            f"{cluster.title} gives Ray {memory / 2**30:.1f} GiB (its memory resource); lower it"
         )
 
 
@@ -131,7 +131,7 @@ def check_time_and_resources(spec: JobSpec, cluster: ClusterRecord, source: str)
     walltime = cluster_walltime(cluster)
     if spec.min_time and walltime and spec.min_time > walltime:
         raise ConfigError(
-            f"{source}: min_time {duration_text(spec.min_time)} but {cluster.called} gets "
+            f"{source}: min_time {duration_text(spec.min_time)} but {cluster.title} gets "
             f"{duration_text(walltime)} per allocation: it would never start; lower min_time, or "
             f"raystack up -t {duration_text(spec.min_time + 3600)} ..."
         )
@@ -142,7 +142,7 @@ def check_time_and_resources(spec: JobSpec, cluster: ClusterRecord, source: str)
             )
         if key not in RAY_RESOURCES and not key.startswith(("node:", "accelerator_type:")):
             raise ConfigError(
-                f"{source}: entrypoint_resources: no node of {cluster.called} has a resource "
+                f"{source}: entrypoint_resources: no node of {cluster.title} has a resource "
                 f"'{key}' (Ray's nodes have CPU, GPU, memory, object_store_memory): the driver would "
                 "never start; drop it"
             )

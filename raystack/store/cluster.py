@@ -225,7 +225,7 @@ class ClusterRecord(BaseModel):
         return next((g for g in self.grown if g.alloc_id == alloc_id), None)
 
     @property
-    def called(self) -> str:
+    def title(self) -> str:
         """The cluster as a message names it: cluster 'grpo' (or what `described` says)."""
         return self.described or f"cluster '{self.name}'"
 

@@ -203,12 +203,12 @@ def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: s
 
     record, ray = records.read(cluster), DeadRay()
     found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON)  # type: ignore[arg-type]
-    assert found is not None and found.grown.alloc_id == "8" and found.said == "it ended: CANCELLED"
+    assert found is not None and found.grown.alloc_id == "8" and found.how == "it ended: CANCELLED"
     assert found.why == "allocation 8 left the cluster under it (it ended: CANCELLED)"
     assert lost_with(record, ray, "04000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON) is None  # type: ignore[arg-type]
     assert lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "RUNNING"), SOON) is None  # type: ignore[arg-type]
     requeued = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "PENDING"), SOON)  # type: ignore[arg-type]
-    assert requeued is not None and requeued.said == "it is PENDING"  # (preempted and requeued)
+    assert requeued is not None and requeued.how == "it is PENDING"  # (preempted and requeued)
     # A node that left long before the job failed (a shrink that found no work of it there then):
     # the failure is the job's own.
     late = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), lambda: 1121.0)  # type: ignore[arg-type]

@@ -534,7 +534,7 @@ def test_passes_failing_for_a_minute_are_said_by_status_until_one_succeeds(
     the runner's log said why the queue did not move. Now the lease carries it, and `raystack
     status` shows DEGRADED with the error (here FAILING and BEAT are 0: no minute to wait)."""
     from raystack.allocation import lease as leases
-    from raystack.client.status import DEGRADED, said
+    from raystack.client.status import DEGRADED, shown_state
 
     monkeypatch.setattr(leases, "FAILING", 0.0)
     monkeypatch.setattr(leases, "BEAT", 0.0)
@@ -546,7 +546,7 @@ def test_passes_failing_for_a_minute_are_said_by_status_until_one_succeeds(
     real_tick = r.tick
 
     def tick() -> None:
-        seen.append(said("c", clusters.read("c"), None))
+        seen.append(shown_state("c", clusters.read("c"), None))
         if len(seen) <= 2:
             raise RayApiError("Request failed with status code 500: boom")
         if len(seen) == 4:

@@ -475,9 +475,7 @@ def test_an_up_writes_its_allocation_only_into_its_own_claim(home: Path) -> None
 def test_how_messages_name_a_cluster_is_never_written(home: Path) -> None:
     """`described` names the cluster a profile would make (`raystack check -P`): it is no record."""
     record = ClusterRecord(name="c", described="the cluster of profile testbed")
-    assert (
-        record.called == "the cluster of profile testbed" and ClusterRecord(name="c").called == "cluster 'c'"
-    )
+    assert record.title == "the cluster of profile testbed" and ClusterRecord(name="c").title == "cluster 'c'"
     assert "described" not in record.model_dump() and "described" not in record.model_dump_json()
 
 
