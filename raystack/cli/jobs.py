@@ -223,7 +223,7 @@ def _print_workers(job: Job, found: list[Any], shown: list[Any], lines: int) -> 
     for w in shown:
         print(f"\n==> {w.label} (attempt {w.attempt}){': ' + w.error if w.error else ''} <==")
         print(job.worker_tail(w, lines), end="")
-    folder = job.folder
+    folder = job.workers_folder
     errors = sum(1 for w in found if w.error)
     nodes = len({w.host for w in found})
     err.print(

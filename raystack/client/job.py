@@ -120,6 +120,7 @@ class Job:
     queued_note: str | None = None  # what `submit` was told of the cluster then (`ending_note`)
     _pending: PendingEnd | None = None  # its allocation's end, where it ended unrecorded
     _look: Every = field(default_factory=lambda: Every(2.0))
+    _workers_at: Path | None = None  # where `workers()` gathered them, when this reader did
 
     def __repr__(self) -> str:
         return f"Job({self.cluster!r}, {self.id!r})"
@@ -185,6 +186,13 @@ class Job:
         """Its files in the cluster folder: gathered worker logs, stack dumps."""
         return paths.cluster(self.cluster).job_files(self.id)
 
+    @property
+    def workers_folder(self) -> Path:
+        """Where its workers' logs lie: gathered by the runner when it ended (the cluster
+        folder), else gathered by this reader into the user's cache (readers only read the
+        cluster folder)."""
+        return self._workers_at or self.folder
+
     def log_files(self, record: JobRecord | None = None) -> list[Path]:
         """The log file of every attempt, in order (one per Ray submission)."""
         record = record or self.record()
@@ -215,17 +223,18 @@ class Job:
         `node`: a host name; `actor`: part of the actor's (class) name."""
         record = self.record()
         found = raylogs.read_index(self.cluster, self.id) if record.state.is_terminal() else None
-        if found is None:
-            found = raylogs.gather(self.cluster, record) if record.attempts else []
+        if found is None and record.attempts:  # (in flight, or its end could not gather them)
+            self._workers_at = paths.cache() / "logs" / self.cluster / self.id
+            found = raylogs.gather(self.cluster, record, out_dir=self._workers_at)
         return [
             w
-            for w in found
+            for w in found or []
             if (node is None or w.host == node) and (actor is None or actor.lower() in w.actor.lower())
         ]
 
     def worker_tail(self, worker: raylogs.WorkerLog, lines: int = 40) -> str:
         """The last `lines` lines of a worker's stderr and stdout (Ray's marker lines left out)."""
-        folder = paths.cluster(self.cluster).job_files(self.id)
+        folder = self.workers_folder
         parts = []
         for rel in worker.files:
             if rel.endswith(".core.log"):

@@ -386,15 +386,20 @@ def _safe(name: str) -> str:
 
 
 def gather(
-    cluster: str, record: Any, events: list[dict[str, Any]] | None = None, hosts: dict[str, str] | None = None
+    cluster: str,
+    record: Any,
+    events: list[dict[str, Any]] | None = None,
+    hosts: dict[str, str] | None = None,
+    out_dir: Path | None = None,
 ) -> list[WorkerLog]:
     """Gather the worker logs of job `record`'s actors (every attempt with a Ray job id; a worker
     says which job it serves in its first line) from the nodes' copies into
     logs/jobs/<id>/<host>/<actor>-<pid>.{err,out,core.log}, with an index (actors.json).
     `events`: the failures Ray recorded (adapters.ray.job_errors, by node address `ip`, mapped to
-    hosts by `hosts`), kept as <actor>-<pid>.error. Workers with an error first, earliest first."""
+    hosts by `hosts`), kept as <actor>-<pid>.error. Workers with an error first, earliest first.
+    `out_dir`: where to, for a reader (the cluster's runner writes logs/jobs/<id>/)."""
     p = paths.cluster(cluster)
-    out_dir = p.job_files(record.id)
+    out_dir = out_dir or p.job_files(record.id)
     by_allocation: dict[str | None, dict[str, int]] = {}
     """Ray job id -> attempt, per allocation."""
     for n, attempt in enumerate(record.attempts, 1):

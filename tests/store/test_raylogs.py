@@ -282,3 +282,31 @@ def test_an_engine_killed_while_a_learner_sends_it_weights_is_named_before_the_l
     events[0]["error"], events[1]["at"] = "ray::Learner.send()\nValueError: bad shape", 10.4
     workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
     assert raylogs.summary(workers) == "vm Learner pid 30: ValueError: bad shape"
+
+
+def test_logs_all_of_a_running_job_gathers_into_the_users_cache_not_the_cluster_folder(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 66: readers only read. `raystack logs ID --all` of a job in flight gathered its
+    workers' logs into the cluster folder (logs/jobs/<id>/), which only the cluster's own programs
+    write; now into $XDG_CACHE_HOME/raystack/logs/<cluster>/<id>/, and the tail reads them there."""
+    from raystack.client.job import Job
+    from raystack.store import queue
+    from raystack.store.ledger import JobState, update_job
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    logs = ray_logs(home)
+    (logs / f"worker-{11:056x}-ffffffff-11.err").write_text(
+        ":job_id:02000000\n:actor_name:Learner\nTraceback (most recent call last):\nValueError: boom\n"
+    )
+    LogSync("c", "node7", "77", home / "ray", Caps(every=0)).start().final()
+    queue.enqueue(JobRequest(id="j9", name="j9", cluster="c", entrypoint="python x.py"))
+    assert queue.start("c", queue.waiting("c")[0], "77") is not None
+    update_job("c", "j9", attempt={"ray_job_id": "02000000"}, state=JobState.RUNNING)
+    job = Job("c", "j9")
+    [worker] = job.workers()
+    assert worker.error == "ValueError: boom"
+    cache = home / "cache" / "raystack" / "logs" / "c" / "j9"
+    assert job.workers_folder == cache and (cache / "node7" / "Learner-11.err").exists()
+    assert "ValueError: boom" in job.worker_tail(worker)
+    assert not paths.cluster("c").job_files("j9").exists()  # (nothing written there)
