@@ -66,13 +66,16 @@ class PlanSpec(SpecModel):
 
 def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRecord:
     """The part of the cluster a job plans on: the whole, or the nodes its `needs` occupies (a
-    job side by side with others plans its layout on its own nodes)."""
+    job side by side with others plans its layout on its own nodes; one that needs more than the
+    cluster holds, within its max_nodes, plans on the nodes the queue grows it to)."""
     if not needs:
         return cluster
     held = cluster.held
     nodes = nodes_wanted(needs, held)
-    if nodes is None or nodes >= held[0]:
+    grows = cluster.backend != "local" and nodes is not None and held[0] < nodes <= (cluster.max_nodes or 0)
+    if nodes is None or (nodes >= held[0] and not grows):
         return cluster
+    # (fewer nodes than held: its own; more, on a cluster the queue grows: the nodes it will hold)
     shape = {"gpus_per_node": held[1], "cpus_per_node": held[2]}
     return cluster.model_copy(update={"nodes_expected": nodes, "grown": [], **shape})
 

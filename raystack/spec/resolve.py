@@ -60,7 +60,7 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
     occupies (a packed job plans on its own nodes); (None, None) for a Ray job without a plan."""
     if spec.plan is None and spec.kind != "spmd":
         return None, None
-    mine = occupied(cluster, spec.needs.model_dump(exclude_none=True))
+    mine = occupied(cluster, declared_needs(spec))
     processes = spmd_processes(spec, mine)
     planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
     return planned, processes

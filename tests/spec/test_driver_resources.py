@@ -27,3 +27,26 @@ def test_a_driver_asking_more_memory_than_a_node_gives_ray_is_refused_at_submit(
     fits = command_spec(["python", "x.py"], sets=["entrypoint_memory=8G"])
     assert resolve(fits, big, tmp_path, "command").entrypoint_memory == 8 * 2**30
     assert resolve(spec, CLUSTER, tmp_path, "command").entrypoint_memory == 1000 * 2**30  # (size unknown)
+
+
+def test_a_plan_of_more_nodes_than_held_is_laid_out_on_the_nodes_an_elastic_cluster_grows_to(
+    tmp_path: Path,
+) -> None:
+    """Issue 66: a GRPO plan's learners and engines are a demand the queue grows for. On a 1-node
+    cluster of 4 GPUs that grows to 3 (`--max-nodes 3`), a plan of 4 learners and 4 engines with
+    `needs.nodes: 2` is laid out on 2 nodes and waits for them; without max_nodes, or beyond it,
+    it is refused at submit as before."""
+    spec = command_spec(
+        ["python", "grpo.py", "{plan.flags}"],
+        sets=["plan.kind=grpo", "plan.learners=4", "plan.engines=4", "plan.tp=1", "needs.nodes=2"],
+    )
+    one = ClusterRecord(name="c", nodes_expected=1, gpus_per_node=4, cpus_per_node=72)
+    with pytest.raises(ConfigError, match=r"needs.nodes=2 but cluster 'c' has 1 node"):
+        resolve(spec, one, tmp_path, "command")
+    elastic = one.model_copy(update={"max_nodes": 3})
+    request = resolve(spec, elastic, tmp_path, "command")
+    assert request.needs == {"nodes": 2}
+    assert "--num_learners_per_node 2 2 --vllm_num_engines 4 " in (request.planned or ""), request.planned
+    too_big = command_spec(["python", "grpo.py"], sets=["needs.nodes=4"])
+    with pytest.raises(ConfigError, match=r"needs.nodes=4"):
+        resolve(too_big, elastic, tmp_path, "command")
