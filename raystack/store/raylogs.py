@@ -412,15 +412,30 @@ def gather(
             if folder is not None:
                 for w in _gather_host(folder, host_dir.name, attempts, out_dir):
                     found[(w.host, w.pid)] = w
+    recorded = _place_events(found, record, events or [], hosts or {})
+    for rel, texts in recorded.items():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out_dir / rel, "".join(texts))
+    ordered = by_error(list(found.values()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / INDEX, json.dumps([asdict(w) for w in ordered], indent=1))
+    return ordered
+
+
+def _place_events(
+    found: dict[tuple[str, int], WorkerLog], record: Any, events: list[dict[str, Any]], hosts: dict[str, str]
+) -> dict[str, list[str]]:
+    """The failures Ray recorded, onto the workers `found` (a new entry where none is): the
+    texts to keep per <host>/<actor>-<pid>.error file."""
     last = len(record.attempts)
     recorded: dict[str, list[str]] = {}
     # A local cluster binds to 127.0.0.1, and Ray may name its node by the machine's address:
     # there, every address is that one node.
-    loopback = [h for ip, h in (hosts or {}).items() if ip.startswith("127.")]
-    only = loopback[0] if len(set((hosts or {}).values())) == 1 and loopback else None
-    for event in events or []:
+    loopback = [h for ip, h in hosts.items() if ip.startswith("127.")]
+    only = loopback[0] if len(set(hosts.values())) == 1 and loopback else None
+    for event in events:
         ip = event.get("ip") or ""
-        host = (hosts or {}).get(ip) or only or ip or "unknown"
+        host = hosts.get(ip) or only or ip or "unknown"
         pid = int(event.get("pid") or 0)
         worker = found.get((host, pid)) or (None if pid else _only(found, host, str(event.get("actor"))))
         if worker is None:
@@ -443,13 +458,7 @@ def gather(
             worker.at = min(a for a in (at, worker.at) if a) if (at or worker.at) else None
         elif worker.error is None or (at and (worker.at is None or at < worker.at)):
             worker.error, worker.at = last_exception(text), at
-    for rel, texts in recorded.items():
-        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out_dir / rel, "".join(texts))
-    ordered = by_error(list(found.values()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / INDEX, json.dumps([asdict(w) for w in ordered], indent=1))
-    return ordered
+    return recorded
 
 
 def says_died(error: str | None) -> bool:
