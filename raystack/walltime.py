@@ -73,7 +73,7 @@ ENDINGS = {
     EndKind.PREEMPTED: (True, True),
     EndKind.DOWN: (False, False),
     EndKind.IDLE: (False, False),
-    EndKind.SCANCEL: (False, True),
+    EndKind.CANCELLED: (False, True),
     EndKind.CRASHED: (True, True),
     EndKind.HEAD_LOST: (True, True),
     EndKind.REQUEUED: (True, True),

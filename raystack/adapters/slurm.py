@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from raystack import slurmtime
+from raystack import durations
 from raystack.adapters.allocator import (
     Allocator,
     AllocInfo,
@@ -162,7 +162,7 @@ def parse_timestamp(text: str) -> int:
 def parse_duration(text: str) -> int:
     """SLURM's time limit as seconds; 0 for UNLIMITED, INVALID, N/A (anything not a time)."""
     try:
-        return slurmtime.seconds(text)
+        return durations.seconds(text)
     except ValueError:
         return 0
 
@@ -279,7 +279,7 @@ def parse_sinfo_time_limits(text: str, partition: str | None) -> tuple[str, int 
             if limit.lower() in ("infinite", "unlimited"):
                 return name, None
             try:
-                return name, slurmtime.seconds(limit)
+                return name, durations.seconds(limit)
             except ValueError:
                 return None
     return None

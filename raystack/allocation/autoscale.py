@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.leaving import nodes_of
+from raystack.durations import duration_text
 from raystack.errors import RayApiError, RaystackError
 from raystack.plan.topology import nodes_wanted, plural
-from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, ClusterState, Grown

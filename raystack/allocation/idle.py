@@ -16,7 +16,7 @@ from typing import Any
 
 from raystack.adapters.ray import Dashboard, ray_state
 from raystack.allocation.usage import sample_every
-from raystack.slurmtime import duration_text
+from raystack.durations import duration_text
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState, EndKind

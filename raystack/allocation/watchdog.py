@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raystack.adapters import ray as rayapi
+from raystack.durations import duration_text
 from raystack.errors import RaystackError
 from raystack.plan.feasible import Demand, fmt, why_infeasible
-from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import diagnosis, paths, stacks
 from raystack.store import progress as watched

@@ -195,7 +195,7 @@ def up(
     prof = prof.model_copy(update={"max_nodes": max_nodes}) if max_nodes else prof
     prof = site.apply(_with_canary(prof, "off" if no_canary else canary))
     wait_s = _timeout(timeout)
-    slurm_options = {
+    scheduler_options = {
         "time": time,
         "partition": partition,
         "account": account,
@@ -206,16 +206,16 @@ def up(
         "signal_lead": signal_lead,
     }
     if local_:
-        _refuse_slurm_options(nodes, {**slurm_options, **asdict(site), "max_nodes": max_nodes})
+        _refuse_scheduler_options(nodes, {**scheduler_options, **asdict(site), "max_nodes": max_nodes})
         _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, wait_s, (as_json, parsable))
         return
     if gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
-    plan = _plan_on_slurm(nodes, prof, name or "default", slurm_options)
-    _up_slurm(plan, dry_run, no_wait, wait_s, (as_json, parsable))
+    plan = _plan_on_scheduler(nodes, prof, name or "default", scheduler_options)
+    _up_on_scheduler(plan, dry_run, no_wait, wait_s, (as_json, parsable))
 
 
-def _plan_on_slurm(
+def _plan_on_scheduler(
     nodes: int, prof: Profile, name: str, options: Mapping[str, object]
 ) -> allocate.AllocationPlan:
     """The allocation `up` submits; where SLURM does not answer, the error says nothing was."""
@@ -269,7 +269,7 @@ def _with_canary(prof: Profile, mode: str | None) -> Profile:
     return prof.model_copy(update={"canary": mode.lower()})
 
 
-def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
+def _refuse_scheduler_options(nodes: int, options: Mapping[str, object]) -> None:
     """A --local cluster is one node without SLURM: name the first SLURM option given."""
     given = ["--nodes"] if nodes != 1 else []
     counts = ("gpus_per_node", "cpus_per_task")  # (0 is a value given)
@@ -286,7 +286,7 @@ def _refuse_slurm_options(nodes: int, options: Mapping[str, object]) -> None:
         raise ConfigError(f"{given[0]}: a --local cluster is one node without SLURM; {fix}")
 
 
-def _up_slurm(
+def _up_on_scheduler(
     plan: allocate.AllocationPlan, dry_run: bool, no_wait: bool, timeout: float | None, how: tuple[bool, bool]
 ) -> None:
     as_json, parsable = how

@@ -255,7 +255,7 @@ def submit(
     }
     extra = [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
     extra += runtime_env_sets(runtime_env, runtime_env_json)
-    extra += sbatch_sets(job_input, nodes, time, gpus, partition)
+    extra += letter_sets(job_input, nodes, time, gpus, partition)
     target = Cluster.get(cluster)
     given: dict[str, Any] = {"now": now, "sweeps": sweep, "after": after, "job_id": submission_id}
     jobs = target.submit_jobs(job_input, sets=[*extra, *(sets or [])], secrets=secret, **given)
@@ -265,7 +265,7 @@ def submit(
             exit_for(jobs[0].follow() if len(jobs) == 1 else _follow_many(jobs))
 
 
-def sbatch_sets(
+def letter_sets(
     job_input: str | list[str], nodes: int | None, time: str | None, gpus: int | None, partition: str | None
 ) -> list[str]:
     """sbatch's -N, -t and --gpus as --set overrides of the fields that mean them: -N is the

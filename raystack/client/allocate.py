@@ -18,11 +18,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from raystack import slurmtime
+from raystack import durations
 from raystack.adapters import local
 from raystack.adapters.allocator import Allocator, NodeShape, Request, Script, allocator
 from raystack.client.fits import why_refused, within
 from raystack.client.reconcile import settle
+from raystack.durations import duration_text, parse_duration
 from raystack.errors import (
     ClusterError,
     ConfigError,
@@ -31,7 +32,6 @@ from raystack.errors import (
     SchedulerMissing,
     SchedulerUnavailable,
 )
-from raystack.slurmtime import duration_text, parse_duration
 from raystack.spec import rayenv, sbatch
 from raystack.spec.profile import Profile, load_profile
 from raystack.store import cluster as records
@@ -137,7 +137,7 @@ def plan(
     rayenv.check_floor()
     _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes)
     name = paths.validate_name(name)
-    walltime = slurmtime.validate_time(time) if time else prof.time  # (the profile's: read at load)
+    walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = _links(prof.chain if chain is None else chain)
     lead, lead_note = _signal_lead(prof, signal_lead, walltime)
     gpus, cpus, mem, note = _node_size(
@@ -198,7 +198,7 @@ def _links(links: object) -> int:
 
 
 def _signal_lead(
-    prof: Profile, signal_lead: str | float | None, walltime: slurmtime.Walltime
+    prof: Profile, signal_lead: str | float | None, walltime: durations.Walltime
 ) -> tuple[float, str]:
     """Seconds before the walltime end at which SLURM warns (less than the walltime), and a note
     when the profile's own lead did not fit a short walltime (a quarter of it is used then)."""
@@ -331,7 +331,7 @@ def _within_time_limit(p: AllocationPlan, what: str) -> None:
         return
     if found is not None and found[1] is not None and p.walltime > found[1]:
         raise ConfigError(
-            f"{what} {p.time}: partition {found[0]} allows at most {slurmtime.slurm_text(found[1])} "
+            f"{what} {p.time}: partition {found[0]} allows at most {durations.dhms_text(found[1])} "
             "(sinfo); ask at most that, and add --chain N to run on across N allocations"
         )
 

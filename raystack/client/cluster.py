@@ -53,7 +53,7 @@ from raystack.waiting import REAL, Clock, until
 log = logging.getLogger("raystack")
 
 Progress = Callable[[str], None]
-SLURM_POLL_MIN, SLURM_POLL_MAX = 2.0, 10.0  # seconds between SLURM queries while waiting
+ASK_EVERY_MIN, ASK_EVERY_MAX = 2.0, 10.0  # seconds between asking the scheduler while waiting
 Strings = list[str]  # (inside Cluster, `list` is the classmethod: ids, GPU ids, --set items)
 JobRecords = list[JobRecord]
 Jobs = list[Job]
@@ -277,12 +277,12 @@ class Cluster:
         writes progress into the record itself).
         """
         say = progress or (lambda _msg: None)
-        last_slurm, interval = -1e9, SLURM_POLL_MIN
+        last_asked, interval = -1e9, ASK_EVERY_MIN
         last_said, estimate, unseen = "", PendingShown(), None
         now: list[ClusterRecord] = []
 
         def step() -> ClusterRecord | None:
-            nonlocal last_slurm, interval, last_said, unseen
+            nonlocal last_asked, interval, last_said, unseen
             record = records.read(self.name)
             if record.state is ClusterState.READY:  # (and its allocation still runs)
                 record = as_ended(record, pending_end(record))
@@ -291,11 +291,11 @@ class Cluster:
                     self.check_locks(record, say)
                 self.seen = record
                 return record
-            if clock.now() - last_slurm >= interval:
-                last_slurm = clock.now()
-                interval = min(interval * 1.5, SLURM_POLL_MAX)
+            if clock.now() - last_asked >= interval:
+                last_asked = clock.now()
+                interval = min(interval * 1.5, ASK_EVERY_MAX)
                 if record.state is ClusterState.STARTING:
-                    interval = SLURM_POLL_MAX
+                    interval = ASK_EVERY_MAX
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is AllocState.WAITING and estimate.moved(info):

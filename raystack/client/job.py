@@ -20,8 +20,8 @@ from typing import TextIO
 
 from raystack.client.access import live_dashboard
 from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pending_end
+from raystack.durations import duration_text
 from raystack.errors import ClusterError, RaystackError
-from raystack.slurmtime import duration_text
 from raystack.store import cluster as records
 from raystack.store import deps, paths, raylogs, stacks
 from raystack.store.ledger import JobRecord, JobState, read_job, set_aside, update_job

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 
 from raystack.adapters.allocator import AllocInfo, AllocState, allocator, asked
+from raystack.durations import duration_text
 from raystack.errors import SchedulerError
-from raystack.slurmtime import duration_text
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord
 

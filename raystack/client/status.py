@@ -10,8 +10,8 @@ from raystack.adapters.allocator import Allocator, AllocInfo, AllocState, alloca
 from raystack.adapters.nccl import canary_words
 from raystack.client.access import live_dashboard
 from raystack.client.pending import never_starts, nodes_out, unseen_output
+from raystack.durations import duration_text
 from raystack.errors import ClusterError, RayApiError
-from raystack.slurmtime import duration_text
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState, Grown, read_heartbeat
 from raystack.store.files import read_dict

@@ -25,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from raystack.durations import off_or_duration, parse_duration
 from raystack.errors import ConfigError
 from raystack.launch.launchers import misuse
-from raystack.slurmtime import off_or_duration, parse_duration
 from raystack.spec.planning import PLACEHOLDER, PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (

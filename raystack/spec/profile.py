@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from raystack.durations import Walltime, duration, off_or_duration, parse_duration
 from raystack.errors import ConfigError
-from raystack.slurmtime import Walltime, duration, off_or_duration, parse_duration
 from raystack.spec import sbatch
 from raystack.spec.values import Size, SpecModel, load_yaml, one_line_error, refuse_yes_no, validate_env
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raystack import slurmtime
+from raystack import durations
 from raystack.adapters.allocator import asked
+from raystack.durations import duration_text
 from raystack.errors import ConfigError
 from raystack.plan.topology import plural
-from raystack.slurmtime import duration_text
 from raystack.spec import rayenv, runtime_env
 from raystack.spec.job import (
     MAX_SWEEP,
@@ -156,7 +156,7 @@ def cluster_walltime(cluster: ClusterRecord) -> float | None:
     times = [o.removeprefix("--time=") for o in request.native if o.startswith("--time=")] if request else []
     for given in ([request.time] if request and request.time else []) + times:
         with contextlib.suppress(ValueError):
-            return float(slurmtime.duration(given))
+            return float(durations.duration(given))
     return None
 
 

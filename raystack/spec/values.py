@@ -1,5 +1,5 @@
 """Values shared by profiles and job specs: sizes, environments, and YAML loading (durations and
-SLURM times are raystack.slurmtime's, re-exported here). Every problem becomes one ConfigError
+SLURM times are raystack.durations's, re-exported here). Every problem becomes one ConfigError
 line naming the file, the field and the fix.
 """
 
@@ -17,8 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from raystack.errors import ConfigError
-from raystack.slurmtime import (  # noqa: F401 (the durations, read where values are)
+from raystack.durations import (  # noqa: F401 (the durations, read where values are)
     MAX_DURATION,
     OFF,
     ParsedText,
@@ -28,6 +27,7 @@ from raystack.slurmtime import (  # noqa: F401 (the durations, read where values
     time_to_seconds,
     validate_time,
 )
+from raystack.errors import ConfigError
 
 log = logging.getLogger("raystack")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -56,7 +56,7 @@ class EndKind(str, Enum):
     PREEMPTED = "preempted"
     DOWN = "down"  # raystack down
     IDLE = "idle"  # idle autostop
-    SCANCEL = "scancel"  # cancelled by hand or an administrator
+    CANCELLED = "scancel"  # cancelled by hand or an administrator
     CRASHED = "crashed"  # the head's node program could not go on, or Ray's head died under it
     HEAD_LOST = "head lost"  # a worker found the head's node program gone
     REQUEUED = "requeued"  # SLURM requeued it (scontrol requeue, a requeueing preemption): it runs again

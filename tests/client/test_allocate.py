@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack import slurmtime
+from raystack import durations
 from raystack.adapters.slurm import NodeShape
 from raystack.client import allocate
 from raystack.client.allocate import AllocationPlan
@@ -56,7 +56,7 @@ def tricky_plan() -> AllocationPlan:
         name="grpo-7b",
         home="/shared/it's home/.raystack",
         time=profile.time,
-        walltime=slurmtime.time_to_seconds(profile.time),
+        walltime=durations.time_to_seconds(profile.time),
         partition=profile.partition,
         account=profile.account,
         gpus_per_node=4,

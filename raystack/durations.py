@@ -1,4 +1,4 @@
-"""Durations and SLURM's time format, read one way everywhere: `--time` values a user writes, the
+"""Durations, read one way everywhere (SLURM's time forms among them): `--time` values a user writes, the
 time limits squeue prints, and every timeout, grace period and interval of a spec or profile.
 
 SLURM (sbatch(1), `--time`) takes "minutes", "minutes:seconds", "hours:minutes:seconds",
@@ -72,7 +72,7 @@ def duration(value: object) -> float:
     return total
 
 
-def slurm_text(secs: float) -> str:
+def dhms_text(secs: float) -> str:
     """A duration as SLURM's --time wants it: H:MM:SS, or D-HH:MM:SS from a day on (whole
     seconds, rounded up: SLURM would otherwise round a part minute down)."""
     s = math.ceil(secs)
@@ -107,7 +107,7 @@ class Walltime(ParsedText):
     def __new__(cls, value: str | float) -> Walltime:
         text = str(value).strip()
         seconds = parse_duration(value)
-        self = super().__new__(cls, text if FORMAT.fullmatch(text) else slurm_text(seconds))
+        self = super().__new__(cls, text if FORMAT.fullmatch(text) else dhms_text(seconds))
         self.seconds = round(seconds)
         return self
 
