@@ -25,6 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar
 
+from raystack.errors import ConfigError
 from raystack.store.cluster import ClusterRecord
 from raystack.waiting import REAL, Clock
 
@@ -194,6 +195,14 @@ class Allocator(ABC):
     @abstractmethod
     def render(self, script: Script) -> str:
         """The allocation script: `script.environment`, then one node program per node."""
+
+    def check_native(self, option: str, source: str = "", profile: bool = False) -> str:
+        """One option in the scheduler's own words (`up --sbatch`, a profile's `extra_sbatch`), as
+        it will be given: a ConfigError naming the fix where the scheduler has no such option or
+        raystack sets it itself. A backend without options of its own refuses every one."""
+        raise ConfigError(
+            f"{source or 'option'} {option!r}: the {self.backend} backend takes no options of its own"
+        )
 
     @abstractmethod
     def facts(self, env: Mapping[str, str]) -> NodeFacts | None:

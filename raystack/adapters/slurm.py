@@ -31,6 +31,7 @@ from raystack.adapters.allocator import (
     Script,
     register,
 )
+from raystack.adapters.slurm_options import check as check_option
 from raystack.adapters.slurm_script import options, render
 from raystack.errors import (
     AccountingDisabled,
@@ -451,6 +452,9 @@ class SlurmAllocator(Allocator):
     own_env = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
     SLOW_FAILURE = 5.0
     QUIET = 30.0
+
+    def check_native(self, option: str, source: str = "", profile: bool = False) -> str:
+        return check_option(option, source or "--sbatch", profile)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache: dict[str, tuple[float, AllocInfo | None]] = {}

@@ -32,7 +32,7 @@ from raystack.errors import (
     SchedulerMissing,
     SchedulerUnavailable,
 )
-from raystack.spec import rayenv, sbatch
+from raystack.spec import rayenv
 from raystack.spec.profile import Profile, load_profile
 from raystack.store import cluster as records
 from raystack.store import paths, tls
@@ -135,7 +135,7 @@ def plan(
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     rayenv.check_floor()
-    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes)
+    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes, prof.backend)
     name = paths.validate_name(name)
     walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = _links(prof.chain if chain is None else chain)
@@ -164,7 +164,10 @@ def plan(
         chain=links,
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
-        extra_sbatch=(*prof.extra_sbatch, *(sbatch.check(o) for o in extra_sbatch or [])),
+        extra_sbatch=(
+            *prof.extra_sbatch,
+            *(allocator(prof.backend).check_native(o) for o in extra_sbatch or []),
+        ),
         env=dict(prof.env),
         backend=prof.backend,
     )
@@ -176,6 +179,7 @@ def _check_counts(
     cpus_per_task: int | None,
     extra_sbatch: list[str] | None,
     max_nodes: int | None = None,
+    backend: str = "slurm",
 ) -> None:
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
@@ -186,7 +190,7 @@ def _check_counts(
     if cpus_per_task is not None and cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
     for option in extra_sbatch or []:
-        sbatch.check(option)
+        allocator(backend).check_native(option)
 
 
 def _links(links: object) -> int:

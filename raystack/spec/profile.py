@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from raystack.adapters.allocator import allocator
 from raystack.durations import Walltime, duration, off_or_duration, parse_duration
 from raystack.errors import ConfigError
-from raystack.spec import sbatch
 from raystack.spec.values import Size, SpecModel, load_yaml, one_line_error, refuse_yes_no, validate_env
 
 # The built-in profiles ship as package data: raystack/profiles (in a clone, a link to
@@ -306,9 +306,11 @@ class Profile(SpecModel):
 
     @field_validator("extra_sbatch")
     @classmethod
-    def _extra(cls, value: list[str]) -> list[str]:
+    def _extra(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """In the words of the profile's backend (`backend` is read before it)."""
+        backend = allocator(str(info.data.get("backend") or "slurm"))
         try:
-            return [sbatch.check(str(option), "", profile=True) for option in value]
+            return [backend.check_native(str(option), "", profile=True) for option in value]
         except ConfigError as exc:
             raise ValueError(str(exc).strip()) from None
 
