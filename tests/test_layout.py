@@ -224,7 +224,13 @@ if __name__ == "__main__":
 
 # Where a backend's own words may appear outside raystack/adapters/ (see docs/development.md, "A new
 # scheduler"): the local backend's plan (this machine's GPUs and CPUs) and nothing else.
-BACKEND_MODULES = {"raystack.adapters.slurm", "raystack.adapters.slurm_script", "raystack.adapters.local"}
+BACKEND_MODULES = {
+    "raystack.adapters.slurm",
+    "raystack.adapters.slurm_script",
+    "raystack.adapters.slurm_options",
+    "raystack.adapters.slurm_reasons",
+    "raystack.adapters.local",
+}
 MAY_USE_BACKEND = {"raystack.client.allocate": {"raystack.adapters.local"}}
 SCHEDULER_READS = re.compile(
     r"""(environ|env)(\.get\(|\[)["']SLURM_|\[["'](sbatch|squeue|scancel|scontrol|sinfo|sacct)["']"""

@@ -196,6 +196,15 @@ class Allocator(ABC):
     def render(self, script: Script) -> str:
         """The allocation script: `script.environment`, then one node program per node."""
 
+    def never_starts(self, info: AllocInfo) -> tuple[str, str] | None:
+        """(what it means, what to change) where the scheduler holds the allocation back for a
+        reason no amount of waiting clears (a limit per job, an account that is not valid)."""
+        return None
+
+    def waits_for_nodes_out(self, info: AllocInfo) -> bool:
+        """Whether it waits for nodes that are down or drained (then `nodes_out` says which)."""
+        return False
+
     def check_native(self, option: str, source: str = "", profile: bool = False) -> str:
         """One option in the scheduler's own words (`up --sbatch`, a profile's `extra_sbatch`), as
         it will be given: a ConfigError naming the fix where the scheduler has no such option or

@@ -32,6 +32,7 @@ from raystack.adapters.allocator import (
     register,
 )
 from raystack.adapters.slurm_options import check as check_option
+from raystack.adapters.slurm_reasons import NEVER_STARTS, NODES_OUT
 from raystack.adapters.slurm_script import options, render
 from raystack.errors import (
     AccountingDisabled,
@@ -455,6 +456,12 @@ class SlurmAllocator(Allocator):
 
     def check_native(self, option: str, source: str = "", profile: bool = False) -> str:
         return check_option(option, source or "--sbatch", profile)
+
+    def never_starts(self, info: AllocInfo) -> tuple[str, str] | None:
+        return NEVER_STARTS.get(info.reason)
+
+    def waits_for_nodes_out(self, info: AllocInfo) -> bool:
+        return info.reason.startswith(NODES_OUT)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache: dict[str, tuple[float, AllocInfo | None]] = {}

@@ -70,48 +70,31 @@ def unseen_output(name: str, info: AllocInfo | None, now: float) -> str | None:
     )
 
 
-# SLURM's reasons for a PENDING job that no amount of waiting clears (a limit per job, a name
-# that is not valid), and what to change; reasons that clear as other jobs end are not here.
-# (The names as slurm-wlm 22.05's libslurm spells them.)
-_TIME, _NODES = "a shorter --time, and --chain N", "fewer --nodes"
-_ASSOC = "(sacctmgr show assoc user=$USER)"
-NEVER_STARTS = {  # reason: (what it means, what to change)
-    "PartitionTimeLimit": ("the walltime is over the partition's limit (sinfo)", _TIME),
-    "QOSMaxWallDurationPerJobLimit": ("the walltime is over your QOS's limit", _TIME),
-    "AssocMaxWallDurationPerJobLimit": ("the walltime is over your account's limit", _TIME),
-    "PartitionNodeLimit": ("more nodes than the partition gives one job", _NODES),
-    "QOSMaxNodePerJobLimit": ("more nodes than your QOS gives one job", _NODES),
-    "AssocMaxNodePerJobLimit": ("more nodes than your account gives one job", _NODES),
-    "InvalidAccount": ("the account is not valid here", f"another --account {_ASSOC}"),
-    "InvalidQOS": ("the QOS is not valid here", f"another --qos {_ASSOC}"),
-    "BadConstraints": ("no node meets the constraint", "another --constraint (sinfo -o '%N %f')"),
-}
-
-
-def never_starts(name: str, info: AllocInfo | None) -> str | None:
+def never_starts(record: ClusterRecord, info: AllocInfo | None) -> str | None:
     """Why a PENDING allocation will never start, and the fix: `raystack down`, then up again
-    with what SLURM's reason asks; None while it may still start."""
-    if info is None or info.state is not AllocState.WAITING or info.reason not in NEVER_STARTS:
+    with what the scheduler's reason asks (its adapter knows them); None while it may still start."""
+    if info is None or info.state is not AllocState.WAITING:
         return None
-    why, fix = NEVER_STARTS[info.reason]
-    return f"it never starts ({why}): `raystack down {name}`, then up with {fix}"
-
-
-# SLURM's words for a job that waits for nodes that are down or drained (squeue's %r: 22.05 says
-# the second; others say ReqNodeNotAvail, UnavailableNodes:...).
-NODES_OUT = ("ReqNodeNotAvail", "Nodes required for job are DOWN, DRAINED")
+    found = allocator(record.backend).never_starts(info)
+    if found is None:
+        return None
+    why, fix = found
+    return f"it never starts ({why}): `raystack down {record.name}`, then up with {fix}"
 
 
 def nodes_out(record: ClusterRecord, info: AllocInfo | None) -> str | None:
     """Which of the partition's nodes are down or drained, when SLURM says only that a PENDING
     allocation waits for some, and how many can run jobs now; None otherwise (or sinfo silent)."""
-    if info is None or info.state is not AllocState.WAITING or not info.reason.startswith(NODES_OUT):
+    if info is None or info.state is not AllocState.WAITING:
+        return None
+    backend = allocator(record.backend)
+    if not backend.waits_for_nodes_out(info):
         return None
     request = asked(record)
     given = [o.partition("=")[2] for o in request.native if o.startswith("--partition=")] if request else []
     partition = request.queue if request and request.queue else given[-1] if given else None
     try:
-        found = allocator(record.backend).nodes_out(partition)
+        found = backend.nodes_out(partition)
     except SchedulerError:
         return None
     if not found or not found[1]:
@@ -133,6 +116,6 @@ def pending_line(record: ClusterRecord, info: AllocInfo) -> str:
     the fix where it never starts, or which nodes it waits for."""
     why = info.reason if info.reason not in ("", "None") else "not scheduled yet"
     when = expected_start(info.start_time, time.time(), countdown=False)
-    hint = never_starts(record.name, info) or nodes_out(record, info)
+    hint = never_starts(record, info) or nodes_out(record, info)
     hint = f"; {hint}" if hint else ""
     return f"{info.state_text} in SLURM (job {info.alloc_id}, reason: {why}){when}{hint}"

@@ -208,7 +208,7 @@ def shown_state(name: str, record: ClusterRecord, info: AllocInfo | None) -> tup
     if waits:
         return record.state.value, f"{record.message}; {waits}"
     if record.state is ClusterState.SUBMITTED:
-        hint = never_starts(name, info) or nodes_out(record, info) or unseen_output(name, info, time.time())
+        hint = never_starts(record, info) or nodes_out(record, info) or unseen_output(name, info, time.time())
         if hint:
             return record.state.value, f"{hint}; {record.message}"
     return record.state.value, record.message
