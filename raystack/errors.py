@@ -1,7 +1,7 @@
 """The exception hierarchy. Every message says what failed, what was involved, and what to do.
 
 The adapters translate what SLURM and Ray answer into these types once, where the answer
-arrives (adapters/slurm.py `_run`, adapters/ray.py `translate`); no caller reads an error's text
+arrives (adapters/slurm/ `_run`, adapters/ray.py `translate`); no caller reads an error's text
 to decide what to do. Model: httpx's exception hierarchy.
 
     RaystackError

@@ -39,7 +39,7 @@ def test_status_json_has_neutral_fields_and_the_old_ones_marked_deprecated() -> 
 
 
 def test_a_profiles_native_options_are_judged_by_its_own_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    """sbatch's option grammar lives in the SLURM adapter (adapters/slurm_options.py): a profile of
+    """sbatch's option grammar lives in the SLURM adapter (adapters/slurm/options.py): a profile of
     another scheduler is not told `sbatch has no option -l` (PBS's `-l select=2`); its backend
     judges. The other scheduler here is SLURM's allocator under another name, without a grammar."""
     from pydantic import ValidationError

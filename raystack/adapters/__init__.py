@@ -1,6 +1,6 @@
-"""The only code that talks to external systems: SLURM (slurm.py) and Ray's HTTP APIs (ray.py).
+"""The only code that talks to external systems: SLURM (slurm/) and Ray's HTTP APIs (ray.py).
 
-Importing the package registers both allocators (allocator.py's interface; slurm.py and
+Importing the package registers both allocators (allocator.py's interface; slurm/ and
 local.py implement it), so `allocator.allocator(backend)` always finds them.
 """
 

@@ -1,5 +1,5 @@
 """Where an allocation comes from, behind one interface any scheduler can sit behind: SLURM
-(adapters/slurm.py: sbatch, squeue, scontrol, scancel) or this machine (adapters/local.py:
+(adapters/slurm/: sbatch, squeue, scontrol, scancel) or this machine (adapters/local.py:
 `raystack up --local`, the node program started directly).
 
 The rest of raystack speaks only this module's words: a `Request` (nodes, GPUs and CPUs per node,

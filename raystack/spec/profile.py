@@ -114,7 +114,7 @@ class Profile(SpecModel):
     description: str = ""
     """One line about the site, shown by `raystack profiles`."""
     backend: str = "slurm"
-    """The scheduler that gives the allocations: `slurm` (adapters/slurm.py); a site's own adapter
+    """The scheduler that gives the allocations: `slurm` (adapters/slurm/); a site's own adapter
     registers another name (docs/development.md, "A new scheduler")."""
     partition: str | None = None
     """sbatch --partition (`up -p` overrides it)."""

@@ -31,9 +31,9 @@ from raystack.adapters.allocator import (
     Script,
     register,
 )
-from raystack.adapters.slurm_options import check as check_option
-from raystack.adapters.slurm_reasons import NEVER_STARTS, NODES_OUT
-from raystack.adapters.slurm_script import options, render
+from raystack.adapters.slurm.options import check as check_option
+from raystack.adapters.slurm.reasons import NEVER_STARTS, NODES_OUT
+from raystack.adapters.slurm.script import options, render
 from raystack.errors import (
     AccountingDisabled,
     AllocationEnding,

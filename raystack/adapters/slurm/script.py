@@ -1,6 +1,6 @@
 """A Request in SLURM's words: sbatch's options (and its dependency string), and the allocation
 script SLURM runs: the environment raystack gives, then one node program per node through srun.
-(adapters/slurm.py runs the commands; this module only writes them.)"""
+(adapters/slurm/__init__.py runs the commands; this module only writes them.)"""
 
 from __future__ import annotations
 
