@@ -135,7 +135,8 @@ def plan(
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     rayenv.check_floor()
-    _check_counts(nodes, gpus_per_node, cpus_per_task, extra_sbatch, prof.max_nodes, prof.backend)
+    _check_counts(nodes, gpus_per_node, cpus_per_task, prof.max_nodes)
+    native = [allocator(prof.backend).check_native(o) for o in extra_sbatch or []]  # (each once)
     name = paths.validate_name(name)
     walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = _links(prof.chain if chain is None else chain)
@@ -164,10 +165,7 @@ def plan(
         chain=links,
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
-        extra_sbatch=(
-            *prof.extra_sbatch,
-            *(allocator(prof.backend).check_native(o) for o in extra_sbatch or []),
-        ),
+        extra_sbatch=(*prof.extra_sbatch, *native),
         env=dict(prof.env),
         backend=prof.backend,
     )
@@ -177,9 +175,7 @@ def _check_counts(
     nodes: int,
     gpus_per_node: int | None,
     cpus_per_task: int | None,
-    extra_sbatch: list[str] | None,
     max_nodes: int | None = None,
-    backend: str = "slurm",
 ) -> None:
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ConfigError(f"--nodes: {nodes!r} is not a positive number of nodes; use e.g. --nodes 4")
@@ -189,8 +185,6 @@ def _check_counts(
         raise ConfigError(f"--gpus-per-node: {gpus_per_node} is negative; use 0 for CPU-only nodes")
     if cpus_per_task is not None and cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task: {cpus_per_task} is less than 1 CPU")
-    for option in extra_sbatch or []:
-        allocator(backend).check_native(option)
 
 
 def _links(links: object) -> int:

@@ -187,7 +187,7 @@ class Cluster:
 
     @property
     def paths(self) -> ClusterPaths:
-        """Every path of the cluster folder (logs, reports, ...)."""
+        """Every path of the cluster folder (logs, ledger, ...)."""
         return paths.cluster(self.name)
 
     def queue(self, every: bool = False) -> QueueView:

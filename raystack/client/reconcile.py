@@ -24,7 +24,7 @@ from raystack.store import cluster as records
 from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.ledger import JobRecord, JobState
-from raystack.store.queue import orphan_outcome
+from raystack.store.queue import orphan_outcome, stopped_at
 from raystack.walltime import Ending, classify, end_allocation, end_changes
 
 SPOOLED = re.compile(r"^\S*/slurm_script: ")  # SLURM runs a copy of the script from its spool
@@ -115,11 +115,11 @@ def job_as_ended(job: JobRecord, pending: PendingEnd | None) -> JobRecord:
         return job
     end = pending.end
     state, message = orphan_outcome(job, end.text, end.requeue, stopped=end.kind is EndKind.DOWN)
-    at = max(pending.at or time.time(), job.started or 0.0)
-    entry = {"state": state.value, "time": at, "message": message}
+    at = stopped_at(job, pending.at) or time.time()
+    shown = job.model_copy(update={"history": list(job.history)})  # (the history is appended to)
     ended = None if state is JobState.INTERRUPTED else at
-    changes = {"state": state, "message": message, "ended": ended, "history": [*job.history, entry]}
-    return job.model_copy(update=changes)
+    records.apply_changes(shown, {"state": state, "message": message, "ended": ended, "at": at})
+    return shown
 
 
 def settle(record: ClusterRecord, info: AllocInfo | None = None) -> ClusterRecord:

@@ -128,7 +128,6 @@ class ClusterPaths:
     job_logs: Path = field(init=False)
     ray_logs: Path = field(init=False)
     usage: Path = field(init=False)
-    reports: Path = field(init=False)
     corrupt: Path = field(init=False)
     runner_log: Path = field(init=False)
     heartbeat: Path = field(init=False)
@@ -156,7 +155,6 @@ class ClusterPaths:
             "job_logs": logs / "jobs",
             "ray_logs": logs / "ray",
             "usage": root / "usage",
-            "reports": root / "reports",
             "corrupt": root / "corrupt",
             "runner_log": logs / "queue-runner.log",
             "heartbeat": root / "head.beat",

@@ -407,6 +407,12 @@ def orphan_outcome(
     return (JobState.STOPPED if stopped else JobState.FAILED), message
 
 
+def stopped_at(record: JobRecord, at: float | None) -> float | None:
+    """When a job in flight stopped running, given when its allocation was last alive (`at`;
+    None: not known better than now): never before the job started."""
+    return max(at, record.started or 0.0) if at else None
+
+
 def settle_orphans(
     name: str,
     allocation: str | None,
@@ -439,7 +445,7 @@ def settle_orphans(
                 continue
             if not record.state.is_terminal():
                 state, message = orphan_outcome(record, reason, requeue, stopped)
-                when = max(at, record.started or 0.0) if at else None  # (never before it started)
+                when = stopped_at(record, at)
                 if state is JobState.INTERRUPTED:
                     _requeue(p, name, job_id, message, when)
                 else:
