@@ -21,7 +21,14 @@ spots). Between two looks, the job moved on this node when, in one of its proces
 - stack: a thread that ran so, caught running at two samples in a row (a look is a burst of up to
   BURST samples, taken only until something moved) with other functions in its stack.
 - files: a regular file a process holds open (not a log, nothing in the cluster folder: torch's
-  flight recorder dumps land there) changed its offset, or one was opened for writing.
+  flight recorder dumps land there) changed its offset, one it holds open for writing changed its
+  size or modification time, or one was opened for writing. (A checkpoint writer puts a tensor down
+  in one write call, or with pwrite, or through a memory map: the offset does not move while the
+  file grows.)
+- io: a thread of a process sleeps uninterruptibly (state D: it waits for storage) and the node
+  wrote back MIN_WRITEBACK a second or more of its page cache since the last look (a checkpoint
+  that rewrites a file waits, in its open, for the old pages to reach a slow disk: no frame, file
+  or counter of its own moves meanwhile). A process stuck on storage that died writes nothing back.
 - processes: a process of the job started or ended.
 - native (read only once the job did not move for QUIET_LOOKS looks: a native dump costs seconds):
   none of the above on this node, and a thread that ran while its Python frames did not move is
@@ -51,7 +58,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -67,7 +74,9 @@ SPY_TIMEOUT = 10.0  # seconds one py-spy dump may take
 RUN_SHARE, RUN_MIN = 0.01, 0.02  # a thread's CPU between looks (share of the time, seconds) that counts
 OPAQUE_SHARE = 0.05  # cores a process py-spy cannot read uses that count as moving (a compiler)
 GPU_MEMORY = 5.0  # % NVML memory utilisation of a GPU the job holds that counts as moving
+MIN_WRITEBACK = 256 << 10  # bytes a second the node writes back that count for a process in disk wait
 QUIET_LOOKS = 2  # looks without a move before native frames and GPUs are read (a native dump: 0.5-10 s)
+PAGE = os.sysconf("SC_PAGE_SIZE")
 BURST, BURST_GAP = 3, 0.1  # samples in one look of a busy process, and seconds between them
 MOST_FILES = 256  # open files looked at per process
 SUPERVISOR = "ray::JobSupervisor"
@@ -88,6 +97,15 @@ COMPUTE = re.compile(
 Frame = tuple[str, str, object]  # (function, file, its plain values, or its line where it has none)
 
 
+class Opened(NamedTuple):
+    """A regular file a process holds open, as one look saw it."""
+
+    offset: int
+    writing: bool  # open for writing
+    size: int = 0
+    mtime: int = 0  # ns
+
+
 @dataclass(frozen=True)
 class Thread:
     active: bool  # on a CPU when sampled
@@ -102,9 +120,10 @@ class Look:
     """One process at one look."""
 
     cpu: dict[int, float]  # OS thread id -> CPU seconds so far
-    files: dict[tuple[int, str], tuple[int, bool]]  # (fd, path) -> (offset, open for writing)
+    files: dict[tuple[int, str], Opened]  # (fd, path) -> the file as it was
     samples: list[Sample] = field(default_factory=list)  # the last burst that was taken
     readable: bool = True  # py-spy read it (a Python process)
+    disk_wait: bool = False  # one of its threads waited for storage (state D) at the look
 
     def used(self, before: Look) -> float:
         return sum(self.cpu.values()) - sum(before.cpu.values())
@@ -127,6 +146,7 @@ class JobProgress:
     why: str = ""  # the evidence of that move
     procs: int = 0
     opaque: int = 0  # processes py-spy could not read at the last look
+    written: int = 0  # the node's pages written back, at the last look
     error: str | None = None
     looks: dict[tuple[int, float], Look] = field(default_factory=dict)
 
@@ -163,10 +183,12 @@ def to_sample(dump: list[dict[str, Any]]) -> Sample:
     }
 
 
-def spy(exe: str, pid: int, native: bool = False) -> list[dict[str, Any]] | None:
+def spy(exe: str, pid: int, native: bool = False, pause: bool = True) -> list[dict[str, Any]] | None:
     """py-spy's JSON dump of one process (with variables, or with native frames); None when it
-    cannot be read (not Python, ptrace refused, gone)."""
+    cannot be read (not Python, ptrace refused, gone). `pause=False` reads it running: a process
+    with a thread in disk wait cannot be paused until its I/O ends (py-spy would wait for it)."""
     argv = [exe, "dump", "--json", "--native" if native else "--locals", "--pid", str(pid)]
+    argv += [] if pause else ["--nonblocking"]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=SPY_TIMEOUT)
         if out.returncode == 0:
@@ -198,11 +220,39 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return found
 
 
-def open_files(pid: int, skip: str) -> dict[tuple[int, str], tuple[int, bool]]:
-    """The regular files a process holds open, with their offsets: not its standard streams or
-    logs (output is the runner's to judge), nothing under `skip` (the cluster folder), /dev, /proc
-    or /sys."""
-    found: dict[tuple[int, str], tuple[int, bool]] = {}
+def disk_wait(pid: int) -> bool:
+    """Whether a thread of the process sleeps uninterruptibly (state D: waiting for storage)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "D":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def pages_written() -> int:
+    """The node's page-cache pages written back to storage since it booted (0: not known)."""
+    try:
+        with open("/proc/vmstat") as fh:
+            for line in fh:
+                if line.startswith("nr_written "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def open_files(pid: int, skip: str) -> dict[tuple[int, str], Opened]:
+    """The regular files a process holds open, with their offsets, sizes and times: not its
+    standard streams or logs (output is the runner's to judge), nothing under `skip` (the cluster
+    folder), /dev, /proc or /sys."""
+    found: dict[tuple[int, str], Opened] = {}
     try:
         fds = os.listdir(f"/proc/{pid}/fd")[:MOST_FILES]
     except OSError:
@@ -212,17 +262,16 @@ def open_files(pid: int, skip: str) -> dict[tuple[int, str], tuple[int, bool]]:
             continue
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if (
-                not target.startswith("/")
-                or target.startswith(("/dev/", "/proc/", "/sys/", skip))
-                or target.endswith(LOGS)
-                or not stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{fd}").st_mode)
-            ):
+            if not target.startswith("/") or target.startswith(("/dev/", "/proc/", "/sys/", skip)):
+                continue
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+            if target.endswith(LOGS) or not stat.S_ISREG(st.st_mode):
                 continue
             with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
                 info = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
-            flags = int(info.get("flags", "0").strip(), 8)
-            found[(int(fd), target)] = (int(info.get("pos", "0").strip()), flags & 3 in (1, 2))
+            writing = int(info.get("flags", "0").strip(), 8) & 3 in (1, 2)
+            pos = int(info.get("pos", "0").strip())
+            found[(int(fd), target)] = Opened(pos, writing, st.st_size, st.st_mtime_ns)
         except (OSError, ValueError):
             continue
     return found
@@ -241,9 +290,12 @@ def thread_moved(a: Thread, b: Thread) -> str | None:
 
 
 def files_moved(before: Look, now: Look) -> bool:
-    for key, (offset, writing) in now.files.items():
+    for key, file in now.files.items():
         old = before.files.get(key)
-        if (old is None and writing) or (old is not None and old[0] != offset):
+        if old is None:
+            if file.writing:
+                return True
+        elif old.offset != file.offset or (file.writing and (old.size, old.mtime) != (file.size, file.mtime)):
             return True
     return False
 
@@ -359,24 +411,33 @@ class ProgressProbe:
             p.error, p.samples = "py-spy not found: progress unknown (CPU use counts)", p.samples + 1
             return
         procs = {key: proc for proc in watched_processes(job) if (key := key_of(proc)) is not None}
-        looks = {key: Look(thread_cpu(key[0]), open_files(key[0], self.skip)) for key in procs}
+        looks = {
+            key: Look(thread_cpu(key[0]), open_files(key[0], self.skip), disk_wait=disk_wait(key[0]))
+            for key in procs
+        }
+        written = pages_written()
+        rate = (written - p.written) * PAGE / max(now_t - p.at, 1e-3)
+        wrote = bool(p.written) and rate >= MIN_WRITEBACK
         for key, look in looks.items():  # (what to compare with: the stacks last taken)
             old = p.looks.get(key)
             if old is not None:
                 look.samples, look.readable = old.samples, old.readable
             else:
-                dump = spy(exe, key[0])
+                dump = spy(exe, key[0], pause=not look.disk_wait)
                 look.samples, look.readable = ([to_sample(dump)], True) if dump is not None else ([], False)
-        why = self.judge(exe, p, looks, now_t - p.at) if p.samples else None
+        why = self.judge(exe, p, looks, now_t - p.at, wrote) if p.samples else None
         with self.lock:
             if why:
                 p.moved, p.why = time.time(), why
-            p.looks, p.procs, p.samples, p.at = looks, len(looks), p.samples + 1, now_t
+            p.looks, p.procs, p.samples, p.at, p.written = looks, len(looks), p.samples + 1, now_t, written
             p.opaque = sum(1 for look in looks.values() if not look.readable)
 
-    def judge(self, exe: str, p: JobProgress, looks: dict[tuple[int, float], Look], dt: float) -> str | None:
-        """The evidence that the job moved since the last look (None: nothing did). Processes are
-        read busiest first and only until one moved; a process that did not run is not dumped."""
+    def judge(
+        self, exe: str, p: JobProgress, looks: dict[tuple[int, float], Look], dt: float, wrote: bool = False
+    ) -> str | None:
+        """The evidence that the job moved since the last look (None: nothing did); `wrote`: the
+        node wrote back MIN_WRITEBACK a second since. Processes are read busiest first and only
+        until one moved; a process that did not run is not dumped."""
         if set(looks) != set(p.looks):
             return "processes"
         order = sorted(looks, key=lambda k: looks[k].used(p.looks[k]), reverse=True)
@@ -385,6 +446,8 @@ class ProgressProbe:
             before, now = p.looks[key], looks[key]
             if files_moved(before, now):
                 return "files"
+            if now.disk_wait and wrote:
+                return "io"
             busy = now.busy(before, dt)
             if not busy:
                 continue
@@ -407,7 +470,7 @@ class ProgressProbe:
         taken: list[Sample] = []
 
         def take(_n: int) -> str | None:
-            dump = spy(exe, pid)
+            dump = spy(exe, pid, pause=not now.disk_wait)
             if dump is None:
                 return ""  # (unreadable: no more tries)
             taken.append(to_sample(dump))

@@ -17,12 +17,15 @@ import pytest
 from raystack.allocation.progress import (
     JobProgress,
     Look,
+    Opened,
     ProgressProbe,
     Thread,
     computing,
+    disk_wait,
     files_moved,
     frame_key,
     open_files,
+    pages_written,
     thread_cpu,
     thread_moved,
     to_sample,
@@ -252,9 +255,57 @@ def test_open_files_and_their_offsets(home: Path, tmp_path: Path, processes: dic
     second = open_files(proc.pid, skip)
     assert files_moved(Look({}, first), Look({}, second))
     assert not files_moved(Look({}, second), Look({}, second))
-    assert files_moved(Look({}, {}), Look({}, {(3, "/x/new.pt"): (0, True)}))  # opened for writing
-    assert not files_moved(Look({}, {}), Look({}, {(3, "/x/data.bin"): (0, False)}))  # (a read: not yet)
+    assert files_moved(Look({}, {}), Look({}, {(3, "/x/new.pt"): Opened(0, True)}))  # opened for writing
+    read = {(3, "/x/data.bin"): Opened(0, False)}
+    assert not files_moved(Look({}, {}), Look({}, read))  # (a read: not yet)
     assert thread_cpu(proc.pid) and all(v >= 0 for v in thread_cpu(proc.pid).values())
+
+
+def test_a_file_written_without_moving_its_offset_moves(home: Path, tmp_path: Path, processes: dict) -> None:  # noqa: F811
+    """A checkpoint writer that puts its bytes down with pwrite (or in one long write call, or
+    through a memory map) leaves the file's offset where it was: its size and time move. A file
+    held open for writing that nobody writes does not."""
+    grows, rewritten, idle = tmp_path / "grows.bin", tmp_path / "rewritten.bin", tmp_path / "idle.bin"
+    code = (
+        "import os, time\n"
+        f"g = os.open({str(grows)!r}, os.O_WRONLY | os.O_CREAT)\n"
+        f"r = os.open({str(rewritten)!r}, os.O_RDWR | os.O_CREAT)\n"
+        f"i = os.open({str(idle)!r}, os.O_WRONLY | os.O_CREAT)\n"
+        "n = 0\nwhile True:\n    os.pwrite(g, b'x' * 4096, n * 4096)\n    os.pwrite(r, b'%08d' % n, 0)\n"
+        "    n += 1\n    time.sleep(0.05)\n"
+    )
+    proc = processes["start"]("pwrite", code)
+    time.sleep(0.5)
+    skip = str(paths.cluster("c").root)
+    first = open_files(proc.pid, skip)
+    time.sleep(0.3)
+    second = open_files(proc.pid, skip)
+    assert {p for _, p in second} == {str(grows), str(rewritten), str(idle)}, second
+    assert all(f.offset == 0 and f.writing for f in second.values()), second
+    for name in (grows, rewritten, idle):
+        only = (
+            {k: v for k, v in first.items() if k[1] == str(name)},
+            {k: v for k, v in second.items() if k[1] == str(name)},
+        )
+        assert files_moved(Look({}, only[0]), Look({}, only[1])) is (name != idle), (name, only)
+    read = {(3, "/x/data.bin"): Opened(0, False, 10, 1)}
+    grown = {(3, "/x/data.bin"): Opened(0, False, 20, 2)}
+    assert not files_moved(Look({}, read), Look({}, grown))  # (another grew a file it reads: not its move)
+
+
+def test_a_process_waiting_for_storage_moves_while_the_node_writes_back(home: Path) -> None:  # noqa: F811
+    """A checkpoint that rewrites a file waits in its open() for the old pages to reach the disk
+    (state D, nothing of its own moves): it moves while the node writes back, and not when the
+    storage it waits on writes nothing (a filesystem that died)."""
+    probe = probe_of(["j"])
+    key = (1, 0.0)
+    p = probe.jobs["j"]
+    p.looks, p.moved = {key: Look({1: 1.0}, {})}, time.time()
+    waits, runs = Look({1: 1.0}, {}, disk_wait=True), Look({1: 1.0}, {})
+    assert probe.judge("py-spy", p, {key: waits}, 3.0, wrote=True) == "io"
+    assert probe.judge("py-spy", p, {key: waits}, 3.0, wrote=False) is None
+    assert probe.judge("py-spy", p, {key: runs}, 3.0, wrote=True) is None  # (others' writes are not its move)
+    assert disk_wait(os.getpid()) is False and pages_written() > 0
 
 
 def test_a_thread_must_have_run_for_its_values_to_count() -> None:
@@ -268,3 +319,52 @@ def test_a_thread_must_have_run_for_its_values_to_count() -> None:
 def test_a_job_never_seen_moving_has_no_evidence() -> None:
     assert JobProgress(1.0).row("node1") == {"host": "node1", "n": 0, "moved": 0.0, "procs": 0}
     assert os.environ.get("RAYSTACK_JOB_ID") is None  # (the test process itself is no job's)
+
+
+def throttled_cgroup(folder: Path, rate: int) -> Path | None:
+    """A blkio cgroup (v1) whose reads and writes to `folder`'s disk go at `rate` bytes a second;
+    None where there is none to make (not root, no blkio hierarchy, a folder on no block device)."""
+    dev = os.stat(folder).st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    root = Path("/sys/fs/cgroup/blkio")
+    if os.geteuid() != 0 or not block.exists() or not (root / "tasks").exists():
+        return None
+    disk = (block / "..").resolve() if (block / "partition").exists() else block
+    group = root / f"raystack-test-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        for name in ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device"):
+            (group / name).write_text(f"{(disk / 'dev').read_text().strip()} {rate}\n")
+    except OSError:
+        return None
+    return group
+
+
+def test_a_checkpoint_rewritten_on_a_slow_disk_is_never_quiet_for_long(
+    home: Path,  # noqa: F811
+    tmp_path: Path,
+    processes: dict,
+) -> None:
+    """For real, on a disk throttled to 2 MB/s: a loop that rewrites a 16 MiB file spends most of
+    its time in its open(), waiting for the old pages to be written (state D); every few seconds
+    the probe finds it moving ('io' among the evidence), as the watchdog needs to leave it alone."""
+    group = throttled_cgroup(tmp_path, 2 << 20)
+    if group is None:
+        pytest.skip("needs root and a blkio cgroup for a folder on a block device")
+    target = tmp_path / "step.pt"
+    code = (
+        f"import os\nopen('{group}/tasks', 'w').write(str(os.getpid()))\nblob = b'x' * (16 << 20)\n"
+        f"while True:\n    with open({str(target)!r}, 'wb') as fh:\n        fh.write(blob)\n"
+    )
+    try:
+        processes["start"]("slowdisk", code)
+        probe = probe_of(["slowdisk"])
+        found = looked(probe, ["slowdisk"], 16, every=1.0)["slowdisk"]
+    finally:
+        for proc in processes["all"].values():
+            proc.kill()
+            proc.wait()
+        group.rmdir()
+    assert "io" in found, found
+    quiet = max(len(run) for run in "".join("x" if why else "." for why in found[2:]).split("x"))
+    assert quiet <= 4, found  # (looks ~1.5 s apart: never 6 s without evidence)
