@@ -30,16 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS, publish
 
-from raystack.allocation import duties as node_duties
-from raystack.allocation import head as head_mod
-from raystack.allocation import worker as worker_mod
-from raystack.allocation.context import NodeContext
-from raystack.allocation.duties import GpuReport, Heartbeat
-from raystack.allocation.idle import IdleWatch
-from raystack.allocation.logsync import LogSync
-from raystack.allocation.stacks import StackRequests
-from raystack.allocation.usage import UsageSampler
-from raystack.allocation.watchdog import Watchdog
+from raystack.allocation.elastic.idle import IdleWatch
+from raystack.allocation.head import program as head_mod
+from raystack.allocation.node import duties as node_duties
+from raystack.allocation.node import worker as worker_mod
+from raystack.allocation.node.context import NodeContext
+from raystack.allocation.node.duties import GpuReport, Heartbeat
+from raystack.allocation.node.logsync import LogSync
+from raystack.allocation.node.usage import UsageSampler
+from raystack.allocation.watchdog.stacks import StackRequests
+from raystack.allocation.watchdog.verdict import Watchdog
 from raystack.store import cluster as records
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, ClusterState

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from _report import publish  # noqa: E402
 
-from raystack.allocation.logsync import LogSync  # noqa: E402
+from raystack.allocation.node.logsync import LogSync  # noqa: E402
 from raystack.store import cluster as clusters  # noqa: E402
 from raystack.store import paths, raylogs  # noqa: E402
 

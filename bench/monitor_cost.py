@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 from _report import publish  # noqa: E402
 
-from raystack.allocation.usage import UsageSampler  # noqa: E402
+from raystack.allocation.node.usage import UsageSampler  # noqa: E402
 from raystack.client import report  # noqa: E402
 from raystack.store import cluster as clusters  # noqa: E402
 from raystack.store import paths  # noqa: E402

@@ -105,7 +105,7 @@ def tls_env(home: Path) -> dict[str, str]:
 
 
 def run_arm(use_tls: bool, args: argparse.Namespace, home: Path) -> dict:
-    from raystack.allocation.raystart import TLS_CONNECTIONS
+    from raystack.allocation.node.raystart import TLS_CONNECTIONS
     from raystack.store.tls import RAY_VARIABLES
 
     env = {k: v for k, v in os.environ.items() if k not in RAY_VARIABLES}

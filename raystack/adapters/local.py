@@ -125,7 +125,7 @@ def stop(alloc_id: str, sig: int = signal.SIGTERM) -> None:
 
 
 def temp_prefix(alloc_id: str, scratch: Path) -> Path:
-    """The start of the name of Ray's temp folder of a local allocation (allocation/context.py
+    """The start of the name of Ray's temp folder of a local allocation (allocation/node/context.py
     adds mkdtemp's random part): short, as Ray's Unix socket paths inside it are limited."""
     return scratch / f"rs-local-{alloc_id.rsplit('-', 1)[-1]}"
 

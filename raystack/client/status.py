@@ -216,7 +216,7 @@ def shown_state(name: str, record: ClusterRecord, info: AllocInfo | None) -> tup
 
 def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
     """What the live queue runner of a READY cluster's allocation wrote under `key` beside its
-    heartbeat (allocation/lease.py: "failing", "waiting"); None if nothing, or not live."""
+    heartbeat (allocation/runner/lease.py: "failing", "waiting"); None if nothing, or not live."""
     if record.state is not ClusterState.READY:
         return None
     lease = read_dict(paths.cluster(name).runner_lease)
@@ -230,7 +230,7 @@ def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
 
 def runner_failing(name: str, record: ClusterRecord) -> str | None:
     """Why the queue does not move, when the live queue runner of this allocation has failed
-    every pass for a minute or more (allocation/lease.py writes it); else None."""
+    every pass for a minute or more (allocation/runner/lease.py writes it); else None."""
     failing = runner_says(name, record, "failing")
     if failing is None:
         return None
@@ -243,7 +243,7 @@ def runner_failing(name: str, record: ClusterRecord) -> str | None:
 
 def runner_waiting(name: str, record: ClusterRecord) -> str | None:
     """Why the next job does not start, when the live queue runner has waited for 30 s or more
-    for an ended job's actors, placement groups or GPUs to be released (allocation/lease.py
+    for an ended job's actors, placement groups or GPUs to be released (allocation/runner/lease.py
     writes it); else None."""
     waiting = runner_says(name, record, "waiting")
     if waiting is None:

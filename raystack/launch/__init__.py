@@ -14,7 +14,7 @@ SUBMIT_DIR_ENV = "RAYSTACK_SUBMIT_DIR"
 # driver's environment).
 SECRETS_ENV = "RAYSTACK_SECRETS"
 SECRET_NAMES_ENV = "RAYSTACK_SECRET_NAMES"
-# The node's private temp folder (allocation/raystart.py gives it to every Ray process of a node;
-# removed at the cluster's end, or by the next start on the node: allocation/tempsweep.py): what
+# The node's private temp folder (allocation/node/raystart.py gives it to every Ray process of a node;
+# removed at the cluster's end, or by the next start on the node: allocation/node/tempsweep.py): what
 # the launchers write on a node (unpacked working_dirs, the ranks' log files) goes there.
 NODE_TMP_ENV = "RAYSTACK_NODE_TMP"

@@ -4,7 +4,7 @@ A `kind: spmd` job's driver used to start one launcher actor per node: a new Ray
 node, which costs seconds (a python, `import ray`, a runtime_env's setup) before torchrun can
 start: 4.8 s of an 18 s launch on the testbed, 3.8-4.8 s on an H100 node. So the cluster keeps
 one idle, detached `LaunchHost` actor per node (zero CPUs, zero GPUs, niceness 0), made by the
-warm-up job during `up` (allocation/warmup.py); a driver whose job fits takes them:
+warm-up job during `up` (allocation/head/warmup.py); a driver whose job fits takes them:
 
 * its placement group still reserves every node's CPUs and GPUs (Ray's accounting and the
   queue's are unchanged: nothing else is given them); once placed, the host of each bundle's node

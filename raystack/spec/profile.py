@@ -32,7 +32,7 @@ RESERVED_ENV = (
     "RAYSTACK_OUTPUT_",
     "RAYSTACK_CHAIN_",
 )
-CANARY_MODES = ("auto", "strict", "off")  # the interconnect canary (allocation/canary.py)
+CANARY_MODES = ("auto", "strict", "off")  # the interconnect canary (allocation/head/canary.py)
 
 
 class Caps(SpecModel):
@@ -265,7 +265,7 @@ class Profile(SpecModel):
         return value
 
     def node_env(self) -> dict[str, str]:
-        """How the profile reaches the node programs and the queue runner (allocation/context.py
+        """How the profile reaches the node programs and the queue runner (allocation/node/context.py
         reads it back): exported by the launch script, before the profile's own env."""
         folder_cap = self.folder_cap.bytes if self.folder_cap else 0
         optional = {

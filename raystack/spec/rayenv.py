@@ -6,7 +6,7 @@ protocol error, a job PENDING until Ray's setup timeout). raystack refuses it wi
   pip list of a conda environment given as a mapping) that the cluster's Ray does not satisfy;
   the `ray` of a uv project's uv.lock, for a job run with `uv run`; a runtime_env py_executable
   that is a file here (the shared filesystem), asked for its Ray;
-* at start, on the head node (allocation/pipcheck.py), for what only a node can tell: a
+* at start, on the head node (allocation/runner/pipcheck.py), for what only a node can tell: a
   py_executable not found here, or a conda environment by name.
 
 A requirement that leaves `ray` unpinned (`pip: [ray]`) is no conflict: the cluster's Ray

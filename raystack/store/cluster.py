@@ -165,14 +165,14 @@ class ClusterRecord(BaseModel):
     allocations: list[Allocation] = Field(default_factory=list)  # one entry per allocation run
     grown: list[Grown] = Field(default_factory=list)  # further allocations of workers (`raystack grow`)
     max_nodes: int | None = None  # the queue grows the cluster up to this many nodes (`up --max-nodes`)
-    scaling: str | None = None  # what growing it waits for now (allocation/autoscale.py)
+    scaling: str | None = None  # what growing it waits for now (allocation/elastic/autoscale.py)
     # How messages name it; `raystack check --profile` judges a job against the cluster a profile
     # would make, which is no cluster of its own name. Never written.
     described: str | None = Field(default=None, exclude=True)
     idle_timeout: float | None = None  # seconds idle after which the head ends the cluster
     idle_since: float | None = None  # epoch seconds: idle since then (None: busy, or not READY)
     prometheus: str | None = None  # the head's Prometheus as the head reaches it (metrics on)
-    canary: dict[str, Any] | None = None  # the interconnect canary at READY (allocation/canary.py)
+    canary: dict[str, Any] | None = None  # the interconnect canary at READY (allocation/head/canary.py)
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
     history: list[dict[str, Any]] = Field(default_factory=list)  # state changes with times

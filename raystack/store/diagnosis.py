@@ -2,7 +2,7 @@
 collective, which never arrived, and what PyTorch's flight recorder saw.
 
 Two kinds of evidence, both in logs/jobs/<id>/:
-  stacks/<host>-<pid>.txt   one process's `py-spy dump` (allocation/stacks.py), after a header
+  stacks/<host>-<pid>.txt   one process's `py-spy dump` (allocation/watchdog/stacks.py), after a header
                             line `# pid 820 rank 0/2 python: <command>` (rank when it has one)
   flight/rank_<r>           torch's flight recorder of rank r (a pickle of plain data: its last
                             collectives per process group, with their sequence numbers and states),

@@ -1,7 +1,7 @@
 """What keeps a cluster folder from growing without bound (profile `folder_cap`).
 
 Each allocation adds copies of Ray's logs (capped per node: store/raylogs.py) and usage samples;
-each job adds its driver log (capped: allocation/logtail.py) and its gathered worker logs. A
+each job adds its driver log (capped: allocation/runner/logtail.py) and its gathered worker logs. A
 chain of allocations that runs for weeks would fill a quota, so the head prunes at its start
 and every hour: the oldest earlier allocation's copies of Ray's logs go first, then its usage
 samples and Prometheus log, then the gathered worker logs of the jobs that ended longest ago.

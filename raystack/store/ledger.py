@@ -137,7 +137,7 @@ class JobRecord(BaseModel):
     fault: str | None = None  # "infeasible" or "hung": why raystack stopped it (never retried)
     suspected: float | None = None  # (wall) since when it showed no progress, while a hang is suspected
     evicted: str | None = None  # why its nodes leave the cluster: stopped, then requeued (shrink)
-    # Its environment, made while the job before it ran (allocation/prepare.py): what, where, how long.
+    # Its environment, made while the job before it ran (allocation/runner/prepare.py): what, where, how long.
     prepared: str | None = None
     # How the queue went from the job before it to this one (it waited while that one ran), as
     # wall-clock times: that job's end in Ray (`ended`), seen by the runner (`seen`), its log and

@@ -1,6 +1,6 @@
 """Which jobs the nodes watch for progress (their processes' Python stacks), asked through the
-cluster folder by the queue runner's hang watchdog (allocation/watchdog.py) and answered by every
-node program in its usage samples (allocation/progress.py).
+cluster folder by the queue runner's hang watchdog (allocation/watchdog/verdict.py) and answered by every
+node program in its usage samples (allocation/watchdog/progress.py).
 
     logs/progress.request    {job id: seconds between two stack samples}: written whole by the
                              queue runner when the set of jobs in flight with a hang_timeout

@@ -2,7 +2,7 @@
 
 Each node program copies its node's Ray log folder (raylet, GCS, dashboard, the workers'
 worker-*.out/err and python-core-worker-*.log) into logs/ray/<host>/ while it runs and once more
-at teardown (allocation/logsync.py). This module holds what both sides share: the capped copy of
+at teardown (allocation/node/logsync.py). This module holds what both sides share: the capped copy of
 one file, reading a copy back, and a job's view (its actors' worker logs, found by the job's Ray
 id in their file names, gathered under logs/jobs/<id>/ with the first error line among them).
 

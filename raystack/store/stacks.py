@@ -3,7 +3,7 @@ runner before it stops a hung job).
 
     logs/stacks.request                {job id: time asked}: every node program looks at it every
                                        second (one stat) and dumps the Python stacks of that job's
-                                       processes on its node (allocation/stacks.py)
+                                       processes on its node (allocation/watchdog/stacks.py)
     logs/jobs/<id>/stacks/<host>-<pid>.txt   one process's dump (py-spy), with a header line
     logs/jobs/<id>/stacks/.done-<host>       the node's answer: {"asked": t, "count": n}
     logs/jobs/<id>/stacks/earlier/<host>-<pid>-<time>.txt   a dump a later request replaced (a

@@ -1,5 +1,5 @@
 """The usage samples in the cluster folder (usage/<alloc_id>-<host>.jsonl, appended by each node
-program's sampler: allocation/usage.py), read back by `raystack report` and `top`."""
+program's sampler: allocation/node/usage.py), read back by `raystack report` and `top`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The queue asking for nodes (allocation/autoscale.py): how many it wants, one grow at a time
+"""The queue asking for nodes (allocation/elastic/autoscale.py): how many it wants, one grow at a time
 within max_nodes, what `status` and `queue` say meanwhile, idle grown nodes released."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation.autoscale import Autoscale, wanted
+from raystack.allocation.elastic.autoscale import Autoscale, wanted
 from raystack.store import cluster as records
 from raystack.store import queue
 from raystack.store.cluster import ClusterRecord, ClusterState

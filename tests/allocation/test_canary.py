@@ -1,4 +1,4 @@
-"""The interconnect canary's verdict at READY (allocation/canary.py): what the profile expects of
+"""The interconnect canary's verdict at READY (allocation/head/canary.py): what the profile expects of
 the fabric against what NCCL used; the all-reduce itself runs on the GPU machine (tests/gpu)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import canary
-from raystack.allocation.context import NodeContext
+from raystack.allocation.head import canary
+from raystack.allocation.node.context import NodeContext
 from raystack.errors import RaystackError
 
 SOCKETS = {

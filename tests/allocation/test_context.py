@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters import slurm
-from raystack.allocation import rayproc, raystart
-from raystack.allocation.context import NodeContext
+from raystack.allocation.node import rayproc, raystart
+from raystack.allocation.node.context import NodeContext
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from raystack.allocation.endwatch import FAST, EndWatch, drivers
+from raystack.allocation.runner.endwatch import FAST, EndWatch, drivers
 
 # A stand-in for Ray's supervisor actor: its process title, the job's env var, two children.
 SUPERVISOR = (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.idle import IdleWatch
+from raystack.allocation.elastic.idle import IdleWatch
 from raystack.errors import ClusterError
 from raystack.spec.values import duration_text
 from raystack.store import cluster as clusters

@@ -1,4 +1,4 @@
-"""A grown allocation leaving (allocation/leaving.py): drained through Ray's GCS once, released when
+"""A grown allocation leaving (allocation/elastic/leaving.py): drained through Ray's GCS once, released when
 its nodes run nothing or its deadline has passed; the head's own nodes are never drained."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation.leaving import Leaving
+from raystack.allocation.elastic.leaving import Leaving
 from raystack.store import cluster as records
 
 
@@ -199,7 +199,7 @@ def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: s
     lost its work with it; one whose work was on the head's nodes, or whose node died while its
     allocation runs on (a crash of its own), did not."""
     from raystack.adapters import slurm
-    from raystack.allocation.leaving import lost_with
+    from raystack.allocation.elastic.leaving import lost_with
 
     record, ray = records.read(cluster), DeadRay()
     found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""A leftover of an ended job that holds GPU memory is ended by its node (allocation/duties.py):
+"""A leftover of an ended job that holds GPU memory is ended by its node (allocation/node/duties.py):
 vLLM's engine core outlived its SIGKILLed engine actor on the GPU machine and kept its memory.
 Real processes here; which of them hold GPU memory is what nvidia-smi would say."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from raystack.allocation.duties import end_leftovers
+from raystack.allocation.node.duties import end_leftovers
 from raystack.store import queue
 from raystack.store.ledger import JobRequest, JobState, update_job
 from tests.allocation.test_runner import home  # noqa: F401 (the fixture)

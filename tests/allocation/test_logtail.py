@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from raystack.allocation import logtail
-from raystack.allocation.logtail import LogTail
+from raystack.allocation.runner import logtail
+from raystack.allocation.runner.logtail import LogTail
 from raystack.store import raylogs
 
 

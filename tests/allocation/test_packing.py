@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation import pipcheck
-from raystack.allocation.schedule import BACKFILL, Board, Want, choose
+from raystack.allocation.runner import pipcheck
+from raystack.allocation.runner.schedule import BACKFILL, Board, Want, choose
 from raystack.launch import PIN_DIR
 from raystack.plan.topology import nodes_wanted
 from raystack.store import queue

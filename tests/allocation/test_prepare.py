@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack.adapters.ray import Dashboard
-from raystack.allocation.prepare import PREFIX, Preparer, wanted
+from raystack.allocation.runner.prepare import PREFIX, Preparer, wanted
 from raystack.store.ledger import read_job
 from raystack.waiting import FakeClock
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.context import NodeContext, private_temp_dir
+from raystack.allocation.node.context import NodeContext, private_temp_dir
 from raystack.client.cluster import loopback_for
 from raystack.errors import RaystackError
 

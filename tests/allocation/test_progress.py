@@ -1,4 +1,4 @@
-"""Progress, not busyness (allocation/progress.py): the node's probe looks at real processes (their
+"""Progress, not busyness (allocation/watchdog/progress.py): the node's probe looks at real processes (their
 threads' CPU, py-spy's stacks with their variables, their open files) and tells a loop that works
 from one that spins in place, sleeps, or retries a check. The whole corpus of healthy and hung
 programs runs as jobs in tests/testbed/test_hangs.py; here, the rule's parts one by one."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.progress import (
+from raystack.allocation.watchdog.progress import (
     JobProgress,
     Look,
     Opened,
@@ -30,7 +30,7 @@ from raystack.allocation.progress import (
     thread_moved,
     to_sample,
 )
-from raystack.allocation.stacks import py_spy
+from raystack.allocation.watchdog.stacks import py_spy
 from raystack.store import paths
 from raystack.store import progress as store
 from tests.allocation.test_runner import home  # noqa: F401 (the fixture)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import rayproc
+from raystack.allocation.node import rayproc
 
 
 class Kernel:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation.drain import Drain
-from raystack.allocation.runner import TICK, Runner
+from raystack.allocation.runner.drain import Drain
+from raystack.allocation.runner.loop import TICK, Runner
 from raystack.errors import AlreadyExists, RayApiError
 from raystack.spec.planning import PlanSpec, substitute
 from raystack.store import cluster as clusters
@@ -533,7 +533,7 @@ def test_passes_failing_for_a_minute_are_said_by_status_until_one_succeeds(
     """CI at 1cf33c8: every pass failed for 15 minutes on one job's misread 404, and nothing but
     the runner's log said why the queue did not move. Now the lease carries it, and `raystack
     status` shows DEGRADED with the error (here FAILING and BEAT are 0: no minute to wait)."""
-    from raystack.allocation import lease as leases
+    from raystack.allocation.runner import lease as leases
     from raystack.client.status import DEGRADED, shown_state
 
     monkeypatch.setattr(leases, "FAILING", 0.0)
@@ -612,7 +612,7 @@ def test_a_failure_of_every_pass_is_logged_once_a_minute_with_its_count(
 def test_a_wait_that_ends_leaves_the_lease_at_once(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CI: `status` still said "the next job waits for job X" after the next job had run, until
     the next heartbeat (BEAT seconds). A wait or a failure that ends is written at once."""
-    from raystack.allocation import lease as leases
+    from raystack.allocation.runner import lease as leases
 
     monkeypatch.setattr(leases, "WAITING", 0.0)
     monkeypatch.setattr(leases, "FAILING", 0.0)
@@ -632,7 +632,7 @@ def test_the_allocations_first_runner_starts_before_ready_and_holds_nothing_back
     """The head starts the queue runner while it warms the cluster up; the runner takes its first
     pass once the record says READY, and the allocation's first runner has no job before it whose
     resources it must see released (that check held every new cluster's first job ~1 s)."""
-    from raystack.allocation.runner import FIRST_VAR
+    from raystack.allocation.runner.loop import FIRST_VAR
 
     assert (
         Runner("c", api=FakeApi(), allocation="100", resources_free=Free()).drain is not None
@@ -669,7 +669,7 @@ def test_the_runner_warms_its_submit_path_again_until_the_jobs_api_answers(
 ) -> None:
     """Started before the Jobs API answers (on the testbed it did not, yet): the warm-up of its
     own first submit is tried again every 0.5 s until it works, and not after."""
-    from raystack.allocation.runner import FIRST_VAR
+    from raystack.allocation.runner.loop import FIRST_VAR
     from raystack.waiting import FakeClock
 
     monkeypatch.setenv(FIRST_VAR, "1")

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raystack.allocation.stacks import dump, dump_job, py_spy
+from raystack.allocation.watchdog.stacks import dump, dump_job, py_spy
 from raystack.store import cluster as clusters
 from raystack.store import stacks as store
 
@@ -66,7 +66,7 @@ def test_a_failed_py_spy_dump_is_tried_again_and_a_last_failure_says_why(tmp_pat
 def test_each_rank_still_reading_its_flight_recorder_pipe_is_asked(tmp_path: Path) -> None:
     """A rank's pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + .pipe) gets a byte and its dump
     file is waited for; a rank whose pipe nobody reads any more is not waited for."""
-    from raystack.allocation.stacks import ask_flight_recorders
+    from raystack.allocation.watchdog.stacks import ask_flight_recorders
 
     reader = (
         "import os, sys, time; p = sys.argv[1]; os.mkfifo(p); fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK); "

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from raystack.adapters import slurm
-from raystack.allocation import head as head_mod
-from raystack.allocation import worker
-from raystack.allocation.context import NodeContext
-from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat
-from raystack.allocation.gpus import parse_compute_apps
-from raystack.allocation.rayproc import why_ray_ended
+from raystack.allocation.head import program as head_mod
+from raystack.allocation.node import worker
+from raystack.allocation.node.context import NodeContext
+from raystack.allocation.node.duties import FolderWatch, GpuReport, Heartbeat
+from raystack.allocation.node.gpus import parse_compute_apps
+from raystack.allocation.node.rayproc import why_ray_ended
 from raystack.store import cluster as clusters
 from raystack.store import paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
@@ -163,7 +163,7 @@ def test_the_heartbeat_is_rewritten_in_place(home: Path) -> None:
 
 
 def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raystack.allocation import duties
+    from raystack.allocation.node import duties
 
     writes: list[dict] = []
     monkeypatch.setattr(duties, "real_gpus", lambda: True)
@@ -188,7 +188,7 @@ def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: p
 def test_gpus_are_asked_through_nvml_where_it_loads_else_through_nvidia_smi(home: Path) -> None:
     """No NVIDIA driver here: NVML does not initialise, so nvidia-smi (if any) would be asked once a
     second; with neither, nothing is asked and nothing is held."""
-    from raystack.allocation import gpus
+    from raystack.allocation.node import gpus
 
     assert gpus.nvml() is None  # (the binding is installed; the driver is not)
     expected = "nvidia-smi" if shutil.which("nvidia-smi") else None

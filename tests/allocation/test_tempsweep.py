@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import tempsweep
-from raystack.allocation.context import NodeContext, private_temp_dir
+from raystack.allocation.node import tempsweep
+from raystack.allocation.node.context import NodeContext, private_temp_dir
 from tests.conftest import wait_until
 
 HOLDER = (
-    "import sys, time; from pathlib import Path; from raystack.allocation import tempsweep; "
+    "import sys, time; from pathlib import Path; from raystack.allocation.node import tempsweep; "
     "tempsweep.hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
 )
 
@@ -82,7 +82,7 @@ def test_two_starts_at_once_take_a_gone_folder_once(tmp_path: Path) -> None:
     proc.kill()
     proc.wait()
     code = (
-        "import sys; from pathlib import Path; from raystack.allocation import tempsweep; "
+        "import sys; from pathlib import Path; from raystack.allocation.node import tempsweep; "
         "print(len(tempsweep.sweep(Path(sys.argv[1]))))"
     )
     runs = [

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raystack.allocation.usage import UsageSampler, gpu_usage
+from raystack.allocation.node.usage import UsageSampler, gpu_usage
 from raystack.store import cluster as clusters
 from raystack.store.usage import read_samples
 from raystack.waiting import FakeClock

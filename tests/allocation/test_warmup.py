@@ -1,4 +1,4 @@
-"""The head's warm-up job (allocation/warmup.py) never fails or holds up a start: without a Jobs
+"""The head's warm-up job (allocation/head/warmup.py) never fails or holds up a start: without a Jobs
 API that answers it gives up with the reason, READY waits for it at most its time, and
 RAYSTACK_WARMUP=0 (or one node without GPUs) leaves it out. That it runs and leaves no job behind
 on a real cluster: tests/testbed/test_cluster.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.warmup import START, Warmup, launch
+from raystack.allocation.head.warmup import START, Warmup, launch
 from raystack.store import cluster as clusters
 from raystack.waiting import FakeClock
 

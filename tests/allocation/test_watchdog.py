@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.runner import Runner
-from raystack.allocation.watchdog import sample_active
+from raystack.allocation.runner.loop import Runner
+from raystack.allocation.watchdog.verdict import sample_active
 from raystack.store import cluster as records
 from raystack.store import paths, progress, queue, stacks
 from raystack.store.ledger import JobRequest, JobState, read_job, update_job
@@ -193,7 +193,7 @@ def test_without_usage_samples_nothing_is_judged_hung(home: Path) -> None:  # no
 
 
 def write_progress(job: str, t: float, n: int, moved: float, busy: float = 1.0, host: str = "node1") -> None:
-    """One usage sample of `host` with its progress row (allocation/progress.py) for `job`:
+    """One usage sample of `host` with its progress row (allocation/watchdog/progress.py) for `job`:
     `busy` cores and a GPU at 100 % whatever the stacks say."""
     path = paths.cluster("c").usage_file("100", host)
     row = {"host": host, "n": n, "moved": moved, "procs": 2}
@@ -411,8 +411,8 @@ def test_a_full_filesystem_is_said_once_a_minute_not_on_every_pass(
     import errno
     import logging
 
-    from raystack.allocation import logtail
-    from raystack.allocation.watchdog import Watch, Watchdog
+    from raystack.allocation.runner import logtail
+    from raystack.allocation.watchdog.verdict import Watch, Watchdog
     from raystack.store import raylogs
     from raystack.store.ledger import read_job
     from raystack.waiting import FakeClock

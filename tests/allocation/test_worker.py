@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import worker
-from raystack.allocation.context import NodeContext
+from raystack.allocation.node import worker
+from raystack.allocation.node.context import NodeContext
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.waiting import FakeClock

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack import Cluster
-from raystack.allocation.gpus import gpu_processes
+from raystack.allocation.node.gpus import gpu_processes
 from raystack.store.ledger import JobState
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""raystack/allocation/gpus.py on real GPUs: NVML's answers against nvidia-smi's, and what each costs.
+"""raystack/allocation/node/gpus.py on real GPUs: NVML's answers against nvidia-smi's, and what each costs.
 
 A child process holds 1 GiB on every GPU (torch); then the same questions go to NVML and to
 nvidia-smi: the processes holding GPU memory (the child's pid and about 1 GiB on each GPU), this

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from raystack import Cluster  # noqa: E402
 from raystack.adapters import local  # noqa: E402
-from raystack.allocation.gpus import gpu_processes  # noqa: E402
+from raystack.allocation.node.gpus import gpu_processes  # noqa: E402
 from raystack.client import Job  # noqa: E402
 from raystack.plan.memory import Model, learner_memory  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402

@@ -1,5 +1,5 @@
 """The hang verdict's evidence on a GPU without Ray (issue 64): the node program's progress probe
-(raystack/allocation/progress.py) on the hang corpus's one-process GPU cases (tests/hangs), read as
+(raystack/allocation/watchdog/progress.py) on the hang corpus's one-process GPU cases (tests/hangs), read as
 the watchdog reads it with hang_timeout 30 s. The healthy cases side by side (the torch loop and HF
 Trainer 3 minutes, the others 100 s), then the GPU flag poll alone. For each: every move's time and
 evidence, the longest quiet stretch (start line -> first move, between moves, last -> end; over
@@ -36,8 +36,8 @@ sys.path[:0] = [str(SITE), str(REPO)]
 os.environ["PATH"] = f"{SITE}/bin:" + os.environ["PATH"]
 os.environ["RAYSTACK_HOME"] = tempfile.mkdtemp()
 
-from raystack.allocation import gpus  # noqa: E402
-from raystack.allocation.progress import JobProgress, ProgressProbe  # noqa: E402
+from raystack.allocation.node import gpus  # noqa: E402
+from raystack.allocation.watchdog.progress import JobProgress, ProgressProbe  # noqa: E402
 
 HANG = 30.0
 SCALE = float(os.environ.get("SCALE", "1"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.drain import gpu_memory_held
+from raystack.allocation.runner.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation import pipcheck
+from raystack.allocation.runner import pipcheck
 from raystack.errors import ConfigError
 from raystack.spec import rayenv
 from raystack.spec.job import command_spec

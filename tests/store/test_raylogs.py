@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raystack.allocation.logsync import LogSync
+from raystack.allocation.node.logsync import LogSync
 from raystack.spec.profile import Caps
 from raystack.store import cluster as records
 from raystack.store import paths, raylogs

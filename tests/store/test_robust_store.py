@@ -541,9 +541,9 @@ def test_racing_submits_are_each_told_a_place_of_their_own(home: Path) -> None:
 
 
 def test_a_submit_wakes_the_runner_listening_on_this_machine(home: Path) -> None:
-    """enqueue writes a byte down the pipe the record names (the runner's, allocation/endwatch.py
+    """enqueue writes a byte down the pipe the record names (the runner's, allocation/runner/endwatch.py
     listen): its pause ends at once; a record naming no pipe, or one nobody reads, still queues."""
-    from raystack.allocation.endwatch import EndWatch
+    from raystack.allocation.runner.endwatch import EndWatch
 
     submit("before")  # (no runner_wake in the record: queued, nothing to wake)
     ends = EndWatch(root=os.getpid())

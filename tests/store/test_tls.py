@@ -17,9 +17,9 @@ import httpx
 import pytest
 from cryptography import x509
 
-from raystack.allocation.context import NodeContext
-from raystack.allocation.raystart import ray_env, ray_start_argv
-from raystack.allocation.tlsfront import TlsFront
+from raystack.allocation.head.tlsfront import TlsFront
+from raystack.allocation.node.context import NodeContext
+from raystack.allocation.node.raystart import ray_env, ray_start_argv
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import tls

@@ -103,7 +103,7 @@ def test_up_reports_ready_with_dashboard_tunnel_and_env(four: dict) -> None:
 
 
 def test_the_first_jobs_cold_start_is_paid_before_ready_and_leaves_no_job(four: dict) -> None:
-    """The head ran its warm-up job through the Jobs API before READY (allocation/warmup.py) and
+    """The head ran its warm-up job through the Jobs API before READY (allocation/head/warmup.py) and
     deleted it: Ray's own job list does not show it."""
     record = clusters.read("four")
     log = paths.cluster("four").node_log(record.head_host).read_text()

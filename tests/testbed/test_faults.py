@@ -1,7 +1,7 @@
 """Hangs and deaths as distributed jobs really meet them, on a 2-node testbed cluster (CPU, gloo;
 the same on GPUs with NCCL: tests/gpu/suite.py's `faults` part).
 
-Hang = no progress, whatever the meters say (allocation/progress.py): the whole CPU corpus of
+Hang = no progress, whatever the meters say (allocation/watchdog/progress.py): the whole CPU corpus of
 tests/hangs runs as jobs (healthy programs quiet for 3 x hang_timeout SUCCEED, never suspected;
 hung ones FAIL within hang_timeout + 60 s saying where they wait), and a torchrun job whose rank 1
 never joins while rank 0 spins on a CPU core inside one call (as NCCL spins in

@@ -89,7 +89,7 @@ def render(script: Script) -> str:
         f'trap \'echo "raystack: walltime warning at $(date)"; touch "$RAYSTACK_HOME/clusters/'
         f"$RAYSTACK_CLUSTER/{paths.WARNING.format(job='$SLURM_JOB_ID')}\"' USR1",
         "# SIGTERM (scancel, the walltime) goes to the node programs too: wait for them to end, then",
-        "# kill what a node program that was killed could not stop (allocation/sweep.py).",
+        "# kill what a node program that was killed could not stop (allocation/node/sweep.py).",
         "trap : TERM",
         'n="$SLURM_JOB_NUM_NODES"',
         'srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --overlap --open-mode=append '
@@ -101,7 +101,7 @@ def render(script: Script) -> str:
         '    wait "$srun_pid" && status=0 || status=$?',
         '    kill -0 "$srun_pid" 2>/dev/null || break',
         "done",
-        '"$RAYSTACK_PYTHON" -m raystack.allocation.sweep "$SLURM_JOB_ID" || true',
+        '"$RAYSTACK_PYTHON" -m raystack.allocation.node.sweep "$SLURM_JOB_ID" || true',
         'exit "$status"',
         "",
     ]

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from raystack.adapters.ray import ray_state
-from raystack.allocation import pipcheck
+from raystack.allocation.runner import pipcheck
 from raystack.errors import ClusterError, ConfigError, RaystackError
 from raystack.spec.submission import submit_options
 from raystack.store import cluster as records

@@ -62,8 +62,8 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from raystack.allocation import gpus
-from raystack.allocation.stacks import job_processes, py_spy
+from raystack.allocation.node import gpus
+from raystack.allocation.watchdog.stacks import job_processes, py_spy
 from raystack.store import paths
 from raystack.store import progress as store
 from raystack.waiting import REAL, Clock, Every, retry

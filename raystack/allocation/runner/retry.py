@@ -1,6 +1,6 @@
 """What becomes of an attempt that did not succeed: retried (its spec's `retries`), or put back
 in the queue because its nodes left the cluster (`raystack shrink`, a grown allocation's walltime,
-scancel or preemption: allocation/leaving.py)."""
+scancel or preemption: allocation/elastic/leaving.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from raystack.adapters.ray import Dashboard
-from raystack.allocation.leaving import lost_with
+from raystack.allocation.elastic.leaving import lost_with
 from raystack.errors import RayApiError
 from raystack.plan.topology import plural
 from raystack.store import cluster as records

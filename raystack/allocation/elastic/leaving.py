@@ -3,7 +3,7 @@ grown allocation: its script leaves the flag, as the head's does): a duty of the
 
 Their Ray nodes are drained through Ray's GCS drain API (`ray drain-node`, the API autoscaler v2
 uses): nothing new lands there. A queued job with an actor or a task there is stopped and put
-back in the queue (`evicted`: the runner does it, allocation/retry.py); so is one whose work
+back in the queue (`evicted`: the runner does it, allocation/runner/retry.py); so is one whose work
 was lost with an allocation that ended unannounced (scancel, a preemption). Once no actor or task
 runs on them (or the allocation's drain deadline has passed), the record says `released`: their
 node programs stop their Ray and leave, and `shrink` ends the allocation.
@@ -89,7 +89,7 @@ class Leaving:
         why = f"it ended: {info.state_text}{reason}"
         log.warning("grown allocation %s %s; its nodes are no longer the cluster's", grown.alloc_id, why)
         self.mark(grown.alloc_id, leaving=grown.leaving or why, released=self.now())
-        if api is not None:  # (the runner also finds them when they fail first: allocation/retry.py)
+        if api is not None:  # (the runner also finds them when they fail first: allocation/runner/retry.py)
             current = records.read(self.name)
 
             def lost(ray_job: str) -> str | None:
@@ -153,7 +153,7 @@ class Leaving:
 
     def evict(self, api: Dashboard, why: Callable[[str], str | None]) -> None:
         """The queue's jobs for whose current attempt (by its Ray job id) `why` gives a reason: the
-        runner stops them and puts them back in the queue (allocation/retry.py)."""
+        runner stops them and puts them back in the queue (allocation/runner/retry.py)."""
         for job_id in store.active(self.name):
             record = read_job(self.name, job_id)
             if record.evicted or record.state.is_terminal() or not record.attempts:

@@ -27,16 +27,16 @@ from typing import Any
 
 from raystack.adapters import ray as rayapi
 from raystack.adapters.ray import Dashboard
-from raystack.allocation import pipcheck
-from raystack.allocation.drain import FREE_TIMEOUT, Drain, check, nodes_free
-from raystack.allocation.endwatch import EndWatch
-from raystack.allocation.lease import Lease
-from raystack.allocation.logtail import Tails, gather
-from raystack.allocation.picker import Picker
-from raystack.allocation.prepare import Preparer
-from raystack.allocation.retry import evicted_outcome, lost, may_retry
-from raystack.allocation.schedule import Board
-from raystack.allocation.watchdog import Watchdog
+from raystack.allocation.runner import pipcheck
+from raystack.allocation.runner.drain import FREE_TIMEOUT, Drain, check, nodes_free
+from raystack.allocation.runner.endwatch import EndWatch
+from raystack.allocation.runner.lease import Lease
+from raystack.allocation.runner.logtail import Tails, gather
+from raystack.allocation.runner.picker import Picker
+from raystack.allocation.runner.prepare import Preparer
+from raystack.allocation.runner.retry import evicted_outcome, lost, may_retry
+from raystack.allocation.runner.schedule import Board
+from raystack.allocation.watchdog.verdict import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
 from raystack.launch import NODE_TMP_ENV, ahead
 from raystack.launch.launchers import shell_exit_words
@@ -249,7 +249,7 @@ class Runner:
                 board.held.setdefault(job_id, nodes)
 
     def start_what_may(self, board: Board) -> None:
-        """Start what the picker chooses (allocation/picker.py): --now jobs at once, then what
+        """Start what the picker chooses (allocation/runner/picker.py): --now jobs at once, then what
         fits, in queue order."""
         for started in self.picker.pick(self.waiting, board):
             self.active.add(started.id)
@@ -592,7 +592,3 @@ def main() -> None:
     signal.signal(signal.SIGUSR1, runner.interrupt)  # sent by the head at the walltime warning
     signal.signal(signal.SIGTERM, runner.leave)  # sent by the head at its end (SIGKILL follows)
     runner.run_forever(lease)
-
-
-if __name__ == "__main__":
-    main()

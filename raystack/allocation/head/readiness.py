@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raystack.adapters.ray import Dashboard, NodeSummary
-from raystack.allocation.context import POLL, NodeContext, node_log
-from raystack.allocation.rayproc import RayProcess, why_ray_ended
+from raystack.allocation.node.context import POLL, NodeContext, node_log
+from raystack.allocation.node.rayproc import RayProcess, why_ray_ended
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.waiting import REAL, Clock, until

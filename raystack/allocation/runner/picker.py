@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raystack.adapters.ray import NodeSummary
-from raystack.allocation.schedule import LOOKAHEAD, Board, Want, choose
+from raystack.allocation.runner.schedule import LOOKAHEAD, Board, Want, choose
 from raystack.errors import ClusterError
 from raystack.plan.topology import nodes_wanted
 from raystack.store import cluster as records
@@ -45,7 +45,7 @@ class Picker:
         self.held_seen: tuple[float, tuple[int, int, int] | None] = (-1e9, None)
 
     def pick(self, waiting: list[Entry], board: Board) -> list[JobRecord]:
-        """Start --now jobs at once, then what fits, in queue order (allocation/schedule.py): a
+        """Start --now jobs at once, then what fits, in queue order (allocation/runner/schedule.py): a
         job that declares nothing when nothing else runs, a packed job on nodes of its own.
 
         A job whose `min_time` is more than the allocation has left, or whose dependencies have

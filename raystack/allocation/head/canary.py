@@ -1,7 +1,7 @@
 """The interconnect canary: before a GPU cluster is READY, one NCCL all-reduce over every GPU of
 every node, with NCCL_DEBUG=INFO read for the transport each connection used (adapters/nccl.py).
 
-The head runs `python -m raystack.allocation.canary OUT.json` as a Ray driver in the cluster's
+The head runs `python -m raystack.allocation.head.canary OUT.json` as a Ray driver in the cluster's
 Python, with the cluster's environment (the profile's NCCL and libfabric settings): one actor per
 GPU, pinned to its node, joins one process group and all-reduces SIZE_MB a few times. The READY
 line, `raystack status` and the cluster record (`canary`) give its bus bandwidth and transports.
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from raystack.adapters import nccl
-from raystack.allocation.context import NodeContext
-from raystack.allocation.gpus import real_gpus
-from raystack.allocation.raystart import ray_env
+from raystack.allocation.node.context import NodeContext
+from raystack.allocation.node.gpus import real_gpus
+from raystack.allocation.node.raystart import ray_env
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.waiting import REAL, at_most
@@ -175,7 +175,7 @@ def _run_driver(ctx: NodeContext, beat: Callable[[], None]) -> dict[str, Any]:
         out = Path(folder) / "canary.json"
         env = {**ray_env(ctx), "RAY_ADDRESS": str(records.read(ctx.cluster).gcs_address)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "raystack.allocation.canary", str(out)],
+            [sys.executable, "-m", "raystack.allocation.head.canary", str(out)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

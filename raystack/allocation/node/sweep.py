@@ -1,4 +1,4 @@
-"""`python -m raystack.allocation.sweep JOBID`: SIGKILL what allocation JOBID left on this node.
+"""`python -m raystack.allocation.node.sweep JOBID`: SIGKILL what allocation JOBID left on this node.
 
 The allocation script runs it on the first node (the head's) once every node program has ended.
 A head node program that was SIGKILLed (the OOM killer) could not stop what its Ray had started:
@@ -33,7 +33,7 @@ def leftovers(alloc_id: str) -> list[int]:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m raystack.allocation.sweep JOBID", file=sys.stderr)
+        print("usage: python -m raystack.allocation.node.sweep JOBID", file=sys.stderr)
         return 2
     pids = leftovers(sys.argv[1])
     for pid in pids:

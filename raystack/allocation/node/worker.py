@@ -17,13 +17,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from raystack.allocation.context import POLL, NodeContext, Stop, wait_for
-from raystack.allocation.duties import GpuReport, Reaper
-from raystack.allocation.progress import ProgressProbe
-from raystack.allocation.rayproc import RayProcess, node_ports, tcp_open
-from raystack.allocation.raystart import ray_env, ray_start_argv, stop_ray
-from raystack.allocation.stacks import StackRequests
-from raystack.allocation.usage import UsageSampler
+from raystack.allocation.node.context import POLL, NodeContext, Stop, wait_for
+from raystack.allocation.node.duties import GpuReport, Reaper
+from raystack.allocation.node.rayproc import RayProcess, node_ports, tcp_open
+from raystack.allocation.node.raystart import ray_env, ray_start_argv, stop_ray
+from raystack.allocation.node.usage import UsageSampler
+from raystack.allocation.watchdog.progress import ProgressProbe
+from raystack.allocation.watchdog.stacks import StackRequests
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import files, paths

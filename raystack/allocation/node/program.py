@@ -1,7 +1,7 @@
 """The per-node program inside an allocation: `srun --ntasks-per-node=1 python -m raystack.allocation.node`.
 
-Node 0 (SLURM_NODEID=0) runs the head (allocation/head.py), the others join it as workers
-(allocation/worker.py). Every node stops only its own Ray processes (never a global `ray stop`,
+Node 0 (SLURM_NODEID=0) runs the head (allocation/head/program.py), the others join it as workers
+(allocation/node/worker.py). Every node stops only its own Ray processes (never a global `ray stop`,
 which would kill other clusters sharing the node).
 
 Configuration comes from the environment the allocation script exports:
@@ -19,7 +19,8 @@ import signal
 import sys
 import time
 
-from raystack.allocation.context import (
+from raystack.allocation.head.program import run_head
+from raystack.allocation.node.context import (
     NodeContext,
     Stop,
     context_from_env,
@@ -27,10 +28,9 @@ from raystack.allocation.context import (
     on_signal,
     private_temp_dir,
 )
-from raystack.allocation.head import run_head
-from raystack.allocation.logsync import LogSync
-from raystack.allocation.rayproc import become_subreaper
-from raystack.allocation.worker import run_grown, run_worker
+from raystack.allocation.node.logsync import LogSync
+from raystack.allocation.node.rayproc import become_subreaper
+from raystack.allocation.node.worker import run_grown, run_worker
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -143,7 +143,3 @@ def main() -> None:
             with contextlib.suppress(RaystackError):
                 ctx.allocator.release(ctx.alloc_id)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

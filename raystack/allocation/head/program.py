@@ -20,9 +20,14 @@ import time
 
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
-from raystack.allocation import canary, prometheus
-from raystack.allocation.autoscale import Autoscale
-from raystack.allocation.context import (
+from raystack.allocation.elastic.autoscale import Autoscale
+from raystack.allocation.elastic.idle import IdleWatch
+from raystack.allocation.elastic.leaving import Leaving
+from raystack.allocation.head import canary, prometheus
+from raystack.allocation.head.readiness import head_exited, missing_nodes, wait_ready
+from raystack.allocation.head.tlsfront import TlsFront
+from raystack.allocation.head.warmup import launch, overlaps
+from raystack.allocation.node.context import (
     POLL,
     NodeContext,
     Stop,
@@ -30,19 +35,14 @@ from raystack.allocation.context import (
     node_log,
     wait_for,
 )
-from raystack.allocation.duties import FolderWatch, GpuReport, Heartbeat, Reaper
-from raystack.allocation.idle import IdleWatch
-from raystack.allocation.leaving import Leaving
-from raystack.allocation.logsync import session_logs
-from raystack.allocation.progress import ProgressProbe
-from raystack.allocation.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
-from raystack.allocation.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
-from raystack.allocation.readiness import head_exited, missing_nodes, wait_ready
-from raystack.allocation.runner import FIRST_VAR, LEASE_HELD, RAY_LOGS_VAR
-from raystack.allocation.stacks import StackRequests
-from raystack.allocation.tlsfront import TlsFront
-from raystack.allocation.usage import UsageSampler
-from raystack.allocation.warmup import launch, overlaps
+from raystack.allocation.node.duties import FolderWatch, GpuReport, Heartbeat, Reaper
+from raystack.allocation.node.logsync import session_logs
+from raystack.allocation.node.rayproc import RayProcess, free_ports, hold_port, node_ports, tcp_open
+from raystack.allocation.node.raystart import metrics_on, ray_env, ray_start_argv, stop_ray
+from raystack.allocation.node.usage import UsageSampler
+from raystack.allocation.runner.loop import FIRST_VAR, LEASE_HELD, RAY_LOGS_VAR
+from raystack.allocation.watchdog.progress import ProgressProbe
+from raystack.allocation.watchdog.stacks import StackRequests
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
 from raystack.store import cluster as records

@@ -6,10 +6,10 @@ the queue goes on.
   seconds (spec, else the profile's, default 60 s): `infeasible: actor Big wants {GPU: 5}; the
   largest node has {GPU: 4, CPU: 16}`. Ray would let it wait forever, and every job behind it.
 - Hung: no progress for `hang_timeout` seconds (spec, else the profile's; off by default): no
-  new output, and the job moved on no node (allocation/progress.py says what moving is: a
+  new output, and the job moved on no node (allocation/watchdog/progress.py says what moving is: a
   variable of a thread that ran, a stack, a file, a process, a native kernel, a GPU's memory).
   Busy is not progress: a rank spinning in an NCCL collective whose peer never comes uses its
-  GPU and a CPU core fully. The nodes' usage samples carry what they saw (allocation/usage.py);
+  GPU and a CPU core fully. The nodes' usage samples carry what they saw (allocation/node/usage.py);
   where a node cannot look at stacks (no py-spy) the CPU use of the job's processes stands in;
   without samples (a full filesystem) nothing is judged hung. At the verdict the hang is
   suspected: every node dumps the job's stacks and flight recorders, and the job's message says

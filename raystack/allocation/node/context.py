@@ -18,9 +18,9 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from raystack.adapters.allocator import Allocator, allocator, node_facts
-from raystack.allocation import tempsweep
-from raystack.allocation.logsync import LogSync
-from raystack.allocation.rayproc import RayProcess
+from raystack.allocation.node import tempsweep
+from raystack.allocation.node.logsync import LogSync
+from raystack.allocation.node.rayproc import RayProcess
 from raystack.errors import RaystackError
 from raystack.spec.profile import Caps
 from raystack.spec.values import size_to_mb

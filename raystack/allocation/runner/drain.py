@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raystack.adapters import ray as rayapi
-from raystack.allocation import gpus
-from raystack.allocation.context import GPU_REFRESH
+from raystack.allocation.node import gpus
+from raystack.allocation.node.context import GPU_REFRESH
 from raystack.errors import RayApiError
 from raystack.store import cluster as records
 

@@ -7,7 +7,7 @@ that is more than the cluster holds, a grow allocation of the missing nodes is s
 M, with the cluster's profile and walltime: `raystack grow`, as a user would), one at a time;
 `status` says what it waits for. An allocation the queue grew is released once its nodes have
 had no actor or task for idle_timeout (IDLE without one), and no job waits: drained through
-Ray first (allocation/leaving.py). Why the queue runner's side decides rather than Ray's own
+Ray first (allocation/elastic/leaving.py). Why the queue runner's side decides rather than Ray's own
 autoscaler: docs/development.md, "Growing the cluster".
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
-from raystack.allocation.leaving import nodes_of
+from raystack.allocation.elastic.leaving import nodes_of
 from raystack.durations import duration_text
 from raystack.errors import RayApiError, RaystackError
 from raystack.plan.topology import nodes_wanted, plural

@@ -9,9 +9,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from raystack.allocation import tempsweep
-from raystack.allocation.context import NodeContext, ignore_signals
-from raystack.allocation.rayproc import RayProcess
+from raystack.allocation.node import tempsweep
+from raystack.allocation.node.context import NodeContext, ignore_signals
+from raystack.allocation.node.rayproc import RayProcess
 from raystack.launch import NODE_TMP_ENV
 from raystack.store import paths, tls
 
@@ -112,7 +112,7 @@ def ray_start_argv(ctx: NodeContext, ports: dict[str, int], head_address: str | 
     ]
     if head_address is None:
         # With TLS the dashboard (plain HTTP) listens on 127.0.0.1 only, behind the HTTPS front
-        # (allocation/tlsfront.py) on the node's address.
+        # (allocation/head/tlsfront.py) on the node's address.
         inner = ctx.tls is not None
         argv += [
             "--head",

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from raystack.adapters.ray import Dashboard
-from raystack.allocation.gpus import real_gpus
-from raystack.allocation.prepare import forget
+from raystack.allocation.node.gpus import real_gpus
+from raystack.allocation.runner.prepare import forget
 from raystack.errors import RaystackError
 from raystack.launch.process import die_with_parent
 from raystack.waiting import REAL, Clock, poll_until
@@ -106,7 +106,7 @@ def launch(
     mode = env.get("RAYSTACK_WARMUP", "auto")
     if mode == "0" or (mode == "auto" and not overlaps):
         return Started(None, "RAYSTACK_WARMUP=0" if mode == "0" else "nothing to overlap (one node, no GPUs)")
-    argv = [sys.executable, "-m", "raystack.allocation.warmup", cluster, url, alloc_id, str(nodes)]
+    argv = [sys.executable, "-m", "raystack.allocation.head.warmup", cluster, url, alloc_id, str(nodes)]
     pipe = subprocess.PIPE
     return Started(subprocess.Popen(argv, env=dict(env), stdout=pipe, text=True, preexec_fn=die_with_parent))
 

@@ -5,7 +5,7 @@ A line: {"t": epoch, "cpu": node CPU %, "ours": cores used by this allocation's 
 the node, "mem": bytes used, "mem_total": bytes, "gpus": [[util %, MiB used, MiB total], ...]}
 and, from the head, "other_jobs": Ray jobs running that are not raystack's (plain `ray job
 submit`, attached drivers), and "progress": {job: {host, n, moved, procs}} for the jobs the hang
-watchdog watches (allocation/progress.py: when a process of the job last moved on this node).
+watchdog watches (allocation/watchdog/progress.py: when a process of the job last moved on this node).
 `raystack report` reads them, after `down` too. A sample costs a few milliseconds (psutil over
 the node program's descendants, one nvidia-smi call where there are GPUs).
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from raystack.allocation.gpus import gpu_usage
+from raystack.allocation.node.gpus import gpu_usage
 from raystack.store import paths
 from raystack.waiting import REAL, Clock, Every
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raystack.adapters.ray import Dashboard, ray_state
-from raystack.allocation.usage import sample_every
+from raystack.allocation.node.usage import sample_every
 from raystack.durations import duration_text
 from raystack.store import cluster as records
 from raystack.store import paths
@@ -60,7 +60,7 @@ class IdleWatch:
         if running:
             return f"job {running[0]}"
         grown = [g.alloc_id for g in records.read(self.cluster).grown if not g.released]
-        if grown:  # (released first, when idle: allocation/autoscale.py; then the cluster's own clock)
+        if grown:  # (released first, when idle: elastic/autoscale.py; then the cluster's own clock)
             return f"grown allocation {grown[0]}"
         dashboard = self.dashboard()
         if dashboard is None:

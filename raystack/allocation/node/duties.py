@@ -10,8 +10,8 @@ import logging
 import os
 import time
 
-from raystack.allocation.context import BEAT, BEAT_BYTES, GPU_REFRESH, NodeContext
-from raystack.allocation.gpus import CHECK_EVERY, gpu_processes, real_gpus, source
+from raystack.allocation.node.context import BEAT, BEAT_BYTES, GPU_REFRESH, NodeContext
+from raystack.allocation.node.gpus import CHECK_EVERY, gpu_processes, real_gpus, source
 from raystack.errors import NoSuchCluster, RaystackError
 from raystack.store import cluster as records
 from raystack.store import paths
