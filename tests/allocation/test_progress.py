@@ -17,17 +17,19 @@ import pytest
 from raystack.allocation.watchdog.progress import (
     JobProgress,
     Look,
-    Opened,
     ProgressProbe,
-    Thread,
     computing,
-    disk_wait,
     files_moved,
+    thread_moved,
+)
+from raystack.allocation.watchdog.reading import (
+    Opened,
+    Thread,
+    disk_wait,
     frame_key,
     open_files,
     pages_written,
     thread_cpu,
-    thread_moved,
     to_sample,
 )
 from raystack.allocation.watchdog.stacks import py_spy

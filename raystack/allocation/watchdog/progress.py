@@ -1,7 +1,8 @@
 """Progress of the jobs the queue runner watches for hangs (store/progress.py): every node program
 looks at each watched job's processes on its node every hang_timeout/6 seconds (1 to 30 s) and says
-in its usage samples when it last saw the job move, and by what evidence. The watchdog
-(watchdog.py) calls a job hung when it printed nothing and moved on no node for `hang_timeout`.
+in its usage samples when it last saw the job move, and by what evidence (what it reads of a
+process: reading.py). The watchdog (verdict.py) calls a job hung when it printed nothing and moved
+on no node for `hang_timeout`.
 
 Busy is not progress: a rank whose NCCL peer never comes spins at 100 % of its GPU and a full CPU
 core forever. Waiting is not hang either: a GPU-bound loop spends most of its time in
@@ -47,40 +48,43 @@ Ray's job supervisor (it only waits for the entrypoint) is not looked at.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import stat
-import subprocess
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Any, NamedTuple
-
-import psutil
+from typing import Any
 
 from raystack.allocation.node import gpus
-from raystack.allocation.watchdog.stacks import job_processes, py_spy
+from raystack.allocation.watchdog.reading import (
+    PAGE,
+    Opened,
+    Sample,
+    Thread,
+    disk_wait,
+    key_of,
+    open_files,
+    pages_written,
+    spy,
+    thread_cpu,
+    to_sample,
+    watched_processes,
+)
+from raystack.allocation.watchdog.stacks import py_spy
 from raystack.store import paths
 from raystack.store import progress as store
 from raystack.waiting import REAL, Clock, Every, retry
 
 log = logging.getLogger("raystack.node")
 LOOK_EVERY = 2.0  # seconds between looks at the request file (one stat)
-SPY_TIMEOUT = 10.0  # seconds one py-spy dump may take
 RUN_SHARE, RUN_MIN = 0.01, 0.02  # a thread's CPU between looks (share of the time, seconds) that counts
 OPAQUE_SHARE = 0.05  # cores a process py-spy cannot read uses that count as moving (a compiler)
 GPU_MEMORY = 5.0  # % NVML memory utilisation of a GPU the job holds that counts as moving
 MIN_WRITEBACK = 256 << 10  # bytes a second the node writes back that count for a process in disk wait
 QUIET_LOOKS = 2  # looks without a move before native frames and GPUs are read (a native dump: 0.5-10 s)
-PAGE = os.sysconf("SC_PAGE_SIZE")
 BURST, BURST_GAP = 3, 0.1  # samples in one look of a busy process, and seconds between them
-MOST_FILES = 256  # open files looked at per process
-SUPERVISOR = "ray::JobSupervisor"
-LOGS = (".log", ".out", ".err")
 # A native frame in a GPU library: GPU work is judged by the GPU's memory (a launch that waits for a
 # full queue looks the same whether the queue moves or waits behind a collective that never ends)
 GPU_LIBRARIES = re.compile(r"libcuda\.|libcudart|libnccl|libcublas|libcudnn|libnvrtc")
@@ -93,26 +97,6 @@ COMPUTE = re.compile(
     r"cpu_kernel|vectorized_loop|VectorizedLoop",  # (not c10's dispatcher: wrap_kernel_functor...)
     re.IGNORECASE,
 )
-
-Frame = tuple[str, str, object]  # (function, file, its plain values, or its line where it has none)
-
-
-class Opened(NamedTuple):
-    """A regular file a process holds open, as one look saw it."""
-
-    offset: int
-    writing: bool  # open for writing
-    size: int = 0
-    mtime: int = 0  # ns
-
-
-@dataclass(frozen=True)
-class Thread:
-    active: bool  # on a CPU when sampled
-    frames: tuple[Frame, ...]  # outermost first
-
-
-Sample = dict[int, Thread]  # OS thread id -> its stack
 
 
 @dataclass
@@ -156,125 +140,6 @@ class JobProgress:
             if value:
                 row[key] = value
         return row
-
-
-# ---------------------------------------------------------------------------- reading a process
-def frame_key(frame: dict[str, Any]) -> Frame:
-    """A frame as progress sees it: its function and file, with its plain variables' values where
-    py-spy gives variables (objects left out: their reprs are addresses), else its line."""
-    names = frame.get("locals")
-    state: object
-    if names:
-        state = tuple(
-            (str(v.get("name")), str(v.get("repr"))) for v in names if " at 0x" not in str(v.get("repr"))
-        )
-    else:
-        state = int(frame.get("line") or 0)
-    return (str(frame.get("name")), str(frame.get("filename")), state)
-
-
-def to_sample(dump: list[dict[str, Any]]) -> Sample:
-    """One `py-spy dump --json --locals` as {OS thread id: Thread}."""
-    return {
-        int(t.get("os_thread_id") or t.get("thread_id") or 0): Thread(
-            bool(t.get("active")), tuple(frame_key(f) for f in reversed(t.get("frames") or []))
-        )
-        for t in dump
-    }
-
-
-def spy(exe: str, pid: int, native: bool = False, pause: bool = True) -> list[dict[str, Any]] | None:
-    """py-spy's JSON dump of one process (with variables, or with native frames); None when it
-    cannot be read (not Python, ptrace refused, gone). `pause=False` reads it running: a process
-    with a thread in disk wait cannot be paused until its I/O ends (py-spy would wait for it)."""
-    argv = [exe, "dump", "--json", "--native" if native else "--locals", "--pid", str(pid)]
-    argv += [] if pause else ["--nonblocking"]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=SPY_TIMEOUT)
-        if out.returncode == 0:
-            found = json.loads(out.stdout)
-            return found if isinstance(found, list) else None
-    except (subprocess.TimeoutExpired, OSError, ValueError):
-        pass
-    return None
-
-
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of a process (schedstat: nanoseconds; else stat: clock ticks)."""
-    found = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                found[int(tid)] = int(fh.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                found[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
-def disk_wait(pid: int) -> bool:
-    """Whether a thread of the process sleeps uninterruptibly (state D: waiting for storage)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "D":
-                    return True
-        except (OSError, IndexError):
-            continue
-    return False
-
-
-def pages_written() -> int:
-    """The node's page-cache pages written back to storage since it booted (0: not known)."""
-    try:
-        with open("/proc/vmstat") as fh:
-            for line in fh:
-                if line.startswith("nr_written "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def open_files(pid: int, skip: str) -> dict[tuple[int, str], Opened]:
-    """The regular files a process holds open, with their offsets, sizes and times: not its
-    standard streams or logs (output is the runner's to judge), nothing under `skip` (the cluster
-    folder), /dev, /proc or /sys."""
-    found: dict[tuple[int, str], Opened] = {}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")[:MOST_FILES]
-    except OSError:
-        return found
-    for fd in fds:
-        if fd in ("0", "1", "2"):
-            continue
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if not target.startswith("/") or target.startswith(("/dev/", "/proc/", "/sys/", skip)):
-                continue
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-            if target.endswith(LOGS) or not stat.S_ISREG(st.st_mode):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
-                info = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
-            writing = int(info.get("flags", "0").strip(), 8) & 3 in (1, 2)
-            pos = int(info.get("pos", "0").strip())
-            found[(int(fd), target)] = Opened(pos, writing, st.st_size, st.st_mtime_ns)
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 # ---------------------------------------------------------------------------- the rule
@@ -490,20 +355,3 @@ class ProgressProbe:
             if tids and native_compute(exe, pid, tids):
                 return "native"
         return "gpu" if gpus.real_gpus() and gpu_memory_moving(pids, since) else None
-
-
-def watched_processes(job: str) -> Iterable[psutil.Process]:
-    """The job's processes on this node that can show progress (Ray's job supervisor only waits)."""
-    for proc in job_processes(job):
-        try:
-            if not proc.cmdline()[:1] or not proc.cmdline()[0].startswith(SUPERVISOR):
-                yield proc
-        except psutil.Error:
-            continue
-
-
-def key_of(proc: psutil.Process) -> tuple[int, float] | None:
-    try:
-        return (proc.pid, proc.create_time())
-    except psutil.Error:
-        return None
