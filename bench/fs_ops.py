@@ -41,6 +41,7 @@ from raystack.allocation.node.usage import UsageSampler
 from raystack.allocation.watchdog.stacks import StackRequests
 from raystack.allocation.watchdog.verdict import Watchdog
 from raystack.store import cluster as records
+from raystack.store import node_entries
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.raylogs import Caps
@@ -106,9 +107,9 @@ class LegacyGpuReport:
     def __call__(self) -> None:
         if not self.gate():
             return
-        entry = records.read_node_entries(self.ctx.cluster).get(self.ctx.host, {})
+        entry = node_entries.read_node_entries(self.ctx.cluster).get(self.ctx.host, {})
         entry.update(gpu_procs=[], gpu_checked=0.0)
-        records.write_node_entry(self.ctx.cluster, self.ctx.host, entry)
+        node_entries.write_node_entry(self.ctx.cluster, self.ctx.host, entry)
 
 
 def node(i: int, n: int, temp: Path) -> NodeContext:
@@ -127,7 +128,7 @@ def node(i: int, n: int, temp: Path) -> NodeContext:
         ray_logs=Caps.model_validate({"every": "30s"}),
     )
     ctx.entry = {"ip": ctx.ip, "node_id": i, "gpus": 4, "cpus": 64, "alloc_id": "100"}
-    records.write_node_entry("b", ctx.host, ctx.entry)
+    node_entries.write_node_entry("b", ctx.host, ctx.entry)
     return ctx
 
 

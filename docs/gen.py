@@ -22,7 +22,8 @@ from pydantic.fields import FieldInfo
 
 from raystack.cli.common import app
 from raystack.spec.job import ELSEWHERE as JOB_ELSEWHERE
-from raystack.spec.job import JobSpec, Needs, Resume
+from raystack.spec.job import JobSpec
+from raystack.spec.needs import Needs, Resume
 from raystack.spec.planning import PlanSpec
 from raystack.spec.profile import ELSEWHERE as PROFILE_ELSEWHERE
 from raystack.spec.profile import Caps, Profile

@@ -52,7 +52,7 @@ from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.files import locked
-from raystack.store.queue import settle_orphans
+from raystack.store.recovery import settle_orphans
 
 log = logging.getLogger("raystack.node")
 AT_LIMIT = 90.0  # seconds before the walltime end within which a SIGTERM counts as the walltime

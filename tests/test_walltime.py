@@ -11,6 +11,7 @@ from raystack import walltime
 from raystack.adapters import slurm
 from raystack.adapters.allocator import AllocInfo
 from raystack.adapters.local import LOCAL_ENDED
+from raystack.adapters.slurm import parse
 from raystack.store import cluster as clusters
 from raystack.store import queue
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -37,14 +38,14 @@ def rec(**fields: object) -> ClusterRecord:
         (rec(ending="node lost"), None, "node lost"),
         (rec(walltime_end=int(NOW) + 30), None, "walltime"),  # at the limit, warning or not
         # SLURM's view at the moment the steps get SIGTERM (recorded on the testbed):
-        (rec(), slurm.answer("7", "COMPLETING", reason="TimeLimit"), "walltime"),
-        (rec(), slurm.answer("7", "COMPLETING", reason="None"), "scancel"),
-        (rec(), slurm.answer("7", "NODE_FAIL", reason="NodeDown"), "node lost"),
-        (rec(), slurm.answer("7", "PREEMPTED", reason="Preempted"), "preempted"),
-        (rec(), slurm.answer("7", "TIMEOUT"), "walltime"),
+        (rec(), parse.answer("7", "COMPLETING", reason="TimeLimit"), "walltime"),
+        (rec(), parse.answer("7", "COMPLETING", reason="None"), "scancel"),
+        (rec(), parse.answer("7", "NODE_FAIL", reason="NodeDown"), "node lost"),
+        (rec(), parse.answer("7", "PREEMPTED", reason="Preempted"), "preempted"),
+        (rec(), parse.answer("7", "TIMEOUT"), "walltime"),
         # a local allocation: its node program gone without a word, or sent a signal
-        (rec(backend="local"), slurm.answer("7", "COMPLETED", reason=LOCAL_ENDED), "failed"),
-        (rec(backend="local"), slurm.answer("7", "COMPLETED", reason="TimeLimit"), "scancel"),
+        (rec(backend="local"), parse.answer("7", "COMPLETED", reason=LOCAL_ENDED), "failed"),
+        (rec(backend="local"), parse.answer("7", "COMPLETED", reason="TimeLimit"), "scancel"),
     ],
 )
 def test_classify(record: ClusterRecord, info: AllocInfo | None, kind: str) -> None:
@@ -183,7 +184,7 @@ def test_a_job_whose_allocation_ended_unrecorded_ran_until_the_last_heartbeat(ho
     beat = paths.cluster("c").heartbeat
     beat.write_text("x")
     os.utime(beat, (t0 + 10, t0 + 10))  # (its node program was SIGKILLed then)
-    info = slurm.answer("7", "COMPLETED", reason=LOCAL_ENDED)
+    info = parse.answer("7", "COMPLETED", reason=LOCAL_ENDED)
     record = clusters.read("c")
     pending = reconcile.pending_end(record, info)
     assert pending is not None and pending.at == pytest.approx(t0 + 10)

@@ -34,8 +34,8 @@ from raystack.errors import (
 )
 from raystack.spec import rayenv
 from raystack.spec.profile import Profile, load_profile
+from raystack.store import claims, paths, tls
 from raystack.store import cluster as records
-from raystack.store import paths, tls
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.files import atomic_write
 from raystack.store.paths import ClusterPaths
@@ -378,7 +378,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     except SchedulerUnavailable as exc:  # (its answer lost: SLURM may have queued it all the same)
         alloc_id = _queued_all_the_same(backend, p.name, mine, exc)
     except SchedulerError as exc:
-        records.update_claim(p.name, state=ClusterState.FAILED, message=str(exc))
+        claims.update_claim(p.name, state=ClusterState.FAILED, message=str(exc))
         why = why_refused(
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
         )
@@ -389,7 +389,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
 def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> ClusterRecord:
     """The allocation, written into the record this `up` began; cancelled if that is no longer
     its claim (`raystack down`, or another `up`, while sbatch ran)."""
-    if done := records.update_claim(name, allocation_id=alloc_id, message=message):
+    if done := claims.update_claim(name, allocation_id=alloc_id, message=message):
         return done
     backend.cancel(alloc_id)
     raise ClusterError(f"cluster {name} was stopped or begun anew meanwhile: {alloc_id} cancelled")
@@ -410,7 +410,7 @@ def _queued_all_the_same(backend: Allocator, name: str, script: str, exc: Schedu
     if queued:
         log.warning("raystack: warning: sbatch did not answer (%s), but SLURM queued the allocation", exc)
         return queued[0].alloc_id
-    records.update_claim(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
+    claims.update_claim(name, state=ClusterState.FAILED, message=f"sbatch did not answer: {exc}")
     raise ClusterError(
         f"SLURM did not answer sbatch ({exc}); it may have queued the allocation all the same: "
         f"`squeue --name raystack-{name}` shows it if so, and the cluster then starts (`raystack wait "
@@ -424,7 +424,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
     assert p.name and p.script_path and p.cluster_paths
     if warning := space_warning(p.profile):
         log.warning("raystack: warning: %s", warning)
-    records.begin(
+    claims.begin(
         p.name,
         profile=p.profile.name,
         nodes_expected=p.nodes or 0,
@@ -466,7 +466,7 @@ def space_warning(profile: Profile) -> str | None:
 
 
 def check_name_free(name: str) -> None:
-    if records.exists(name) and (why := records.in_use(settle(records.read(name)))):
+    if records.exists(name) and (why := claims.in_use(settle(records.read(name)))):
         raise ClusterError(why)
 
 

@@ -36,15 +36,9 @@ from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_he
 from raystack.store.cluster import up_again as up_again  # (for the CLI: how to start one again)
 from raystack.store.ledger import JobRecord, JobRequest, all_jobs, read_job
 from raystack.store.paths import ClusterPaths
-from raystack.store.queue import (
-    QueueView,
-    active,
-    enqueue_all,
-    id_taken,
-    positions,
-    settle_orphans,
-)
+from raystack.store.queue import QueueView, active, enqueue_all, id_taken, positions
 from raystack.store.queue import view as queue_view
+from raystack.store.recovery import settle_orphans
 from raystack.store.secrets import forget as forget_secrets
 from raystack.store.secrets import keep
 from raystack.store.secrets import take as take_secrets

@@ -20,7 +20,7 @@ from raystack.client.access import live_dashboard
 from raystack.client.reconcile import settle
 from raystack.errors import ClusterError, ConfigError
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import node_entries, paths
 from raystack.store.cluster import GROW_VAR, ClusterRecord, ClusterState, Grown
 from raystack.store.files import atomic_write
 from raystack.waiting import REAL, Clock, until
@@ -111,7 +111,7 @@ def joined(name: str, alloc_id: str, timeout: float | None = None, clock: Clock 
             )
             return None
         alive = {n.ip for n in live_dashboard(current, None).alive_nodes(timeout=5)}
-        return entry if len(records.allocation_ips(name, alloc_id) & alive) >= entry.nodes else None
+        return entry if len(node_entries.allocation_ips(name, alloc_id) & alive) >= entry.nodes else None
 
     def late() -> ClusterError:
         return ClusterError(f"allocation {alloc_id} has not joined cluster {name} yet: {seen[0]}")

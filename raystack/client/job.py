@@ -23,7 +23,7 @@ from raystack.client.reconcile import PendingEnd, as_ended, job_as_ended, pendin
 from raystack.durations import duration_text
 from raystack.errors import ClusterError, RaystackError
 from raystack.store import cluster as records
-from raystack.store import deps, paths, raylogs, stacks
+from raystack.store import deps, node_entries, paths, raylogs, stacks, workerlogs
 from raystack.store.ledger import JobRecord, JobState, read_job, set_aside, update_job
 from raystack.store.queue import active, cancel, position
 from raystack.waiting import REAL, Clock, Every, until
@@ -216,23 +216,23 @@ class Job:
         full = full_filesystem(self.cluster)
         return full and f"{full}: this log stops growing until there is room, and is written in full then"
 
-    def workers(self, node: str | None = None, actor: str | None = None) -> list[raylogs.WorkerLog]:
+    def workers(self, node: str | None = None, actor: str | None = None) -> list[workerlogs.WorkerLog]:
         """The job's Ray workers (its actors) with their gathered logs, those that logged an
         error first. Gathered when the job ended; gathered now from the nodes' copies of Ray's
         logs while it runs or when its end could not (works after `down` either way).
         `node`: a host name; `actor`: part of the actor's (class) name."""
         record = self.record()
-        found = raylogs.read_index(self.cluster, self.id) if record.state.is_terminal() else None
+        found = workerlogs.read_index(self.cluster, self.id) if record.state.is_terminal() else None
         if found is None and record.attempts:  # (in flight, or its end could not gather them)
             self._workers_at = paths.cache() / "logs" / self.cluster / self.id
-            found = raylogs.gather(self.cluster, record, out_dir=self._workers_at)
+            found = workerlogs.gather(self.cluster, record, out_dir=self._workers_at)
         return [
             w
             for w in found or []
             if (node is None or w.host == node) and (actor is None or actor.lower() in w.actor.lower())
         ]
 
-    def worker_tail(self, worker: raylogs.WorkerLog, lines: int = 40) -> str:
+    def worker_tail(self, worker: workerlogs.WorkerLog, lines: int = 40) -> str:
         """The last `lines` lines of a worker's stderr and stdout (Ray's marker lines left out)."""
         folder = self.workers_folder
         parts = []
@@ -240,7 +240,7 @@ class Job:
             if rel.endswith(".core.log"):
                 continue
             text = (folder / rel).read_text(errors="replace") if (folder / rel).exists() else ""
-            kept = [ln for ln in text.splitlines() if not ln.startswith(raylogs.MARKERS)]
+            kept = [ln for ln in text.splitlines() if not ln.startswith(workerlogs.MARKERS)]
             if kept:
                 parts.append(f"--- {rel} ---\n" + "\n".join(kept[-lines:]) + "\n")
         return "".join(parts)
@@ -260,7 +260,7 @@ class Job:
                 "and none were taken of it before it ended"
             )
         cluster = records.read(self.cluster)
-        entries = records.read_node_entries(self.cluster)
+        entries = node_entries.read_node_entries(self.cluster)
         hosts = sorted(h for h, e in entries.items() if e.get("alloc_id") == cluster.allocation_id)
         asked = stacks.request(self.cluster, self.id)
         return stacks.wait(self.cluster, self.id, asked, hosts, timeout)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from raystack.adapters import allocator as allocated
 from raystack.adapters.allocator import AllocInfo
+from raystack.store import claims, paths, raylogs
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind
 from raystack.store.ledger import JobRecord, JobState
-from raystack.store.queue import orphan_outcome, stopped_at
+from raystack.store.recovery import orphan_outcome, stopped_at
 from raystack.walltime import Ending, classify, end_allocation, end_changes
 
 SPOOLED = re.compile(r"^\S*/slurm_script: ")  # SLURM runs a copy of the script from its spool
@@ -76,7 +76,7 @@ def interrupted(record: ClusterRecord) -> PendingEnd | None:
     while slurmctld hangs, a killed shell) ends FAILED once that process is gone, so no job is
     queued for an allocation that never comes and `wait` does not wait for it. None while it
     submits. (PendingEnd's alloc_id is '': there is none.)"""
-    if not records.abandoned(record):
+    if not claims.abandoned(record):
         return None
     text = (
         "its `raystack up` stopped before the allocation's id was recorded (interrupted?); if SLURM "
@@ -131,7 +131,7 @@ def settle(record: ClusterRecord, info: AllocInfo | None = None) -> ClusterRecor
     if not pending.alloc_id:  # (interrupted before it had one: nothing ran, nothing to settle)
         # (unless a new `up` claimed the name meanwhile)
         changes = {"state": pending.state, "message": pending.end.text}
-        return records.update_if(record.name, records.abandoned, **changes) or records.read(record.name)
+        return claims.update_if(record.name, claims.abandoned, **changes) or records.read(record.name)
     current = records.read(record.name)
     if current.allocation_id != record.allocation_id or current.state.is_terminal():
         return current  # someone settled it, or a new allocation took over, meanwhile

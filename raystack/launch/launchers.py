@@ -16,7 +16,7 @@ import shlex
 import signal
 from dataclasses import dataclass
 
-from raystack.store.raylogs import EXCEPTION, FATAL
+from raystack.store.workerlogs import EXCEPTION, FATAL
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 

@@ -13,13 +13,11 @@ import json
 import math
 import re
 import shlex
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -28,6 +26,7 @@ from pydantic import (
 from raystack.durations import off_or_duration, parse_duration
 from raystack.errors import ConfigError
 from raystack.launch.launchers import misuse
+from raystack.spec.needs import Needs, Resume
 from raystack.spec.planning import PLACEHOLDER, PlanSpec
 from raystack.spec.submission import DRIVER_PREFIX
 from raystack.spec.values import (
@@ -35,14 +34,9 @@ from raystack.spec.values import (
     RAW_TEXT_PATHS,
     SpecModel,
     alias,
-    load_yaml,
-    one_line_error,
     parse_yaml,
     quote,
-    refuse_yes_no,
-    shell_line,
     size_to_mb,
-    split_or,
     validate_env,
 )
 from raystack.store import paths
@@ -70,52 +64,6 @@ AFTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}(:(ok|any|notok))?")
 
 
 MAX_ARG = 128 * 1024  # bytes in one argument of execve (MAX_ARG_STRLEN): the entrypoint is one
-
-
-class Needs(SpecModel):
-    """What the job needs from the cluster; checked against the live cluster before queueing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _a_mapping(cls, value: Any) -> Any:
-        """`needs: 4`: say what it takes. (A model validator, not the spec's field validator: the
-        yes/no check walks into needs only where the spec has no validator of its own for it.)"""
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            raise ValueError(
-                f"{value:g} is not a mapping: needs takes gpus, nodes, gpus_per_node, cpus, e.g. "
-                f"needs: {{gpus: {value:g}}}"
-            )
-        return value
-
-    nodes: int | None = Field(default=None, ge=1)
-    """Nodes the job needs. A job that declares needs (nodes, or gpus/cpus rounded up to whole
-    nodes) occupies only those and runs beside others; one that declares none has the cluster."""
-    gpus: int | None = Field(default=None, ge=0)
-    """GPUs in all."""
-    cpus: int | None = Field(default=None, ge=0)
-    """CPUs in all."""
-    gpus_per_node: int | None = Field(default=None, ge=0)
-    """GPUs on each node it uses."""
-    cpus_per_gpu: float | None = Field(default=None, ge=0)
-    """CPUs for each GPU (refused when a node has fewer)."""
-
-
-class Resume(SpecModel):
-    """How an interrupted job is submitted again (besides RAYSTACK_RESUME=1 in its env)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    set: list[str] = Field(default_factory=list)
-    """--set overrides for the resumed run, e.g. ["entrypoint=python t.py --resume"]."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Environment added for the resumed run."""
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env(cls, value: Any) -> dict[str, str]:
-        return validate_env(value, reserved=("RAYSTACK_",))
 
 
 # Keys people bring from Ray's CLI, SkyPilot or SLURM, and where a job spec takes what they mean
@@ -501,66 +449,6 @@ NESTED: dict[str, dict[str, Any]] = {
     "resume": dict(Resume.model_fields),
     "plan": dict(PlanSpec.model_fields),
 }
-
-
-def load_spec(path: str | Path, sets: list[str] | None = None) -> JobSpec:
-    """Load and validate a spec file; --set overrides are applied first. Top-level keys starting
-    with `x-` are the user's (YAML anchors for `<<:` merge keys, as docker-compose files keep
-    them) and are left out."""
-    file = Path(path)
-    data = {k: v for k, v in load_yaml(file).items() if not str(k).startswith("x-")}
-    data.setdefault("name", file.stem)
-    return validate(apply_sets(data, sets or []), f"job spec {file}")
-
-
-def command_name(argv: list[str]) -> str:
-    """A job name from a command: `python train.py` -> train, `python -m pkg.mod` -> mod."""
-    word = Path(argv[0]).name
-    if word.startswith("python") and len(argv) > 1:
-        if argv[1] == "-m" and len(argv) > 2:
-            word = argv[2].rsplit(".", 1)[-1]
-        elif not argv[1].startswith("-"):
-            word = Path(argv[1]).stem
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", word).lstrip("-._")[:63]
-    return clean or "job"
-
-
-def command_spec(argv: list[str], sets: list[str] | None = None, name: str | None = None) -> JobSpec:
-    """A spec for a bare command: `raystack submit -- python train.py --lr 1e-6`."""
-    if not argv:
-        raise ConfigError(
-            "submit: give a spec file or a command after --, e.g. raystack submit -- python x.py"
-        )
-    line = shell_line(argv)
-    words = argv if line is None else split_or(line, argv)
-    data = {"name": name or command_name(words), "entrypoint": line or shlex.join(argv)}
-    data = apply_sets(data, sets or [])
-    if data.get("kind") == "spmd" or data.get("launcher"):  # `raystack submit --launcher torchrun -- x.py`
-        command = data.pop("entrypoint")
-        data = {**data, "kind": "spmd", "command": command}
-    return validate(data, "command")
-
-
-def validate(data: dict[str, Any], source: str) -> JobSpec:
-    typo = not set(data) <= set(JobSpec.model_fields)  # an unknown key explains a missing one better
-    if data.get("kind", "ray") == "ray" and "entrypoint" not in data and not typo:
-        if "command" in data or "launcher" in data:  # an SPMD job without its kind
-            raise ConfigError(
-                f"{source}: command and launcher are for kind: spmd; add kind: spmd (with launcher: "
-                "torchrun, deepspeed or accelerate), or write the Ray driver as entrypoint: ..."
-            )
-        raise ConfigError(f"{source}: missing field 'entrypoint'; add it, e.g. entrypoint: python train.py")
-    refuse_yes_no(data, JobSpec, source)
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors()
-        unknown = any(e["type"] == "extra_forbidden" for e in errors)  # a typo explains a "missing"
-        err = errors[0]
-        if err["type"] == "missing" and not unknown:
-            field = ".".join(str(p) for p in err["loc"])
-            raise ConfigError(f"{source}: missing field '{field}'; add it, e.g. {field}: ...") from exc
-        raise ConfigError(one_line_error(exc, source, JobSpec, ELSEWHERE)) from exc
 
 
 def check_command(value: str) -> str:

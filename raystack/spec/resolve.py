@@ -23,14 +23,8 @@ from raystack.durations import duration_text
 from raystack.errors import ConfigError
 from raystack.plan.topology import plural
 from raystack.spec import rayenv, runtime_env
-from raystack.spec.job import (
-    MAX_SWEEP,
-    JobSpec,
-    apply_sets,
-    command_spec,
-    load_spec,
-    validate,
-)
+from raystack.spec.job import MAX_SWEEP, JobSpec, apply_sets
+from raystack.spec.load import command_spec, load_spec, validate
 from raystack.spec.planning import occupied, substitute
 from raystack.spec.runtime_env import expand
 from raystack.spec.values import quote

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 import secrets
@@ -459,98 +458,9 @@ def create(name: str) -> ClusterPaths:
     return p
 
 
-SUBMIT_STALE = 600.0  # seconds: a submit from another host that recorded no allocation is over
-
-
 def submitter() -> str:
     """Who writes a cluster's first record: host:pid of this `raystack up`."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def submitting(record: ClusterRecord, now: float | None = None) -> bool:
-    """A `raystack up` is submitting this record's allocation now: SUBMITTED with no allocation id
-    yet, written by a process that still runs (on this host; from another, SUBMIT_STALE seconds
-    are given). One that was interrupted (Ctrl-C in a hung sbatch) holds the name no longer
-    (`raystack down NAME` clears a claim whose pid another process took since)."""
-    if record.state is not ClusterState.SUBMITTED or record.allocation_id:
-        return False
-    host, _, pid = (record.submitter or "").rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():  # (however long sbatch takes)
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # (alive, another user's)
-            return True
-        return True
-    return (now or time.time()) - record.updated < SUBMIT_STALE
-
-
-def abandoned(record: ClusterRecord) -> bool:
-    """SUBMITTED with no allocation id by a `raystack up` that submits it no longer (stopped in
-    sbatch): nothing was recorded as started, and nothing will be."""
-    return record.state is ClusterState.SUBMITTED and not record.allocation_id and not submitting(record)
-
-
-def in_use(record: ClusterRecord) -> str | None:
-    """Why a new cluster cannot take this record's name (it is live, or being submitted), else
-    None. `record` as SLURM last said (settled): an allocation that ended unrecorded is ended."""
-    name = record.name
-    if record.state.is_terminal() or abandoned(record):
-        return None
-    if submitting(record):
-        return (
-            f"name '{name}' is being submitted by another `raystack up` ({record.submitter}, "
-            f"{time.time() - record.updated:.0f}s ago): wait for it (`raystack status {name}`), or "
-            "choose another --name"
-        )
-    alloc = f"allocation {record.allocation_id}, " if record.allocation_id else ""
-    return (
-        f"name '{name}' is in use by a live cluster ({alloc}{record.state.value}): "
-        f"`raystack down {name}` first, or choose another --name"
-    )
-
-
-def update_if(name: str, holds: Callable[[ClusterRecord], bool], **changes: Any) -> ClusterRecord | None:
-    """`update` while `holds(record)` is true under the lock; None, and nothing written, when it
-    is not (or the record is gone): a change decided on a record read earlier, without the lock."""
-    if not exists(name):
-        return None
-    with locked(paths.cluster(name)):
-        record = read(name)
-        if not holds(record):
-            return None
-        apply_changes(record, changes)
-        write(record)
-        return record
-
-
-def update_claim(name: str, **changes: Any) -> ClusterRecord | None:
-    """`update`, by the `raystack up` that began this record, of its claim (SUBMITTED, no
-    allocation id yet); None once it is no longer that (stopped by `raystack down`, or begun
-    again by another `up`, while sbatch ran; forgotten)."""
-
-    def mine(record: ClusterRecord) -> bool:
-        claim = record.state is ClusterState.SUBMITTED and not record.allocation_id
-        return claim and record.submitter == submitter()
-
-    return update_if(name, mine, **changes)
-
-
-def begin(name: str, **fields: Any) -> ClusterRecord:
-    """A fresh cluster folder (private, a new token, no node entry of an earlier allocation) and
-    its first record, made of `fields`. Under the folder lock, and refused (ClusterError) when the
-    name is in use meanwhile: two `raystack up --name X` at once submit one allocation, not two."""
-    p = paths.cluster(name)
-    make_private_dirs(p)
-    with locked(p):
-        if exists(name) and (why := in_use(read(name))):
-            raise ClusterError(why)
-        create(name)
-        clear_node_entries(name)
-        record = ClusterRecord(name=name, submitter=submitter(), **fields)
-        write(record)
-    return record
 
 
 def ensure_token(name: str) -> Path:
@@ -574,26 +484,3 @@ def read_heartbeat(name: str) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------- node entries
-def write_node_entry(name: str, host: str, entry: dict[str, Any]) -> None:
-    atomic_write(paths.cluster(name).node_entry(host), json.dumps(entry), mode=0o600)
-
-
-def allocation_ips(name: str, alloc_id: str) -> set[str]:
-    """The addresses the node programs of one allocation announced (nodes/<host>.json)."""
-    return {str(e.get("ip")) for e in read_node_entries(name).values() if e.get("alloc_id") == alloc_id}
-
-
-def read_node_entries(name: str) -> dict[str, dict[str, Any]]:
-    folder = paths.cluster(name).nodes
-    entries = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            entries[path.stem] = json.loads(path.read_text())
-        except (OSError, ValueError):  # (gone, or being rewritten: atomic writes make it rare)
-            continue
-    return entries
-
-
-def clear_node_entries(name: str) -> None:
-    for stale in paths.cluster(name).nodes.glob("*.json"):
-        os.unlink(stale)

@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from raystack.adapters import allocator, slurm
+from raystack.adapters import allocator
 from raystack.adapters.allocator import Allocator, AllocInfo, AllocState, NodeFacts, Request, Script
+from raystack.adapters.slurm import parse
 from raystack.waiting import Clock
 
 
@@ -28,7 +29,7 @@ class Scripted(Allocator):
     def info(self, alloc_id: str) -> AllocInfo | None:
         self.asked += 1
         state = self.answers.pop(0)
-        return None if state is None else slurm.answer(alloc_id, state)
+        return None if state is None else parse.answer(alloc_id, state)
 
     def forget(self, alloc_id: str | None = None) -> None:
         self.forgotten.append(alloc_id)
@@ -88,7 +89,7 @@ def test_only_a_final_answer_ends_an_allocation(
 
 def test_an_answer_in_hand_saves_the_query(scripted: Scripted) -> None:
     slept: list[float] = []
-    got = allocator.ended("scripted", "12", slurm.answer("12", "NODE_FAIL"), clock=Clock(sleep=slept.append))
+    got = allocator.ended("scripted", "12", parse.answer("12", "NODE_FAIL"), clock=Clock(sleep=slept.append))
     assert (
         got is not None
         and got.native == "NODE_FAIL"

@@ -7,6 +7,7 @@ import pytest
 from raystack import errors
 from raystack.adapters import slurm
 from raystack.adapters.allocator import AllocState
+from raystack.adapters.slurm import parse
 from raystack.errors import NoSuchPartition, SchedulerError
 from raystack.spec.values import size_to_mb
 
@@ -19,7 +20,7 @@ def fixture(name: str) -> str:
 
 def test_squeue_format_states_times_and_names() -> None:
     """Recorded with raystack's own --format on the testbed: finished, running and pending jobs."""
-    jobs = slurm.parse_squeue(fixture("squeue-format.txt"))
+    jobs = parse.parse_squeue(fixture("squeue-format.txt"))
     assert {k: (v.native, v.state) for k, v in jobs.items()} == {
         "2": ("CANCELLED", AllocState.ENDED),
         "4": ("CANCELLED", AllocState.ENDED),
@@ -52,7 +53,7 @@ def test_squeue_format_states_times_and_names() -> None:
     ],
 )
 def test_slurm_durations(text: str, seconds: int) -> None:
-    assert slurm.parse_duration(text) == seconds
+    assert parse.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["1-2", "1-2:30", "1-02:03:04", "45", "10:30", "2:00:00", "0-12"])
@@ -61,16 +62,16 @@ def test_one_reading_of_slurm_time(text: str) -> None:
     parser and 1 day 2 minutes in the other)."""
     from raystack.spec.values import time_to_seconds, validate_time
 
-    assert slurm.parse_duration(text) == time_to_seconds(validate_time(text))
+    assert parse.parse_duration(text) == time_to_seconds(validate_time(text))
 
 
 def test_timestamps() -> None:
-    assert slurm.parse_timestamp("N/A") == slurm.parse_timestamp("Unknown") == 0
-    assert slurm.parse_timestamp("2026-11-22T02:38:27") > 1_700_000_000
+    assert parse.parse_timestamp("N/A") == parse.parse_timestamp("Unknown") == 0
+    assert parse.parse_timestamp("2026-11-22T02:38:27") > 1_700_000_000
 
 
 def test_sinfo_node_shape() -> None:
-    shape = slurm.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None)
+    shape = parse.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None)
     assert (shape.partition, shape.cpus, shape.gpus, shape.nodes, shape.uniform) == (
         "testbed",
         16,
@@ -79,31 +80,31 @@ def test_sinfo_node_shape() -> None:
         True,
     )
     mixed = "a|gpu*|64|gpu:h100:4(S:0-1)\nb|gpu*|32|gpu:h100:4,nvme:1\nc|cpu|128|(null)\n"
-    shape = slurm.parse_sinfo_nodes(mixed, None)
+    shape = parse.parse_sinfo_nodes(mixed, None)
     assert (shape.partition, shape.cpus, shape.gpus, shape.uniform) == ("gpu", 32, 4, False)
-    assert slurm.parse_sinfo_nodes(mixed, "cpu").gpus == 0
+    assert parse.parse_sinfo_nodes(mixed, "cpu").gpus == 0
     with pytest.raises(NoSuchPartition, match=r"no partition 'nope' here \(sinfo lists cpu, gpu\); name one"):
-        slurm.parse_sinfo_nodes(mixed, "nope")
+        parse.parse_sinfo_nodes(mixed, "nope")
     with pytest.raises(SchedulerError, match="no nodes in the default partition"):
-        slurm.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
+        parse.parse_sinfo_nodes("c|cpu|128|(null)\n", None)
 
 
 def test_sinfo_node_features() -> None:
     """Recorded on the testbed with the features field (%f) after `scontrol update
     NodeName=node[1-2] AvailableFeatures=h100,ib` and node3 `a100`; node4 has none, `(null)`."""
-    shape = slurm.parse_sinfo_nodes(fixture("sinfo-nodes-features.txt"), None)
+    shape = parse.parse_sinfo_nodes(fixture("sinfo-nodes-features.txt"), None)
     assert shape.features == {"h100", "ib", "a100"} and shape.mem_mb == 16000
-    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).features is None  # (not asked)
-    assert slurm.parse_sinfo_nodes("a|gpu*|64|gpu:4|1000|(null)\n", None).features == frozenset()
+    assert parse.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).features is None  # (not asked)
+    assert parse.parse_sinfo_nodes("a|gpu*|64|gpu:4|1000|(null)\n", None).features == frozenset()
 
 
 def test_sinfo_node_memory_and_sbatch_mem() -> None:
     """Recorded on the testbed with the memory field (%m, RealMemory in MB); an older recording
     without it parses with the memory unknown."""
-    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).mem_mb == 16000
-    assert slurm.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None).mem_mb is None
+    assert parse.parse_sinfo_nodes(fixture("sinfo-nodes-mem.txt"), None).mem_mb == 16000
+    assert parse.parse_sinfo_nodes(fixture("sinfo-nodes.txt"), None).mem_mb is None
     both = "a|gpu*|64|gpu:4|515000\nb|gpu*|64|gpu:4|480000\n"
-    assert slurm.parse_sinfo_nodes(both, None).mem_mb == 480000
+    assert parse.parse_sinfo_nodes(both, None).mem_mb == 480000
     sizes = {"500G": 512000, "200g": 204800, "16000": 16000, "1T": 1048576, "512M": 512, "0": 0}
     assert {text: size_to_mb(text) for text in sizes} == sizes  # (sbatch's --mem units: spec.values)
     with pytest.raises(ValueError):
@@ -112,22 +113,22 @@ def test_sinfo_node_memory_and_sbatch_mem() -> None:
 
 def test_squeue_commands_name_the_cluster_folder() -> None:
     """Recorded on the testbed: `squeue --format=%i|%T|%o` of a cluster's allocation."""
-    (info,) = slurm.parse_squeue_commands(fixture("squeue-commands.txt"), "raystack-rec").values()
+    (info,) = parse.parse_squeue_commands(fixture("squeue-commands.txt"), "raystack-rec").values()
     assert info.state.is_active() and info.name == "raystack-rec"
     assert info.command.endswith("/clusters/rec/raystack.sbatch")
-    odd = slurm.parse_squeue_commands("7|PENDING|/x/a|b/raystack.sbatch\njunk\n", "n")
+    odd = parse.parse_squeue_commands("7|PENDING|/x/a|b/raystack.sbatch\njunk\n", "n")
     assert odd["7"].command == "/x/a|b/raystack.sbatch" and len(odd) == 1
 
 
 def test_sinfo_time_limits() -> None:
     """`sinfo --format=%P|%l` as SLURM prints it: the default partition marked '*'."""
     text = "gh*|1-00:00:00\ndebug|30:00\nlong|infinite\nodd|2h\n"
-    assert slurm.parse_sinfo_time_limits(text, None) == ("gh", 86400)
-    assert slurm.parse_sinfo_time_limits(text, "debug") == ("debug", 1800)
-    assert slurm.parse_sinfo_time_limits(text, "long") == ("long", None)
-    assert slurm.parse_sinfo_time_limits(text, "odd") is None  # (not SLURM's: no limit guessed)
-    assert slurm.parse_sinfo_time_limits(text, "nope") is None
-    assert slurm.parse_sinfo_time_limits("testbed*|infinite\n", None) == ("testbed", None)
+    assert parse.parse_sinfo_time_limits(text, None) == ("gh", 86400)
+    assert parse.parse_sinfo_time_limits(text, "debug") == ("debug", 1800)
+    assert parse.parse_sinfo_time_limits(text, "long") == ("long", None)
+    assert parse.parse_sinfo_time_limits(text, "odd") is None  # (not SLURM's: no limit guessed)
+    assert parse.parse_sinfo_time_limits(text, "nope") is None
+    assert parse.parse_sinfo_time_limits("testbed*|infinite\n", None) == ("testbed", None)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +143,7 @@ def test_sinfo_time_limits() -> None:
     ],
 )
 def test_gres_gpus(gres: str, gpus: int) -> None:
-    assert slurm.gres_gpus(gres) == gpus
+    assert parse.gres_gpus(gres) == gpus
 
 
 @pytest.mark.parametrize(
@@ -161,7 +162,7 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
 )
 def test_state_table(raw: str, native: str, state: AllocState) -> None:
     """SLURM's word is kept (messages, why_ended); raystack judges by the state in its own words."""
-    got = slurm.answer("1", raw)
+    got = parse.answer("1", raw)
     assert (got.native, got.state) == (native, state)
 
 
@@ -174,20 +175,20 @@ def test_terminal_and_active() -> None:
 
 @pytest.mark.parametrize(("out", "job"), [("123\n", "123"), ("77;cluster2\n", "77"), ("warn\n9\n", "9")])
 def test_sbatch_parsable(out: str, job: str) -> None:
-    assert slurm.parse_sbatch_parsable(out) == job
+    assert parse.parse_sbatch_parsable(out) == job
 
 
 def test_sbatch_parsable_garbage() -> None:
     with pytest.raises(SchedulerError, match="could not read a job id"):
-        slurm.parse_sbatch_parsable("Submitted batch job 5")
+        parse.parse_sbatch_parsable("Submitted batch job 5")
 
 
 def test_sacct_parsable2_skips_steps() -> None:
-    # The format raystack asks for (slurm.SACCT_FIELDS); the testbed has no accounting
+    # The format raystack asks for (parse.SACCT_FIELDS); the testbed has no accounting
     # database (see fixtures/slurm/sacct-disabled.txt), so this line is written by hand.
     text = "42|TIMEOUT|raystack-a|node[1-2]|2026-01-01T00:00:00|2026-01-02T00:00:00|0:0\n"
     text += "42.batch|CANCELLED|batch|node1|x|y|0:15\n"
-    jobs = slurm.parse_sacct(text)
+    jobs = parse.parse_sacct(text)
     assert list(jobs) == ["42"]
     assert jobs["42"].state is AllocState.ENDED and jobs["42"].native == "TIMEOUT"
 
@@ -269,20 +270,20 @@ def test_slurm_that_did_not_answer_is_not_asked_again_for_a_while(
 def test_restart_count_as_squeue_prints_it() -> None:
     """`squeue --noheader --jobs=ID --Format=RestartCnt`, recorded on the testbed: a padded
     column; nothing when squeue no longer lists the job."""
-    assert slurm.parse_restart_count("0                   \n") == 0
-    assert slurm.parse_restart_count("1                   \n") == 1
-    assert slurm.parse_restart_count("") is None
+    assert parse.parse_restart_count("0                   \n") == 0
+    assert parse.parse_restart_count("1                   \n") == 1
+    assert parse.parse_restart_count("") is None
 
 
 def test_sinfo_nodes_that_cannot_run_jobs() -> None:
     # (recorded on the testbed: scontrol update nodename=node3 state=down reason="bad dimm", node4 drained)
     text = (FIXTURES / "slurm" / "sinfo-nodes-states.txt").read_text()
     out = {"node3": "down (bad dimm)", "node4": "drained (maintenance)"}
-    assert slurm.parse_sinfo_out(text, "testbed") == (2, out)
-    assert slurm.parse_sinfo_out(text, None) == (2, out)  # (the default partition)
-    assert slurm.parse_sinfo_out(text, "gpu") == (0, {})
+    assert parse.parse_sinfo_out(text, "testbed") == (2, out)
+    assert parse.parse_sinfo_out(text, None) == (2, out)  # (the default partition)
+    assert parse.parse_sinfo_out(text, "gpu") == (0, {})
     # a node not responding (its slurmd gone: '*' after the state) runs nothing either
-    assert slurm.parse_sinfo_out("node3|testbed*|idle*|none\nnode1|testbed*|mixed|none\n", None) == (
+    assert parse.parse_sinfo_out("node3|testbed*|idle*|none\nnode1|testbed*|mixed|none\n", None) == (
         1,
         {"node3": "idle*"},
     )

@@ -10,7 +10,7 @@ import pytest
 from raystack.adapters.ray import NodeSummary
 from raystack.allocation.elastic.autoscale import Autoscale, wanted
 from raystack.store import cluster as records
-from raystack.store import queue
+from raystack.store import node_entries, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import Attempt, JobRecord, JobRequest, JobState, read_job
 
@@ -46,8 +46,8 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     records.create("c")
     records.update("c", state=ClusterState.READY, nodes_expected=1, max_nodes=3, idle_timeout=60.0)
-    records.write_node_entry("c", "a", {"ip": "10.0.0.1", "alloc_id": "7"})
-    records.write_node_entry("c", "g", {"ip": "10.0.0.3", "alloc_id": "8"})
+    node_entries.write_node_entry("c", "a", {"ip": "10.0.0.1", "alloc_id": "7"})
+    node_entries.write_node_entry("c", "g", {"ip": "10.0.0.3", "alloc_id": "8"})
     return "c"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters import slurm
+from raystack.adapters.slurm import parse
 from raystack.allocation.node import rayproc, raystart
 from raystack.allocation.node.context import NodeContext
 
@@ -17,12 +18,12 @@ from raystack.allocation.node.context import NodeContext
     [("16", [16]), ("16(x3)", [16, 16, 16]), ("16(x2),8", [16, 16, 8]), ("72,72", [72, 72])],
 )
 def test_slurm_job_cpus_per_node(value: str, counts: list[int]) -> None:
-    assert slurm.parse_cpus_per_node(value) == counts
+    assert parse.parse_cpus_per_node(value) == counts
 
 
 def test_bad_cpus_per_node_is_an_error() -> None:
     with pytest.raises(ValueError, match="SLURM_JOB_CPUS_PER_NODE"):
-        slurm.parse_cpus_per_node("lots")
+        parse.parse_cpus_per_node("lots")
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from raystack.adapters.ray import NodeSummary
+from raystack.adapters.slurm import parse
 from raystack.allocation.elastic.leaving import Leaving
 from raystack.store import cluster as records
+from raystack.store import node_entries
 
 
 def NOT_ENDED(backend: str, alloc_id: str) -> None:
@@ -50,7 +52,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         ("c", "10.0.0.3", "8"),
         ("d", "10.0.0.4", "8"),
     ):
-        records.write_node_entry("c", host, {"ip": ip, "alloc_id": alloc})
+        node_entries.write_node_entry("c", host, {"ip": ip, "alloc_id": alloc})
     records.note_grown("c", "8", nodes=2, hosts=["c", "d"])
     return "c"
 
@@ -135,9 +137,8 @@ def test_a_queued_job_that_no_longer_fits_says_why_and_what_to_do(cluster: str) 
 def test_a_grown_allocation_that_ended_unreleased_is_no_longer_counted(cluster: str) -> None:
     """scancel, a preemption: its Ray is gone at once (SLURM signals every process); the record
     stops counting its nodes, and a job that needs them says so. GONE is believed said twice."""
-    from raystack.adapters import slurm
 
-    answers = {"8": slurm.answer("8", "CANCELLED", reason="None")}
+    answers = {"8": parse.answer("8", "CANCELLED", reason="None")}
     now = [1000.0]
     records.update(cluster, nodes_expected=1)
     leaving = Leaving(
@@ -149,7 +150,7 @@ def test_a_grown_allocation_that_ended_unreleased_is_no_longer_counted(cluster: 
     assert entry.released == 1000.0 and entry.leaving == "it ended: CANCELLED"
     assert records.read(cluster).nodes_held == 1
     records.note_grown(cluster, "9", nodes=1, hosts=["x"])
-    answers["9"] = slurm.gone("9")
+    answers["9"] = parse.gone("9")
     leaving()  # (said GONE once: not believed yet)
     assert not records.read(cluster).grown_entry("9").released  # type: ignore[union-attr]
     now[0] += 5
@@ -198,32 +199,30 @@ def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: s
     """scancel or preemption: no drain came first. A job with an actor on one of its dead nodes
     lost its work with it; one whose work was on the head's nodes, or whose node died while its
     allocation runs on (a crash of its own), did not."""
-    from raystack.adapters import slurm
     from raystack.allocation.elastic.leaving import lost_with
 
     record, ray = records.read(cluster), DeadRay()
-    found = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON)  # type: ignore[arg-type]
+    found = lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "CANCELLED"), SOON)  # type: ignore[arg-type]
     assert found is not None and found.grown.alloc_id == "8" and found.how == "it ended: CANCELLED"
     assert found.why == "allocation 8 left the cluster under it (it ended: CANCELLED)"
-    assert lost_with(record, ray, "04000000", lambda b, a: slurm.answer(a, "CANCELLED"), SOON) is None  # type: ignore[arg-type]
-    assert lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "RUNNING"), SOON) is None  # type: ignore[arg-type]
-    requeued = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "PENDING"), SOON)  # type: ignore[arg-type]
+    assert lost_with(record, ray, "04000000", lambda b, a: parse.answer(a, "CANCELLED"), SOON) is None  # type: ignore[arg-type]
+    assert lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "RUNNING"), SOON) is None  # type: ignore[arg-type]
+    requeued = lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "PENDING"), SOON)  # type: ignore[arg-type]
     assert requeued is not None and requeued.how == "it is PENDING"  # (preempted and requeued)
     # A node that left long before the job failed (a shrink that found no work of it there then):
     # the failure is the job's own.
-    late = lost_with(record, ray, "03000000", lambda b, a: slurm.answer(a, "CANCELLED"), lambda: 1121.0)  # type: ignore[arg-type]
+    late = lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "CANCELLED"), lambda: 1121.0)  # type: ignore[arg-type]
     assert late is None
 
 
 def test_a_job_on_an_allocation_that_ended_unreleased_is_evicted(cluster: str) -> None:
     """The head finds the ended allocation before the job fails (a job blocked in a collective may
     never fail by itself): the job with work there is stopped and put back; the other is not."""
-    from raystack.adapters import slurm
     from raystack.store.ledger import read_job
 
     running_job(cluster, "lost-1", "03000000")
     running_job(cluster, "safe-1", "04000000")
-    answers = {"8": slurm.answer("8", "CANCELLED", reason="None")}
+    answers = {"8": parse.answer("8", "CANCELLED", reason="None")}
     Leaving(cluster, lambda: DeadRay(), {}, lambda: 1000.0, recorder([]), lambda b, a: answers.get(a))()  # type: ignore[arg-type,return-value]
     assert records.read(cluster).grown[0].released == 1000.0
     assert (

@@ -21,7 +21,7 @@ from raystack.allocation.runner.loop import TICK, Runner
 from raystack.errors import AlreadyExists, RayApiError
 from raystack.spec.planning import PlanSpec, substitute
 from raystack.store import cluster as clusters
-from raystack.store import paths, queue, raylogs
+from raystack.store import node_entries, paths, queue, workerlogs
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, read_job
 from raystack.store.raylogs import last_line
@@ -284,7 +284,7 @@ def test_a_failed_job_is_named_by_the_first_error_ray_recorded_of_its_actors(hom
             "at": 1.0,
         },
     ]
-    clusters.write_node_entry("c", "node7", {"ip": "10.0.0.7"})
+    node_entries.write_node_entry("c", "node7", {"ip": "10.0.0.7"})
     api.set(job, "FAILED", code=1)
     r.tick()
     record = read_job("c", job)
@@ -292,7 +292,7 @@ def test_a_failed_job_is_named_by_the_first_error_ray_recorded_of_its_actors(hom
     assert record.message.startswith("node7 Learner pid 4121: torch.OutOfMemoryError: CUDA")
     assert record.actor_error == "node7 Learner pid 4121: torch.OutOfMemoryError: CUDA"
     assert record.attempts[-1].ray_job_id == f"ray-{job}"
-    assert [w.host for w in raylogs.read_index("c", job) or []] == ["node7", "10.0.0.8"]
+    assert [w.host for w in workerlogs.read_index("c", job) or []] == ["node7", "10.0.0.8"]
 
 
 def test_the_last_line_is_the_drivers_own_without_colour_codes(tmp_path: Path) -> None:

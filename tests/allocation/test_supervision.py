@@ -22,7 +22,7 @@ from raystack.allocation.node.duties import FolderWatch, GpuReport, Heartbeat
 from raystack.allocation.node.gpus import parse_compute_apps
 from raystack.allocation.node.rayproc import why_ray_ended
 from raystack.store import cluster as clusters
-from raystack.store import paths, queue
+from raystack.store import node_entries, paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState, read_heartbeat
 from raystack.store.ledger import JobRequest, JobState, read_job
 from raystack.waiting import Backoff, Every, FakeClock, Guarded, poll_until
@@ -169,7 +169,7 @@ def test_a_gpu_report_is_written_only_when_it_changes(home: Path, monkeypatch: p
     monkeypatch.setattr(duties, "real_gpus", lambda: True)
     held = [[(11, 500)]]
     monkeypatch.setattr(duties, "gpu_processes", lambda: held[0])
-    monkeypatch.setattr(duties.records, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
+    monkeypatch.setattr(duties.node_entries, "write_node_entry", lambda c, h, e: writes.append(dict(e)))
     clock, c = FakeClock(), ctx(home, 0)
     c.gpus = 4
     report = GpuReport(c, every=1, refresh=30, clock=clock)
@@ -548,7 +548,7 @@ def test_the_head_gives_up_when_no_node_joins_for_join_timeout(home: Path) -> No
     clock, c = FakeClock(), ctx(Path(home), node_id=0)
     clusters.update("c", nodes=["node1", "node2", "node3", "node4"])
     for i, host in enumerate(["node1", "node2", "node3", "node4"]):
-        clusters.write_node_entry("c", host, {"ip": f"10.0.0.{i + 1}"})
+        node_entries.write_node_entry("c", host, {"ip": f"10.0.0.{i + 1}"})
     c.join_timeout = 5.0
     dash = JoiningDashboard(upto=2)
     with pytest.raises(Exception, match="node3"):  # named with its log

@@ -12,8 +12,7 @@ import pytest
 
 from raystack.allocation.runner.loop import Runner
 from raystack.allocation.watchdog.verdict import sample_active
-from raystack.store import cluster as records
-from raystack.store import paths, progress, queue, stacks
+from raystack.store import node_entries, paths, progress, queue, stacks
 from raystack.store.ledger import JobRequest, JobState, read_job, update_job
 from tests.allocation.test_runner import FakeApi, Free, home  # noqa: F401 (the fixture)
 from tests.conftest import wait_until
@@ -266,7 +265,7 @@ def test_a_hung_jobs_message_names_the_rank_that_never_arrived(home: Path) -> No
     folder as the nodes would: the message says what they show."""
     api, clock = FakeApi(), Clock()
     r, job = running_job(api, clock, hang_timeout=60)
-    records.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
+    node_entries.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
     t = time.time()
     for i in range(8):
         write_progress(job, t + 10 * i, n=i + 1, moved=0.0)
@@ -382,7 +381,7 @@ def test_a_job_that_moves_while_its_stacks_are_dumped_is_not_stopped(home: Path)
     that ended just then), while the lines a flight-recorder dump prints do not."""
     api, clock = FakeApi(), Clock()
     r, job = running_job(api, clock, hang_timeout=60)
-    records.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
+    node_entries.write_node_entry("c", "vm", {"alloc_id": "100", "ip": "10.0.0.1"})
     t = time.time()
     quiet_then(r, clock, job, t, 0, 8)
     assert "dumping stacks" in read_job("c", job).message and api.stopped == []

@@ -12,6 +12,7 @@ import pytest
 
 from raystack import waiting
 from raystack.adapters import slurm
+from raystack.adapters.slurm import parse
 from raystack.client import Cluster, Job
 from raystack.client.top import snapshot
 from raystack.errors import ClusterError
@@ -55,7 +56,7 @@ def stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-u
 
 @pytest.mark.parametrize("slurm_says", [None, "COMPLETED"])
 def test_no_request_carries_the_token_to_an_ended_allocations_address(stale, slurm_says) -> None:  # type: ignore[no-untyped-def]
-    info = None if slurm_says is None else slurm.answer("4242", slurm_says)
+    info = None if slurm_says is None else parse.answer("4242", slurm_says)
     stale.setattr(slurm, "job_info", lambda job_id: info)
     stale.setattr(waiting.REAL, "sleep", lambda s: None)  # (it asks SLURM 4 times before it gives up)
     request = JobRequest(id="j-1", name="j", cluster="c", entrypoint="true")

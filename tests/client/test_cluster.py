@@ -14,8 +14,10 @@ import pytest
 
 from raystack import Cluster
 from raystack.adapters import slurm
+from raystack.adapters.slurm import parse
 from raystack.client.pending import pending_line
 from raystack.errors import ClusterError
+from raystack.store import claims
 from raystack.store import cluster as clusters
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.waiting import Clock, FakeClock
@@ -60,7 +62,6 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     """RAYSTACK_HOME on /tmp: the allocation runs, but its head writes into the nodes' own /tmp
     and `up` would wait in silence for ever. SLURM opens the allocation's output file in the
     cluster folder as it starts: not seeing it here after a minute says why."""
-    from raystack.adapters import slurm
     from raystack.store import paths
 
     clusters.create("c")
@@ -71,7 +72,7 @@ def test_wait_ready_says_once_when_the_nodes_do_not_see_the_cluster_folder(
     monkeypatch.setattr(
         slurm,
         "job_info",
-        lambda alloc_id: slurm.answer(alloc_id, "RUNNING", nodes="n[1-2]", start_time=started),
+        lambda alloc_id: parse.answer(alloc_id, "RUNNING", nodes="n[1-2]", start_time=started),
     )
     if output_seen:  # (setup lines still running: nothing to say)
         out = paths.cluster("c").allocation_log("77")
@@ -97,7 +98,6 @@ def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
 ) -> None:
     """PartitionTimeLimit (an allocation submitted by hand, or where sinfo did not answer): SLURM
     keeps it PENDING for ever; `up`, `wait` and `status` say so, and what to change."""
-    from raystack.adapters import slurm
     from raystack.adapters.allocator import allocator
 
     clusters.create("c")
@@ -105,7 +105,7 @@ def test_a_pending_reason_that_never_clears_is_said_with_its_fix(
         ClusterRecord(name="c", state=ClusterState.SUBMITTED, allocation_id="77", nodes_expected=2)
     )
     reason = "PartitionTimeLimit"
-    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "PENDING", reason=reason))
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: parse.answer(alloc_id, "PENDING", reason=reason))
     clock, said = FakeClock(0.0), []
     with pytest.raises(ClusterError, match="not READY after 30s"):
         Cluster("c").wait_ready(progress=said.append, timeout=30, clock=clock)
@@ -136,7 +136,6 @@ def test_state_history_records_every_change_once(home: Path) -> None:
 
 
 def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raystack.adapters import slurm
 
     with pytest.raises(ClusterError, match=r"no clusters in .*raystack up --nodes N"):
         clusters.resolve(None)
@@ -155,7 +154,7 @@ def test_name_resolution(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A record that still says READY but whose allocation SLURM says ended is not live: its head
     # could not record the end (SIGKILL), and `raystack down` alone means the other one.
     clusters.update("c", allocation_id="77")
-    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "TIMEOUT"))
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: parse.answer(alloc_id, "TIMEOUT"))
     assert Cluster.get().name == "b"
     with pytest.raises(ClusterError, match=r"several clusters \(b, c\)"):
         clusters.resolve(None)  # (the store alone reads the records as they are)
@@ -210,7 +209,6 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
     """A site's setup line that fails (`module load` where there is no `module`) ends the allocation
     before the head writes anything: the record says SLURM's reason and the script's last words,
     at the launch script's line, not just "FAILED"."""
-    from raystack.adapters import slurm
     from raystack.store import paths
 
     clusters.create("c")
@@ -222,7 +220,7 @@ def test_an_allocation_whose_script_failed_before_the_cluster_started_says_what_
             "module: command not found\n\n"
         )
     monkeypatch.setattr(
-        slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "FAILED", reason="NonZeroExitCode")
+        slurm, "job_info", lambda alloc_id: parse.answer(alloc_id, "FAILED", reason="NonZeroExitCode")
     )
     record = Cluster("c").status()
     assert record.state == "FAILED"
@@ -321,7 +319,7 @@ def test_a_pending_allocation_is_said_again_only_when_its_reason_or_estimate_rea
     shown = PendingShown()
 
     def pending(reason: str, start: int = 0) -> bool:
-        return shown.moved(slurm.answer("7", "PENDING", reason=reason, start_time=start))
+        return shown.moved(parse.answer("7", "PENDING", reason=reason, start_time=start))
 
     assert pending("Priority")  # the first word
     assert not pending("Priority")
@@ -336,7 +334,6 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The record said `READY 2 nodes, 8 GPUs ready` while Ray had 1 (a worker's raylet killed)."""
-    from raystack.adapters import slurm
     from raystack.adapters.ray import NodeSummary
     from raystack.client import status
 
@@ -351,7 +348,7 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
             message="2 nodes, 8 GPUs ready",
         )
     )
-    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: slurm.answer(alloc_id, "RUNNING"))
+    monkeypatch.setattr(slurm, "job_info", lambda alloc_id: parse.answer(alloc_id, "RUNNING"))
 
     class OneNode:
         def alive_nodes(self, timeout: float) -> list[NodeSummary]:
@@ -365,7 +362,7 @@ def test_status_of_a_ready_cluster_missing_a_node_says_so(
 
 def test_an_up_interrupted_before_its_allocation_id_ends_the_cluster_for_every_reader(home: Path) -> None:
     # `raystack up` stopped in sbatch (Ctrl-C while slurmctld hangs): SUBMITTED, no allocation id.
-    clusters.begin("c", nodes_expected=1, gpus_per_node=4, cpus_per_node=16)
+    claims.begin("c", nodes_expected=1, gpus_per_node=4, cpus_per_node=16)
     assert Cluster("c").record().state is ClusterState.SUBMITTED  # (its up still runs: this process)
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -399,14 +396,14 @@ def test_an_allocation_waiting_for_drained_nodes_says_which_and_how_many_run_job
     # (a record an earlier version wrote kept sbatch's options: its partition is read from them)
     legacy = ClusterRecord(name="big", nodes_expected=4, sbatch_options=["--nodes=4", "--partition=testbed"])
     reason = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
-    line = pending_line(record, slurm.answer("11", "PENDING", reason=reason))
-    assert pending_line(legacy, slurm.answer("11", "PENDING", reason=reason)) == line
+    line = pending_line(record, parse.answer("11", "PENDING", reason=reason))
+    assert pending_line(legacy, parse.answer("11", "PENDING", reason=reason)) == line
     assert line.endswith(
         f"reason: {reason}); partition testbed: node3 down (bad dimm), node4 drained (maintenance); 2 of its "
         "nodes can run jobs now, and it asks 4: it starts when enough return, or `raystack down big` and up "
         "with --nodes 2"
     ), line
-    assert "partition" not in pending_line(record, slurm.answer("11", "PENDING", reason="Priority"))
+    assert "partition" not in pending_line(record, parse.answer("11", "PENDING", reason="Priority"))
 
 
 def test_a_local_cluster_of_another_host_is_not_downed_from_here(home: Path) -> None:

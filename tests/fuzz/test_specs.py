@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raystack.errors import ConfigError
-from raystack.spec.job import JobSpec, load_spec
+from raystack.spec.job import JobSpec
+from raystack.spec.load import load_spec
 from raystack.spec.profile import Profile, load_profile
 from raystack.spec.values import MAX_MESSAGE
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.errors import ConfigError
-from raystack.spec.job import command_spec
+from raystack.spec.load import command_spec
 from raystack.spec.resolve import resolve
 from raystack.store.cluster import ClusterRecord
 

@@ -20,12 +20,13 @@ from raystack.allocation.runner.drain import gpu_memory_held
 from raystack.errors import ConfigError
 from raystack.spec import submission as jobs
 from raystack.spec import workdir
-from raystack.spec.job import JobSpec, apply_sets, command_spec, load_spec
+from raystack.spec.job import JobSpec, apply_sets
+from raystack.spec.load import command_spec, load_spec
 from raystack.spec.resolve import resolve, resumed_spec
 from raystack.spec.values import parse_duration
 from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store import cluster as clusters
-from raystack.store import ledger, queue
+from raystack.store import ledger, node_entries, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -550,17 +551,17 @@ def test_resolve_is_pure_and_checks_before_writing(home: Path) -> None:
 def test_gpu_drain_needs_a_report_newer_than_the_job_end(home: Path) -> None:
     """The queue waits for leftover GPU memory; a report from before the job ended proves nothing."""
     end = 1000.0
-    clusters.write_node_entry("c4", "node1", {"ip": "x"})  # no nvidia-smi there: not a GPU node
+    node_entries.write_node_entry("c4", "node1", {"ip": "x"})  # no nvidia-smi there: not a GPU node
     assert gpu_memory_held("c4", since=end) == []
-    clusters.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": [[42, 4110]]})
+    node_entries.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": [[42, 4110]]})
     assert gpu_memory_held("c4", since=end, now=end + 60) is None  # held before the end: wait
-    clusters.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": []})
+    node_entries.write_node_entry("c4", "node2", {"gpu_checked": end - 1, "gpu_procs": []})
     assert gpu_memory_held("c4", since=end, now=end + 1) is None  # a change may not be reported yet
     assert gpu_memory_held("c4", since=end, now=end + 5) == []  # written on change: none since
     assert gpu_memory_held("c4", since=end, now=end + 120) is None  # that node stopped reporting
-    clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 1, "gpu_procs": [[42, 4110]]})
+    node_entries.write_node_entry("c4", "node2", {"gpu_checked": end + 1, "gpu_procs": [[42, 4110]]})
     assert gpu_memory_held("c4", since=end) == ["node2 pid 42 (4110 MiB)"]
-    clusters.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})
+    node_entries.write_node_entry("c4", "node2", {"gpu_checked": end + 2, "gpu_procs": []})
     assert gpu_memory_held("c4", since=end) == []
 
 
@@ -568,10 +569,10 @@ def test_a_node_that_asks_its_gpus_through_nvml_settles_sooner(home: Path) -> No
     """A node checking every 0.25 s (NVML) has seen a change 0.5 s after the end; one asking
     nvidia-smi every second (or one from before gpu_every was written) only after 2 s."""
     end = 1000.0
-    clusters.write_node_entry("c4", "fast", {"gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25})
+    node_entries.write_node_entry("c4", "fast", {"gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25})
     assert gpu_memory_held("c4", since=end, now=end + 0.4) is None
     assert gpu_memory_held("c4", since=end, now=end + 0.6) == []
-    clusters.write_node_entry("c4", "slow", {"gpu_checked": end - 9, "gpu_procs": []})
+    node_entries.write_node_entry("c4", "slow", {"gpu_checked": end - 9, "gpu_procs": []})
     assert gpu_memory_held("c4", since=end, now=end + 0.6) is None
     assert gpu_memory_held("c4", since=end, now=end + 2.1) == []
 
@@ -580,14 +581,14 @@ def test_the_runners_own_node_is_asked_now_and_needs_no_settling(home: Path) -> 
     """The queue runner asks the head's GPUs itself (NVML): that node's answer counts at once,
     the other nodes still settle on their reports."""
     end = 1000.0
-    clusters.write_node_entry(
+    node_entries.write_node_entry(
         "c4", "head", {"pid": 77, "gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25}
     )
     assert gpu_memory_held("c4", since=end, now=end + 0.01) is None  # its report: wait
     assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [])) == []
     assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [(9, 500)])) == ["head pid 9 (500 MiB)"]
     assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(78, [])) is None  # another node's program
-    clusters.write_node_entry(
+    node_entries.write_node_entry(
         "c4", "w1", {"pid": 5, "gpu_checked": end - 9, "gpu_procs": [], "gpu_every": 0.25}
     )
     assert gpu_memory_held("c4", since=end, now=end + 0.01, here=(77, [])) is None  # w1 settles

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from raystack.errors import ConfigError
-from raystack.spec.job import load_spec
+from raystack.spec.load import load_spec
 from raystack.spec.planning import PlanSpec, substitute
 from raystack.spec.resolve import resolve
 from raystack.spec.submission import submit_options

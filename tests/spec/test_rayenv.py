@@ -16,7 +16,7 @@ import pytest
 from raystack.allocation.runner import pipcheck
 from raystack.errors import ConfigError
 from raystack.spec import rayenv
-from raystack.spec.job import command_spec
+from raystack.spec.load import command_spec
 from raystack.spec.resolve import resolve
 from raystack.store.cluster import ClusterRecord
 

@@ -9,7 +9,7 @@ import pytest
 
 from raystack.errors import ConfigError
 from raystack.spec import workdir
-from raystack.spec.job import command_spec
+from raystack.spec.load import command_spec
 from raystack.spec.resolve import resolve
 from raystack.spec.workdir import DEFAULT_EXCLUDES
 from raystack.store.cluster import ClusterRecord

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.errors import ConfigError
-from raystack.spec.job import load_spec
+from raystack.spec.load import load_spec
 from raystack.spec.planning import substitute
 from raystack.store.cluster import ClusterRecord
 

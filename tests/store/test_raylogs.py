@@ -11,9 +11,10 @@ import pytest
 from raystack.allocation.node.logsync import LogSync
 from raystack.spec.profile import Caps
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs
+from raystack.store import paths, raylogs, workerlogs
 from raystack.store.ledger import Attempt, JobRecord, JobRequest
-from raystack.store.raylogs import CappedCopy, first_error, read_copy
+from raystack.store.raylogs import CappedCopy, read_copy
+from raystack.store.workerlogs import first_error
 
 KB = 1024
 
@@ -155,17 +156,17 @@ def test_gather_finds_a_jobs_workers_by_the_job_id_they_print_and_orders_errors(
         "error": "ray::Helper.f()\nKeyError: 'x'",
         "at": 1.0,
     }
-    workers = raylogs.gather("c", record, [event], {"10.0.0.9": "node9"})
+    workers = workerlogs.gather("c", record, [event], {"10.0.0.9": "node9"})
     assert [w.label for w in workers] == [
         "node9 Helper pid 40",
         "node7 Learner pid 11",
         "node7 Engine pid 12",
     ]
-    assert raylogs.summary(workers) == "node9 Helper pid 40: KeyError: 'x'"
+    assert workerlogs.summary(workers) == "node9 Helper pid 40: KeyError: 'x'"
     assert workers[1].error == "torch.OutOfMemoryError: OOM"
     folder = paths.cluster("c").job_files("j1")
     assert "OutOfMemoryError" in (folder / "node7" / "Learner-11.err").read_text()
-    assert [w.label for w in raylogs.read_index("c", "j1") or []] == [w.label for w in workers]
+    assert [w.label for w in workerlogs.read_index("c", "j1") or []] == [w.label for w in workers]
 
 
 def test_an_error_ray_recorded_without_a_pid_names_no_pid(home: Path) -> None:
@@ -173,8 +174,8 @@ def test_an_error_ray_recorded_without_a_pid_names_no_pid(home: Path) -> None:
     attempt = Attempt(id="j2", ray_job_id="05000000")
     record = JobRecord(id="j2", name="j2", request=request, attempts=[attempt])
     event = {"ip": "10.0.0.9", "pid": None, "actor": "Learner", "error": "RuntimeError: lost", "at": None}
-    (worker,) = raylogs.gather("c", record, [event], {"10.0.0.9": "node9"})
-    assert raylogs.summary([worker]) == "node9 Learner: RuntimeError: lost"
+    (worker,) = workerlogs.gather("c", record, [event], {"10.0.0.9": "node9"})
+    assert workerlogs.summary([worker]) == "node9 Learner: RuntimeError: lost"
 
 
 def test_a_worker_that_died_hard_is_named_by_its_last_stderr_error(home: Path) -> None:
@@ -208,8 +209,8 @@ def test_a_worker_that_died_hard_is_named_by_its_last_stderr_error(home: Path) -
         },
         {"ip": "10.0.0.3", "pid": 22, "actor": "Quiet", "error": died, "at": 2.0},
     ]
-    workers = raylogs.gather("c", record, events, {"10.0.0.3": "node3"})
-    first = raylogs.summary(workers)
+    workers = workerlogs.gather("c", record, events, {"10.0.0.3": "node3"})
+    first = workerlogs.summary(workers)
     assert first is not None and first.startswith(
         "node3 Worker pid 21: RuntimeError: KAPUTT-node3 (then its process died"
     )
@@ -243,9 +244,9 @@ def test_a_failed_tasks_record_without_a_pid_is_its_actors(home: Path) -> None:
         {"ip": "192.0.2.2", "pid": None, "actor": "Engine", "error": f"ActorDiedError: {died}", "at": 5.0},
         {"ip": "127.0.0.1", "pid": 31, "actor": "Engine", "error": died, "at": 5.1},
     ]
-    workers = raylogs.gather("c", record, events, {"127.0.0.1": "node1"})
+    workers = workerlogs.gather("c", record, events, {"127.0.0.1": "node1"})
     assert [w.pid for w in workers if w.actor == "Engine"] == [31]
-    assert raylogs.summary(workers) == (
+    assert workerlogs.summary(workers) == (
         "node1 Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "
         "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR)"
     )
@@ -268,20 +269,20 @@ def test_an_engine_killed_while_a_learner_sends_it_weights_is_named_before_the_l
         {"ip": "127.0.0.1", "pid": 30, "actor": "Learner", "error": f"ray::Learner.f()\n{gloo}", "at": 10.0},
         {"ip": "127.0.0.1", "pid": 31, "actor": "Engine", "error": f"ActorDiedError: {died}", "at": 10.4},
     ]
-    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    workers = workerlogs.gather("c", record, events, {"127.0.0.1": "vm"})
     assert [w.actor for w in workers] == ["Engine", "Learner"]
-    assert raylogs.summary(workers) == (
+    assert workerlogs.summary(workers) == (
         "vm Engine pid 31: its process died abruptly (killed by a signal such as SIGKILL or the "
         "out-of-memory killer, or a crash such as SIGSEGV; Ray: SYSTEM_ERROR); "
         f"then vm Learner pid 30: {gloo}"
     )
     # A death long after a peer's error is not its cause; an error of another kind is its own.
-    events[1]["at"] = 10.0 + raylogs.CAUSE + 1
-    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    events[1]["at"] = 10.0 + workerlogs.CAUSE + 1
+    workers = workerlogs.gather("c", record, events, {"127.0.0.1": "vm"})
     assert [w.actor for w in workers] == ["Learner", "Engine"]
     events[0]["error"], events[1]["at"] = "ray::Learner.send()\nValueError: bad shape", 10.4
-    workers = raylogs.gather("c", record, events, {"127.0.0.1": "vm"})
-    assert raylogs.summary(workers) == "vm Learner pid 30: ValueError: bad shape"
+    workers = workerlogs.gather("c", record, events, {"127.0.0.1": "vm"})
+    assert workerlogs.summary(workers) == "vm Learner pid 30: ValueError: bad shape"
 
 
 def test_logs_all_of_a_running_job_gathers_into_the_users_cache_not_the_cluster_folder(

@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 from raystack.cli.common import app
 from raystack.client import Job
 from raystack.errors import ClusterError, ConfigError
+from raystack.store import claims, files, paths, queue, recovery
 from raystack.store import cluster as clusters
-from raystack.store import files, paths, queue
 from raystack.store.cluster import ClusterRecord, ClusterState
 from raystack.store.ledger import JobRequest, JobState, Unreadable, all_jobs, read_job, update_job
 
@@ -190,9 +190,9 @@ def test_recover_puts_stranded_jobs_back_in_their_place(home: Path) -> None:
     entry = read_job("c", stranded).entry
     (p.queue / str(entry)).unlink()  # what cde9410's start could leave
     assert [e.job_id for e in queue.waiting("c")] == [first, last]
-    assert queue.recover("c") == [stranded]
+    assert recovery.recover("c") == [stranded]
     assert [e.job_id for e in queue.waiting("c")] == [first, stranded, last]
-    assert queue.recover("c") == []
+    assert recovery.recover("c") == []
 
 
 # ---------------------------------------------------------------------------- locks
@@ -434,15 +434,15 @@ def test_the_bounded_view_counts_a_sweep_from_the_listings_not_every_ledger(
 def test_a_name_being_submitted_is_claimed_once_and_an_interrupted_submit_frees_it(home: Path) -> None:
     # Two `raystack up --name x` at once: the second finds the first's claim (SUBMITTED, no
     # allocation id yet, by a live process) under the folder lock and submits nothing.
-    first = clusters.begin("x", nodes_expected=1)
-    assert first.submitter == clusters.submitter() and clusters.submitting(first)
+    first = claims.begin("x", nodes_expected=1)
+    assert first.submitter == clusters.submitter() and claims.submitting(first)
     with pytest.raises(ClusterError, match=r"name 'x' is being submitted by another `raystack up`"):
-        clusters.begin("x", nodes_expected=2)
+        claims.begin("x", nodes_expected=2)
     assert clusters.read("x").nodes_expected == 1
     # Its allocation recorded: a live cluster, refused as such.
     clusters.update("x", allocation_id="41")
     with pytest.raises(ClusterError, match=r"in use by a live cluster \(allocation 41, SUBMITTED\)"):
-        clusters.begin("x", nodes_expected=2)
+        claims.begin("x", nodes_expected=2)
     # An `up` interrupted in sbatch (its process gone, no allocation id): the name is free again.
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -450,26 +450,26 @@ def test_a_name_being_submitted_is_claimed_once_and_an_interrupted_submit_frees_
     clusters.update(
         "x", allocation_id=None, submitter=f"{clusters.submitter().rpartition(':')[0]}:{dead.stdout.strip()}"
     )
-    assert not clusters.submitting(clusters.read("x"))
-    assert clusters.begin("x", nodes_expected=3).nodes_expected == 3
+    assert not claims.submitting(clusters.read("x"))
+    assert claims.begin("x", nodes_expected=3).nodes_expected == 3
     # From another host, a claim holds for SUBMIT_STALE seconds.
     other = clusters.read("x").model_copy(update={"submitter": "login9:1"})
-    assert clusters.submitting(other, now=other.updated + 1)
-    assert not clusters.submitting(other, now=other.updated + clusters.SUBMIT_STALE)
-    assert clusters.in_use(other.model_copy(update={"state": ClusterState.STOPPED})) is None
+    assert claims.submitting(other, now=other.updated + 1)
+    assert not claims.submitting(other, now=other.updated + claims.SUBMIT_STALE)
+    assert claims.in_use(other.model_copy(update={"state": ClusterState.STOPPED})) is None
 
 
 def test_an_up_writes_its_allocation_only_into_its_own_claim(home: Path) -> None:
-    clusters.begin("y", nodes_expected=1)
-    assert clusters.update_claim("y", allocation_id="7") is not None  # (its own claim)
-    assert clusters.update_claim("y", allocation_id="8") is None  # (it has one already)
-    clusters.begin("z", nodes_expected=1)
+    claims.begin("y", nodes_expected=1)
+    assert claims.update_claim("y", allocation_id="7") is not None  # (its own claim)
+    assert claims.update_claim("y", allocation_id="8") is None  # (it has one already)
+    claims.begin("z", nodes_expected=1)
     clusters.update("z", state=ClusterState.STOPPED)  # (`raystack down` while sbatch ran)
-    assert clusters.update_claim("z", allocation_id="9") is None
+    assert claims.update_claim("z", allocation_id="9") is None
     clusters.update("z", state=ClusterState.SUBMITTED, submitter="login9:1")  # (begun by another up)
-    assert clusters.update_claim("z", allocation_id="9") is None
+    assert claims.update_claim("z", allocation_id="9") is None
     assert clusters.read("z").allocation_id is None
-    assert clusters.update_claim("gone", allocation_id="10") is None  # (forgotten meanwhile)
+    assert claims.update_claim("gone", allocation_id="10") is None  # (forgotten meanwhile)
 
 
 def test_how_messages_name_a_cluster_is_never_written(home: Path) -> None:

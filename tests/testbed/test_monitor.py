@@ -28,6 +28,7 @@ import pytest
 from raystack.adapters.ray import Dashboard
 from raystack.errors import RayApiError
 from raystack.store import cluster as clusters
+from raystack.store import node_entries
 from raystack.store.cluster import ClusterState
 from raystack.store.ledger import JobState, read_job
 
@@ -82,7 +83,7 @@ def head_get(record: clusters.ClusterRecord, url: str) -> dict:
 def test_prometheus_on_the_head_scrapes_every_node(mon: dict) -> None:
     record = clusters.read(NAME)
     assert record.prometheus and record.prometheus.startswith("http://127.0.0.1:")
-    ips = {e["ip"] for e in clusters.read_node_entries(NAME).values()}
+    ips = {e["ip"] for e in node_entries.read_node_entries(NAME).values()}
     assert len(ips) == 2
     query = f"{record.prometheus}/api/v1/query?query={urllib.parse.quote('ray_node_cpu_utilization')}"
 
@@ -113,7 +114,7 @@ def test_top_sees_a_job_burning_one_core_on_the_worker(mon: dict) -> None:
     assert sub.returncode == 0, sub.stderr + sub.stdout
     job_id = json.loads(sub.stdout)["id"]
     mon["burn"] = job_id
-    worker_ip = next(e["ip"] for h, e in clusters.read_node_entries(NAME).items() if e["node_id"] != 0)
+    worker_ip = next(e["ip"] for h, e in node_entries.read_node_entries(NAME).items() if e["node_id"] != 0)
 
     def burning() -> dict | None:
         view = top_json()

@@ -19,7 +19,7 @@ from cryptography import x509
 
 from raystack import Cluster
 from raystack.store import cluster as clusters
-from raystack.store import tls
+from raystack.store import node_entries, tls
 from raystack.store.ledger import JobState
 
 from ..conftest import TESTBED_DIR, module_home, processes_of_job
@@ -83,7 +83,7 @@ def test_up_tls_serves_https_and_every_node_holds_its_own_certificate(tc: dict) 
     record = tc["record"]
     assert record.tls and record.dashboard_url.startswith(f"https://{record.head_ip}:")
     ca = x509.load_pem_x509_certificate(tls.ca_cert("tc").read_bytes())
-    entries = clusters.read_node_entries("tc")
+    entries = node_entries.read_node_entries("tc")
     assert len(entries) == NODES
     for host, entry in entries.items():
         folder = node_shm(host) / f"rs-tls-{os.getuid()}-{tc['job']}"
@@ -207,7 +207,7 @@ def test_secret_files_never_reach_the_cluster(tc: dict) -> None:
 
 
 def test_down_removes_every_node_certificate(tc: dict) -> None:
-    hosts = list(clusters.read_node_entries("tc"))
+    hosts = list(node_entries.read_node_entries("tc"))
     done = raystack("down", "tc")
     assert done.returncode == 0, done.stderr
     assert processes_of_job(tc["job"]) == []

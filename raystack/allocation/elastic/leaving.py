@@ -22,7 +22,7 @@ from raystack.adapters.allocator import AllocInfo, AllocState, allocator
 from raystack.adapters.ray import Dashboard, NodeSummary, drain_argv
 from raystack.errors import RayApiError, RaystackError
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import node_entries, paths
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, Grown
 from raystack.store.ledger import JobRecord, read_job, update_job
@@ -34,7 +34,7 @@ LOST_RECENT = 120.0  # seconds after its node's death within which a job's failu
 
 def nodes_of(record: ClusterRecord, grown: Grown, alive: list[NodeSummary]) -> list[NodeSummary]:
     """The alive Ray nodes of a grown allocation (by the addresses its node programs announced)."""
-    ips = records.allocation_ips(record.name, grown.alloc_id)
+    ips = node_entries.allocation_ips(record.name, grown.alloc_id)
     return [n for n in alive if n.ip in ips and not n.is_head]
 
 
@@ -193,7 +193,7 @@ def lost_with(
     on whose Ray nodes, DEAD within the last LOST_RECENT seconds, the job had an actor or a task.
     None for a failure of its own, a node that died while its allocation runs on, or one that left
     long before (its work there had ended: it was not evicted then)."""
-    by_ip = {ip: g for g in record.grown for ip in records.allocation_ips(record.name, g.alloc_id)}
+    by_ip = {ip: g for g in record.grown for ip in node_entries.allocation_ips(record.name, g.alloc_id)}
     dead = {
         n.node_id: by_ip[n.ip]
         for n in (api.dead_nodes() if by_ip else [])

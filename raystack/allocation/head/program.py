@@ -50,7 +50,8 @@ from raystack.store import paths
 from raystack.store.cluster import ClusterState, EndKind
 from raystack.store.files import locked
 from raystack.store.growth import prune
-from raystack.store.queue import active, settle_orphans
+from raystack.store.queue import active
+from raystack.store.recovery import settle_orphans
 from raystack.waiting import REAL, Clock, Every, Guarded, poll_until, until
 from raystack.walltime import (
     Ending,

@@ -12,6 +12,7 @@ from raystack.allocation.node.context import POLL, NodeContext, node_log
 from raystack.allocation.node.rayproc import RayProcess, why_ray_ended
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
+from raystack.store import node_entries
 from raystack.waiting import REAL, Clock, until
 
 log = logging.getLogger("raystack.node")
@@ -28,7 +29,7 @@ def missing_nodes(ctx: NodeContext, alive: list[NodeSummary]) -> list[str]:
     """Host names expected in the allocation whose address is not among Ray's alive nodes."""
     if ctx.num_nodes == 1:  # (a local cluster's 127.0.0.1 is reported by Ray as the host's address)
         return [] if alive else [ctx.host]
-    entries = records.read_node_entries(ctx.cluster)
+    entries = node_entries.read_node_entries(ctx.cluster)
     alive_ips = {n.ip for n in alive}
     record = records.read(ctx.cluster)
     return [h for h in record.nodes if entries.get(h, {}).get("ip") not in alive_ips]

@@ -14,7 +14,7 @@ from raystack.allocation.node.context import BEAT, BEAT_BYTES, GPU_REFRESH, Node
 from raystack.allocation.node.gpus import CHECK_EVERY, gpu_processes, real_gpus, source
 from raystack.errors import NoSuchCluster, RaystackError
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import node_entries, paths
 from raystack.store.ledger import read_job
 from raystack.waiting import REAL, Clock, Every
 
@@ -75,7 +75,7 @@ class GpuReport:
         if procs == self.reported and self.clock.now() - self.written < self.refresh:
             return
         self.ctx.entry.update(gpu_procs=procs, gpu_checked=time.time(), gpu_every=self.every)
-        records.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
+        node_entries.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
         self.reported, self.written = procs, self.clock.now()
 
 

@@ -33,7 +33,7 @@ from raystack.allocation.node.rayproc import become_subreaper
 from raystack.allocation.node.worker import run_grown, run_worker
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
-from raystack.store import paths
+from raystack.store import node_entries, paths
 from raystack.store.files import hold_probe, make_private_dirs
 
 log = logging.getLogger("raystack.node")
@@ -66,7 +66,7 @@ def announce(ctx: NodeContext) -> None:
         "alloc_id": ctx.alloc_id,
         "started": time.time(),
     }
-    records.write_node_entry(ctx.cluster, ctx.host, ctx.entry)
+    node_entries.write_node_entry(ctx.cluster, ctx.host, ctx.entry)
     log.info(
         "allocation %s: node %s (%s) id %d of %d: %d GPUs, %d CPUs, cluster %s",
         *(ctx.alloc_id, ctx.host, ctx.ip, ctx.node_id, ctx.num_nodes, ctx.gpus, ctx.cpus, ctx.cluster),

@@ -13,7 +13,7 @@ from raystack.adapters import ray as rayapi
 from raystack.allocation.node import gpus
 from raystack.allocation.node.context import GPU_REFRESH
 from raystack.errors import RayApiError
-from raystack.store import cluster as records
+from raystack.store import node_entries
 
 log = logging.getLogger("raystack.runner")
 
@@ -49,7 +49,7 @@ def gpu_memory_held(
     """
     now = time.time() if now is None else now
     held = []
-    for host, entry in records.read_node_entries(name).items():
+    for host, entry in node_entries.read_node_entries(name).items():
         if "gpu_checked" not in entry:
             continue  # no real GPUs on that node to check
         if here is not None and entry.get("pid") == here[0]:

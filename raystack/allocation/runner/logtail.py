@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack.errors import RayApiError
-from raystack.store import cluster as records
-from raystack.store import raylogs
+from raystack.store import node_entries, raylogs, workerlogs
 from raystack.store.ledger import JobRecord
 from raystack.store.raylogs import CappedCopy, original_end
 from raystack.waiting import Repeats
@@ -184,13 +183,13 @@ def gather(name: str, allocation: str, api: Any, record: JobRecord, events: bool
                 found += api.job_errors(attempt.ray_job_id)
             except RayApiError as exc:
                 log.warning("%s: Ray's record of its failures not read: %s", record.id, exc)
-    hosts = {str(e.get("ip")): host for host, e in records.read_node_entries(name).items()}
+    hosts = {str(e.get("ip")): host for host, e in node_entries.read_node_entries(name).items()}
     try:
         asked = raylogs.request_sync(name)
         late = raylogs.wait_synced(name, allocation, asked, SYNC_WAIT)
         if late:
             log.warning("%s: no copy of Ray's logs from %s yet; gathering what is there", record.id, late)
-        summary = raylogs.summary(raylogs.gather(name, record, found, hosts))
+        summary = workerlogs.summary(workerlogs.gather(name, record, found, hosts))
         GATHERING.over()
         return summary
     except OSError as exc:  # (the shared filesystem): the job's outcome is recorded anyway

@@ -43,7 +43,7 @@ from raystack.launch.launchers import shell_exit_words
 from raystack.spec import workdir
 from raystack.spec.submission import driver_entrypoint, pinned, run_dir, submit_options
 from raystack.store import cluster as records
-from raystack.store import paths, raylogs
+from raystack.store import paths, raylogs, recovery, workerlogs
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterState
 from raystack.store.diagnosis import flight_summary, read_flight
@@ -133,9 +133,9 @@ class Runner:
     def run_forever(self, lease: Lease | None = None) -> None:
         make_private_dirs(self.paths)
         log.info("queue runner for cluster %s started (pid %d)", self.name, os.getpid())
-        for job_id in store.settle_orphans(self.name, self.allocation, "found by the queue runner"):
+        for job_id in recovery.settle_orphans(self.name, self.allocation, "found by the queue runner"):
             log.warning("job %s was in flight in an allocation that ended: FAILED", job_id)
-        for job_id in store.recover(self.name):
+        for job_id in recovery.recover(self.name):
             log.warning("job %s was in neither the queue nor in flight: back in the queue", job_id)
         pipe = os.path.join(os.environ.get(NODE_TMP_ENV) or "", "runner.wake")  # (node-local)
         if NODE_TMP_ENV in os.environ and self.pause == self.ends.pause and self.ends.listen(pipe):
@@ -370,7 +370,7 @@ class Runner:
             self.finish(record, JobState.FAILED, "lost before it was submitted")
             return True
         if attempt.allocation != self.allocation:
-            store.settle_orphans(self.name, self.allocation, "found by the queue runner")
+            recovery.settle_orphans(self.name, self.allocation, "found by the queue runner")
             return True
         quiet = record.state is JobState.RUNNING and not (record.stop_requested or self.interrupting)
         if quiet and self.ends.quiet(attempt.id, self.clock(), STEADY):
@@ -379,7 +379,7 @@ class Runner:
         seen = time.time()
         if info is None:  # recorded but not in Ray yet: a retry, or the runner died in between
             if self.interrupting and not record.stop_requested:
-                store.requeue(self.name, record.id, self.interrupted_message())
+                recovery.requeue(self.name, record.id, self.interrupted_message())
                 return True
             if record.stop_requested:
                 self.finish(record, JobState.STOPPED, "stopped before it was submitted")
@@ -424,7 +424,7 @@ class Runner:
             return False
         self.tails.close(record, sid)
         if self.interrupting:
-            store.requeue(self.name, record.id, self.interrupted_message())
+            recovery.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
         elif outcome := evicted_outcome(self.name, record):
             self.finish(record, *outcome)
@@ -472,7 +472,7 @@ class Runner:
         self.watchdog.forget(sid)
         del self.stop_sent[sid]
         if self.interrupting and not record.stop_requested:
-            store.requeue(self.name, record.id, self.interrupted_message())
+            recovery.requeue(self.name, record.id, self.interrupted_message())
         elif record.stop_requested:
             self.finish(record, JobState.STOPPED, "stopped before it started")
         else:
@@ -524,7 +524,7 @@ class Runner:
             later.start()
         if error and not record.fault:  # (a stuck job's actors died because it was stopped)
             # (the driver's last line is often Ray's words for the same death: not twice)
-            said = message.split(":", 1)[0] if raylogs.DIED.search(message) else message
+            said = message.split(":", 1)[0] if workerlogs.DIED.search(message) else message
             message = f"{error} ({said})"[:1000]
         self.finish(
             record,

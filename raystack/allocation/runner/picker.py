@@ -19,7 +19,7 @@ from raystack.allocation.runner.schedule import LOOKAHEAD, Board, Want, choose
 from raystack.errors import ClusterError
 from raystack.plan.topology import nodes_wanted
 from raystack.store import cluster as records
-from raystack.store import deps
+from raystack.store import deps, node_entries
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord
 from raystack.store.ledger import JobRecord, JobRequest, read_job, update_job
@@ -114,7 +114,7 @@ class Picker:
         if self.clock() - self.nodes_seen[0] > NODES_EVERY:
             record = records.read(self.name)
             order = {h: i for i, h in enumerate(record.nodes)}
-            entries = records.read_node_entries(self.name)
+            entries = node_entries.read_node_entries(self.name)
             rank = {e.get("ip"): order.get(h, len(order)) for h, e in entries.items()}
             found = sorted(self.api.alive_nodes(), key=lambda n: (rank.get(n.ip, len(rank)), n.ip))
             if record.gpu_grown:

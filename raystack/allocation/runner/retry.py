@@ -13,7 +13,7 @@ from raystack.allocation.elastic.leaving import lost_with
 from raystack.errors import RayApiError
 from raystack.plan.topology import plural
 from raystack.store import cluster as records
-from raystack.store import queue as store
+from raystack.store import recovery
 from raystack.store.ledger import JobRecord, JobState, update_job
 
 log = logging.getLogger("raystack.runner")
@@ -50,7 +50,7 @@ def evicted_outcome(name: str, record: JobRecord) -> tuple[JobState, str] | None
     why = f"stopped: {record.evicted}"
     if want and want > held:
         return JobState.FAILED, f"{why}; it needs {plural(want, 'node')} and the cluster holds {held} now"
-    store.requeue(name, record.id, f"{why}; it starts again on the nodes that remain")
+    recovery.requeue(name, record.id, f"{why}; it starts again on the nodes that remain")
     log.info("%s INTERRUPTED (%s): back at the head of the queue", record.id, record.evicted)
     return None
 

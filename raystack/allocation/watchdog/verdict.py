@@ -32,8 +32,7 @@ from raystack.adapters import ray as rayapi
 from raystack.durations import duration_text
 from raystack.errors import RaystackError
 from raystack.plan.feasible import Demand, fmt, why_infeasible
-from raystack.store import cluster as records
-from raystack.store import diagnosis, paths, stacks
+from raystack.store import diagnosis, node_entries, paths, stacks
 from raystack.store import progress as watched
 from raystack.store.ledger import JobRecord, read_job, update_job
 from raystack.waiting import REAL, Clock, Repeats
@@ -185,7 +184,7 @@ class Watchdog:
         now = self.clock.now()
         since = time.time() - (now - w.active)
         asked = stacks.request(self.cluster, record.id)
-        entries = records.read_node_entries(self.cluster)
+        entries = node_entries.read_node_entries(self.cluster)
         hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
         self.stacks_asked[sid] = (asked, now + STACK_WAIT, hosts)
         w.suspected, w.deaf_until = now, now + STACK_WAIT
