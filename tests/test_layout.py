@@ -259,7 +259,7 @@ SLURM_WORDS = re.compile(r"slurm|sbatch|squeue|scancel|scontrol|sinfo|sacct|srun
 SLURM_WORDS_LEFT = {
     "raystack.client.allocate": 9,  # a profile's extra_sbatch (its key), passed to the backend
     "raystack.cli.submit": 8,  # sbatch's -N/-t/--gpus/-p on submit (SbatchNodesOpt, ...)
-    "raystack.cli.clusters": 4,  # `up --sbatch`
+    "raystack.cli.up": 4,  # `up --sbatch`
     "raystack.cli.grow": 4,  # `grow --sbatch`
     "raystack.spec.profile": 1,  # extra_sbatch (the key users write)
     "raystack.client.status": 3,  # the deprecated slurm_* fields of status --json

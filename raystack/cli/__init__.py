@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover (typer with click as a dependency)
     import click.exceptions as click  # type: ignore[no-redef]
 
 from raystack import __version__
+
+from raystack.cli import up  # noqa: F401  # isort: skip (up and wait register first: the help lists them first)
 from raystack.cli import clusters, grow, jobs, monitor, plan, specs, submit  # noqa: F401 (their verbs register on the app)
 from raystack.cli.common import app, err
 from raystack.client import filesystem_error
@@ -42,7 +44,7 @@ def _root(
 
 def main() -> None:
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="raystack")
     except click.NoArgsIsHelpError as exc:  # (bare `raystack`, a group without its verb: usage)
         print(exc.format_message())
         code = 2

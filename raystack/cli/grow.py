@@ -6,18 +6,6 @@ from typing import Annotated, Any
 
 import typer
 
-from raystack.cli.clusters import (
-    AccountOpt,
-    GpusPerNodeOpt,
-    NodesOpt,
-    NoWaitOpt,
-    PartitionOpt,
-    SbatchOpt,
-    TimeOpt,
-    TimeoutOpt,
-    _timeout,
-    _typed_gpus,
-)
 from raystack.cli.common import (
     ClusterOpt,
     JsonOpt,
@@ -28,6 +16,18 @@ from raystack.cli.common import (
     complete_profile,
     err,
     print_json,
+)
+from raystack.cli.up import (
+    AccountOpt,
+    GpusPerNodeOpt,
+    NodesOpt,
+    NoWaitOpt,
+    PartitionOpt,
+    SbatchOpt,
+    TimeOpt,
+    TimeoutOpt,
+    _timeout,
+    _typed_gpus,
 )
 from raystack.client import Cluster
 from raystack.client import grow as growing
