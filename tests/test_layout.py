@@ -1,5 +1,6 @@
 """The package layout is the architecture: imports point down the layers, never in a circle, the
-CLI speaks only to the Python API, no module grows past 600 lines and no function past 60,
+CLI speaks only to the Python API, no module grows past 500 lines and no function past 50
+(those not there yet, listed below, may only shrink),
 docs/concepts.md's table of folders lists the layers in this order, and every wait goes through
 raystack/waiting.py (no other module sleeps with `time.sleep` or loops around a sleep).
 `python tests/test_layout.py` prints the tree and the graph.
@@ -27,8 +28,29 @@ LAYERS = [
     ["client"],
     ["cli", "__init__", "__main__"],
 ]
-MAX_LINES = 600
-MAX_FUNCTION = 60
+MAX_LINES = 500
+MAX_FUNCTION = 50  # lines; a CLI verb's typer signature (one option a line) is not counted, its body is
+# Not there yet (docs/development.md, "What is not yet so"): each may shrink, none may grow, and
+# nothing joins the list. The two modules are one class each (the public Cluster, the queue
+# runner's pass); the functions are each one sequence that reads top to bottom.
+LONGER_MODULES = {"raystack.client.cluster": 561, "raystack.allocation.runner.loop": 595}
+LONGER_FUNCTIONS = {
+    "raystack.adapters.slurm.script.render": 57,
+    "raystack.allocation.head.program.run_head": 59,
+    "raystack.allocation.runner.loop.__init__": 51,
+    "raystack.allocation.runner.loop.submit": 60,
+    "raystack.allocation.runner.loop.follow": 58,
+    "raystack.allocation.runner.loop.ended": 60,
+    "raystack.cli.clusters.status": 56,
+    "raystack.client.allocate.plan": 57,
+    "raystack.client.cluster.wait_ready": 58,
+    "raystack.client.cluster.down": 57,
+    "raystack.client.status.status_of": 58,
+    "raystack.plan.topology.place": 56,
+    "raystack.spec.resolve.check_needs": 51,
+    "raystack.spec.resolve.resolve": 54,
+    "raystack.spec.workdir.scan": 58,
+}
 # What the CLI may import: the Python API, and the pure layers it shows (specs, plans, errors).
 CLI_MAY_USE = {"cli", "client", "spec", "plan", "errors", "__init__"}
 README = PACKAGE.parent / "docs" / "concepts.md"  # (the table of folders)
@@ -111,7 +133,19 @@ def test_no_import_circles() -> None:
 
 def test_modules_stay_small() -> None:
     big = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
-    assert {n: c for n, c in big.items() if c > MAX_LINES} == {}
+    over = {n: c for n, c in big.items() if c > LONGER_MODULES.get(n, MAX_LINES)}
+    assert over == {}, f"modules over {MAX_LINES} lines (or over their listed size): {over}"
+
+
+def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines; a CLI verb (a typer command) from its body's first statement."""
+    first = node.lineno
+    if any("command" in ast.unparse(d) for d in node.decorator_list):
+        body = node.body
+        if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        first = body[0].lineno
+    return (node.end_lineno or node.lineno) - first + 1
 
 
 def test_functions_stay_short() -> None:
@@ -119,10 +153,23 @@ def test_functions_stay_short() -> None:
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION:
-                    long.append(f"{name}.{node.name}: {lines} lines")
-    assert long == [], "functions over 60 lines: " + ", ".join(long)
+                lines, key = function_lines(node), f"{name}.{node.name}"
+                if lines > LONGER_FUNCTIONS.get(key, MAX_FUNCTION):
+                    long.append(f"{key}: {lines} lines")
+    assert long == [], f"functions over {MAX_FUNCTION} lines (or over their listed size): " + ", ".join(long)
+
+
+def test_the_lists_of_what_is_longer_only_hold_what_still_is() -> None:
+    """An entry of LONGER_* that got under the limit is taken off (so the list only shrinks)."""
+    big = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    assert [n for n in LONGER_MODULES if big.get(n, 0) <= MAX_LINES] == []
+    sizes = {
+        f"{name}.{node.name}": function_lines(node)
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    assert [n for n in LONGER_FUNCTIONS if sizes.get(n, 0) <= MAX_FUNCTION] == []
 
 
 PAUSES = {"sleep", "pause", "wait"}  # what a loop that polls calls between its looks
@@ -231,7 +278,7 @@ BACKEND_MODULES = {
     "raystack.adapters.slurm.reasons",
     "raystack.adapters.local",
 }
-MAY_USE_BACKEND = {"raystack.client.allocate": {"raystack.adapters.local"}}
+MAY_USE_BACKEND = {"raystack.client.submission": {"raystack.adapters.local"}}  # (the local plan started)
 SCHEDULER_READS = re.compile(
     r"""(environ|env)(\.get\(|\[)["']SLURM_|\[["'](sbatch|squeue|scancel|scontrol|sinfo|sacct)["']"""
 )

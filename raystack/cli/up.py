@@ -24,7 +24,7 @@ from raystack.cli.common import (
     print_json,
 )
 from raystack.cli.options import CanaryOpt, IdleTimeoutOpt, MaxNodesOpt, MetricsOpt, NoCanaryOpt
-from raystack.client import Cluster, ClusterRecord, allocate
+from raystack.client import Cluster, ClusterRecord, allocate, submission
 from raystack.client.cluster import allocation_place
 from raystack.client.status import interconnect
 from raystack.errors import ClusterError, ConfigError, SchedulerMissing, SchedulerUnavailable
@@ -342,7 +342,7 @@ def _up_on_scheduler(
             print(f"# {plan.argv()[0]} argv:\n" + shlex.join(plan.argv()))
             print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
-    record = allocate.submit(plan)
+    record = submission.submit(plan)
     if not as_json:
         err.print(f"{record.message} for cluster {record.name}", markup=False)
     if not no_wait:  # (the handle only for waiting: --no-wait shows what was submitted)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import raystack.client.allocate as allocate
+import raystack.client.submission as submission
 from raystack.adapters.allocator import AllocState, allocator
 from raystack.adapters.ray import Dashboard
 from raystack.client.access import live_dashboard
@@ -219,12 +220,12 @@ class Cluster:
     @classmethod
     def submit_plan(cls, plan: allocate.AllocationPlan) -> Cluster:
         """Perform a plan: create the folder and token, write the script, sbatch it."""
-        return cls(str(plan.name), allocate.submit(plan))
+        return cls(str(plan.name), submission.submit(plan))
 
     @staticmethod
     def space_warning(profile: Profile) -> str | None:
         """Why RAYSTACK_HOME's filesystem may run out of room for the cluster folder, or None."""
-        return allocate.space_warning(profile)
+        return submission.space_warning(profile)
 
     @classmethod
     def up_local(
@@ -255,11 +256,11 @@ class Cluster:
         profile: str | Profile = "generic",
         name: str = "local",
     ) -> tuple[allocate.AllocationPlan, Strings]:
-        return allocate.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
+        return submission.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
 
     @classmethod
     def start_local(cls, plan: allocate.AllocationPlan, gpu_ids: Strings) -> Cluster:
-        return cls(str(plan.name), allocate.start_local(plan, gpu_ids))
+        return cls(str(plan.name), submission.start_local(plan, gpu_ids))
 
     def wait_ready(
         self, progress: Progress | None = None, timeout: float | None = None, clock: Clock = REAL

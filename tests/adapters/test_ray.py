@@ -133,7 +133,7 @@ def test_a_dashboard_that_does_not_answer_is_unreachable() -> None:
 def test_a_job_whose_runtime_env_failed_is_said_in_one_line_with_its_node_and_error() -> None:
     from pathlib import Path
 
-    from raystack.adapters.ray import job_message
+    from raystack.adapters.raywords import job_message
 
     # Ray 2.60's message for runtime_env: {conda: myenv} on nodes without conda (testbed), two
     # chained tracebacks: the last exception is what went wrong.

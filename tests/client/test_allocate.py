@@ -14,7 +14,7 @@ import pytest
 
 from raystack import durations
 from raystack.adapters.slurm import NodeShape
-from raystack.client import allocate
+from raystack.client import allocate, submission
 from raystack.client.allocate import AllocationPlan
 from raystack.client.fits import unknown_features
 from raystack.errors import ConfigError, SchedulerUnavailable
@@ -282,17 +282,17 @@ def test_up_warns_when_the_home_filesystem_has_less_room_than_the_folder_may_tak
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
-    monkeypatch.setattr(allocate, "SMALL_FREE", 0)
-    assert allocate.space_warning(Profile(folder_cap=None)) is None
-    assert allocate.space_warning(Profile(folder_cap="1M")) is None
-    warning = allocate.space_warning(Profile(folder_cap="1000000T"))
+    monkeypatch.setattr(submission, "SMALL_FREE", 0)
+    assert submission.space_warning(Profile(folder_cap=None)) is None
+    assert submission.space_warning(Profile(folder_cap="1M")) is None
+    warning = submission.space_warning(Profile(folder_cap="1000000T"))
     assert (
         warning
         and f"RAYSTACK_HOME ({tmp_path})" in warning
         and "up to 1000000T (profile folder_cap)" in warning
     )
-    monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)  # more than any disk: "little room" alone warns
-    assert "GB free" in (allocate.space_warning(Profile(folder_cap=None)) or "")
+    monkeypatch.setattr(submission, "SMALL_FREE", 1 << 62)  # more than any disk: "little room" alone warns
+    assert "GB free" in (submission.space_warning(Profile(folder_cap=None)) or "")
 
 
 def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
@@ -302,10 +302,10 @@ def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
     from raystack.adapters.local import LocalAllocator
 
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
-    monkeypatch.setattr(allocate, "SMALL_FREE", 1 << 62)
+    monkeypatch.setattr(submission, "SMALL_FREE", 1 << 62)
     monkeypatch.setattr(LocalAllocator, "submit", lambda self, script, request: "local-vm-0000")
-    plan, ids = allocate.plan_local(gpus=0, cpus=1, profile=Profile(gpus_per_node=0), name="w")
-    record = allocate.start_local(plan, ids)
+    plan, ids = submission.plan_local(gpus=0, cpus=1, profile=Profile(gpus_per_node=0), name="w")
+    record = submission.start_local(plan, ids)
     assert record.allocation_id == "local-vm-0000"
     assert any("raystack: warning: RAYSTACK_HOME" in r.getMessage() for r in caplog.records), caplog.text
 

@@ -9,7 +9,6 @@ registered and the Jobs API answers, then supervises the queue runner until SLUR
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import logging
 import os
 import signal
@@ -18,12 +17,12 @@ import subprocess
 import sys
 import time
 
-from raystack.adapters.allocator import allocator
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.elastic.autoscale import Autoscale
 from raystack.allocation.elastic.idle import IdleWatch
 from raystack.allocation.elastic.leaving import Leaving
 from raystack.allocation.head import canary, prometheus
+from raystack.allocation.head.claim import Displaced, claim, head_record_fields
 from raystack.allocation.head.readiness import head_exited, missing_nodes, wait_ready
 from raystack.allocation.head.tlsfront import TlsFront
 from raystack.allocation.head.warmup import launch, overlaps
@@ -48,7 +47,6 @@ from raystack.launch.process import die_with_parent
 from raystack.store import cluster as records
 from raystack.store import paths
 from raystack.store.cluster import ClusterState, EndKind
-from raystack.store.files import locked
 from raystack.store.growth import prune
 from raystack.store.queue import active
 from raystack.store.recovery import settle_orphans
@@ -68,68 +66,7 @@ RUNNER_GRACE = 10.0  # seconds the queue runner gets to leave after SIGTERM at t
 PRUNE_EVERY = 3600.0  # seconds between checks of the cluster folder's size against its cap
 
 
-class Displaced(RaystackError):
-    """Another live allocation runs this cluster: this one must not touch its record."""
-
-
 # ---------------------------------------------------------------------------- claiming the name
-def claim(ctx: NodeContext) -> bool:
-    """Make this allocation the cluster's current one, unless another live allocation is.
-
-    Two allocations of one name (a hand-submitted twin, a restarted `up`) would run two runners
-    on one queue; the one that finds a live other holder leaves instead. Returns whether this
-    allocation continues a chain, or runs again after SLURM requeued it (the jobs in flight of
-    the last allocation, or of its earlier run, then resume).
-    """
-    p = paths.cluster(ctx.cluster)
-    with locked(p):
-        record = records.read(ctx.cluster) if records.exists(ctx.cluster) else None
-        other = record.allocation_id if record else None
-        if other and other != ctx.alloc_id:
-            holder = allocator(record.backend) if record else ctx.allocator
-            info = holder.info(other)
-            if info is None or not info.state.is_terminal():
-                state = info.state_text if info else "state unknown: SLURM did not answer"
-                raise Displaced(
-                    f"cluster {ctx.cluster} is already run by {holder.place(other)} ({state}); "
-                    f"allocation {ctx.alloc_id} leaves it alone and exits"
-                )
-        record = record or records.ClusterRecord(name=ctx.cluster)
-        follow_on = record.next_allocation_id == ctx.alloc_id or (
-            other == ctx.alloc_id and (record.chain_index > 1 or ctx.restart > record.allocation_restart)
-        )
-        if record.next_allocation_id == ctx.alloc_id:  # the last head could not hand over (SIGKILL)
-            records.apply_changes(record, {"chain_index": record.chain_index + 1, "next_allocation_id": None})
-        held = {"allocation_id": ctx.alloc_id, "allocation_restart": ctx.restart, "backend": ctx.backend}
-        records.apply_changes(record, {**held, "ending": None})
-        records.note_allocation(record, ctx.alloc_id, started=time.time(), nodes=ctx.num_nodes)
-        records.write(record)
-        return follow_on
-
-
-def head_record_fields(ctx: NodeContext, ports: dict[str, int]) -> dict[str, object]:
-    info = ctx.allocator.info(ctx.alloc_id)
-    return dict(
-        state=ClusterState.STARTING,
-        message=f"Ray head starting on {ctx.host}; waiting for nodes",
-        allocation_id=ctx.alloc_id,
-        head_host=ctx.host,
-        head_ip=ctx.ip,
-        ports=ports,
-        gcs_address=f"{ctx.ip}:{ports['gcs']}",
-        dashboard_url=f"{'https' if ctx.tls else 'http'}://{ctx.ip}:{ports['dashboard']}",
-        tls=ctx.tls is not None,
-        nodes=ctx.allocator.hosts(ctx.alloc_id, ctx.nodelist or ctx.host),
-        nodes_expected=ctx.num_nodes,
-        nodes_joined=0,
-        gpus_per_node=ctx.gpus,
-        cpus_per_node=ctx.cpus,
-        ray_version=importlib.metadata.version("ray"),
-        walltime_end=info.end_time if info and info.end_time else None,
-        idle_timeout=ctx.idle_timeout,
-        idle_since=None,
-        prometheus=f"http://127.0.0.1:{ports['prometheus']}" if "prometheus" in ports else None,
-    )
 
 
 # ---------------------------------------------------------------------------- the head's life

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack.adapters import ray as rayapi
+from raystack.adapters import raywords
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.runner import pipcheck
 from raystack.allocation.runner.drain import FREE_TIMEOUT, Drain, check, nodes_free
@@ -512,7 +513,7 @@ class Runner:
         elif state is JobState.FAILED and info.driver_exit_code is not None:
             message = self.failure_text(record, info)[:1000]
         else:
-            message = rayapi.job_message(str(info.message or ""))[:1000]
+            message = raywords.job_message(str(info.message or ""))[:1000]
         attempts = with_ray_id(record, info.job_id)  # (recorded by finish, with the rest)
         record = record.model_copy(update={"attempts": attempts})
         error = None
@@ -544,7 +545,7 @@ class Runner:
         """Why an attempt failed: its exit code and the last line of its own output (Ray's
         message is the start of the log; the end says more, e.g. which rank failed)."""
         if info.driver_exit_code is None:
-            return rayapi.job_message(str(info.message or ""))
+            return raywords.job_message(str(info.message or ""))
         last = raylogs.last_line(self.paths.job_log(record.id, len(record.attempts)))
         hint = workdir.missing_hint(last, record.request.left_out)  # (a file the defaults left out)
         since = (info.start_time or 0) / 1000 or record.attempts[-1].at
