@@ -40,11 +40,11 @@ from raystack.allocation.node.logsync import LogSync
 from raystack.allocation.node.usage import UsageSampler
 from raystack.allocation.watchdog.stacks import StackRequests
 from raystack.allocation.watchdog.verdict import Watchdog
+from raystack.spec.profile import Caps
 from raystack.store import cluster as records
 from raystack.store import node_entries
 from raystack.store import queue as store
 from raystack.store.cluster import ClusterRecord, ClusterState
-from raystack.store.raylogs import Caps
 from raystack.waiting import Every, FakeClock
 
 COUNTED = (

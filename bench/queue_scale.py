@@ -32,7 +32,7 @@ from _report import on_testbed, publish  # noqa: E402
 from raystack import Cluster  # noqa: E402
 from raystack.client import Job  # noqa: E402
 from raystack.errors import ClusterError  # noqa: E402
-from raystack.spec.job import command_spec  # noqa: E402
+from raystack.spec.load import command_spec  # noqa: E402
 from raystack.spec.resolve import new_job_id, resolve  # noqa: E402
 from raystack.store import queue  # noqa: E402
 from raystack.store.ledger import JobState  # noqa: E402
