@@ -146,10 +146,14 @@ def open_files(pid: int, skip: str) -> dict[tuple[int, str], Opened]:
             continue
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if not target.startswith("/") or target.startswith(("/dev/", "/proc/", "/sys/", skip)):
+            if (
+                not target.startswith("/")
+                or target.startswith(("/dev/", "/proc/", "/sys/", skip))
+                or target.endswith(LOGS)
+            ):
                 continue
             st = os.stat(f"/proc/{pid}/fd/{fd}")
-            if target.endswith(LOGS) or not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
                 continue
             with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
                 info = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
