@@ -278,7 +278,7 @@ BACKEND_MODULES = {
     "raystack.adapters.slurm.reasons",
     "raystack.adapters.local",
 }
-MAY_USE_BACKEND = {"raystack.client.submission": {"raystack.adapters.local"}}  # (the local plan started)
+MAY_USE_BACKEND: dict[str, set[str]] = {}  # (none: every backend through adapters/allocator.py)
 SCHEDULER_READS = re.compile(
     r"""(environ|env)(\.get\(|\[)["']SLURM_|\[["'](sbatch|squeue|scancel|scontrol|sinfo|sacct)["']"""
 )

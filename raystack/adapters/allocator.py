@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from importlib import metadata
 from pathlib import Path
 from typing import ClassVar
 
@@ -159,7 +160,6 @@ class Script:
     profile: str  # the profile's name (the script says what generated it)
     note: str = ""  # what was decided and why (whole nodes, a shorter warning lead)
     path: Path | None = None  # where the script is written (None: the hand-submitted template)
-    gpu_ids: tuple[str, ...] = ()  # this machine's GPUs a one-machine backend hands out
 
 
 class Allocator(ABC):
@@ -170,6 +170,7 @@ class Allocator(ABC):
     remote: ClassVar[bool]  # its nodes are other hosts than the one that submitted it
     command: ClassVar[str] = ""  # its submit command as a person types it ("sbatch")
     own_env: ClassVar[tuple[str, ...]] = ()  # prefixes of the variables it gives an allocation
+    walltime: ClassVar[bool] = True  # its allocations end at a time limit (a time is asked for)
 
     @abstractmethod
     def submit(self, script: Path, request: Request) -> str:
@@ -195,6 +196,11 @@ class Allocator(ABC):
     @abstractmethod
     def render(self, script: Script) -> str:
         """The allocation script: `script.environment`, then one node program per node."""
+
+    def counts(self, gpus: int | str, cpus: int | str | None) -> tuple[int | str, int | str | None]:
+        """The GPUs and CPUs per node a plan asks for, where the backend decides them itself (one
+        machine: its own, checked); as given elsewhere ("auto": the scheduler's whole node)."""
+        return gpus, cpus
 
     def never_starts(self, info: AllocInfo) -> tuple[str, str] | None:
         """(what it means, what to change) where the scheduler holds the allocation back for a
@@ -265,6 +271,8 @@ class Allocator(ABC):
 
 
 ALLOCATORS: dict[str, Allocator] = {}
+PLUGINS = "raystack.backends"  # the entry-point group a backend of another package registers in
+_plugged: list[str] = []  # (the plug-ins loaded, once per process)
 
 
 def register(implementation: Allocator) -> Allocator:
@@ -272,18 +280,30 @@ def register(implementation: Allocator) -> Allocator:
     return implementation
 
 
+def plugins() -> dict[str, Allocator]:
+    """Every backend: raystack's own and those other packages name in the `raystack.backends`
+    entry-point group (each entry a module that calls `register` when imported). Read once, and
+    only where a backend is asked for by name or a node program looks for its own."""
+    if not _plugged:
+        _plugged.append(PLUGINS)
+        for entry in metadata.entry_points(group=PLUGINS):
+            entry.load()
+    return ALLOCATORS
+
+
 def allocator(backend: str) -> Allocator:
-    """The allocator of `backend` ('slurm', 'local', ...)."""
-    try:
-        return ALLOCATORS[backend]
-    except KeyError:
-        raise ValueError(f"unknown backend {backend!r}; one of {', '.join(ALLOCATORS)}") from None
+    """The allocator of `backend` ('slurm', 'local', or a plug-in's)."""
+    found = ALLOCATORS.get(backend) or plugins().get(backend)
+    if found is None:
+        raise ValueError(f"unknown backend {backend!r}; one of {', '.join(ALLOCATORS)}")
+    return found
 
 
 def node_facts(env: Mapping[str, str]) -> tuple[str, NodeFacts]:
-    """(backend, facts) of the node program this environment started; local first (its shell may
-    run inside a SLURM job)."""
-    for name in sorted(ALLOCATORS, key=lambda b: ALLOCATORS[b].remote):
+    """(backend, facts) of the node program this environment started; the one-machine backends
+    first (their shell may run inside a SLURM job), a plug-in's before raystack's remote ones."""
+    order = {name: (a.remote, name in ("slurm",)) for name, a in plugins().items()}
+    for name in sorted(ALLOCATORS, key=order.__getitem__):
         if (found := ALLOCATORS[name].facts(env)) is not None:
             return name, found
     raise ValueError(

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from raystack import __version__
 from raystack.adapters.allocator import Allocator, AllocInfo, AllocState, NodeFacts, Request, Script, register
+from raystack.errors import ConfigError
 from raystack.store import files
+from raystack.store.paths import NODE_LOG
 from raystack.waiting import REAL, Clock, retry
 
 PREFIX = "local-"
@@ -154,6 +156,29 @@ def sweep(alloc_id: str, ended: bool = False) -> list[int]:
     return left
 
 
+def given_gpus(count: int) -> list[str]:
+    """The ids of the first `count` GPUs this machine shows. Without a GPU to see (a login node,
+    CI), `count` logical GPUs for Ray, as the testbed gives: placement and masking can be tested;
+    CUDA cannot."""
+    return gpu_ids()[:count] or [str(i) for i in range(count)]
+
+
+def machine_counts(gpus: int | str, cpus: int | str | None) -> tuple[int, int]:
+    """This machine's share a local cluster asks for ("auto" or None: all of it), checked."""
+    ids, cores = gpu_ids(), cpu_count()
+    if cpus not in (None, "auto") and not 1 <= int(cpus) <= cores:
+        raise ConfigError(
+            f"--cpus: {cpus} but this machine gives this process {cores} CPUs; use 1 to {cores}"
+        )
+    if gpus != "auto" and int(gpus) < 0:
+        raise ConfigError(f"--gpus: {gpus} is negative; use 0 for a CPU-only cluster")
+    if gpus != "auto" and ids and int(gpus) > len(ids):
+        raise ConfigError(
+            f"--gpus: {gpus} but this machine has {len(ids)} GPUs ({GPU_SOURCE}); use at most {len(ids)}"
+        )
+    return len(ids) if gpus == "auto" else int(gpus), cores if cpus in (None, "auto") else int(cpus)
+
+
 LOCAL_ENDED = "the local node program is no longer running"
 
 
@@ -174,7 +199,7 @@ def render(script: Script) -> str:
         f"export RAYSTACK_LOCAL_GPUS={request.gpus_per_node} RAYSTACK_LOCAL_CPUS={request.cpus_per_node}",
     ]
     if request.gpus_per_node:
-        lines.append(f"export CUDA_VISIBLE_DEVICES={','.join(script.gpu_ids)}")
+        lines.append(f"export CUDA_VISIBLE_DEVICES={','.join(given_gpus(request.gpus_per_node))}")
     lines += [
         "# A job must not think it runs inside a SLURM job (this shell may be inside one).",
         'for v in $(compgen -e | grep "^SLURM_" || true); do unset "$v"; done',
@@ -192,13 +217,18 @@ class LocalAllocator(Allocator):
     backend = "local"
     label = "on this machine as"
     remote = False
+    walltime = False
 
     def submit(self, script: Path, request: Request) -> str:
-        """`request.output`: the node program's log (where a SLURM node's goes)."""
+        """The node program's output goes where a SLURM node's does: `node-<host>.log` beside the
+        allocation logs `request.output` names."""
         assert request.output
         alloc_id = new_id()
-        start(alloc_id, script, Path(request.output))
+        start(alloc_id, script, Path(request.output).parent / NODE_LOG.format(host=this_host()))
         return alloc_id
+
+    def counts(self, gpus: int | str, cpus: int | str | None) -> tuple[int | str, int | str | None]:
+        return machine_counts(gpus, cpus)
 
     def render(self, script: Script) -> str:
         return render(script)

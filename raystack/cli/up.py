@@ -248,13 +248,13 @@ def up(
         "chain": chain,
         "signal_lead": signal_lead,
     }
-    if local_:
+    if local_:  # (the local backend: this machine's share, and no scheduler's options)
         _refuse_scheduler_options(nodes, {**scheduler_options, **asdict(site), "max_nodes": max_nodes})
-        _up_local(gpus, cpus, prof, name or "local", dry_run, no_wait, wait_s, (as_json, parsable))
-        return
-    if gpus is not None or cpus is not None:
+        scheduler_options = {"gpus_per_node": gpus, "cpus_per_task": cpus}
+        prof = allocate.local_profile(prof)
+    elif gpus is not None or cpus is not None:
         raise ConfigError("--gpus/--cpus are for --local; on SLURM use --gpus-per-node/--cpus-per-task")
-    plan = _plan_on_scheduler(nodes, prof, name or "default", scheduler_options)
+    plan = _plan_on_scheduler(nodes, prof, name or ("local" if local_ else "default"), scheduler_options)
     _up_on_scheduler(plan, dry_run, no_wait, wait_s, (as_json, parsable))
 
 
@@ -335,16 +335,22 @@ def _up_on_scheduler(
     as_json, parsable = how
     if plan.note and not as_json:
         err.print(f"raystack: {plan.note}", markup=False)
+    argv = plan.argv()  # (none where the backend starts it itself: --local)
     if dry_run:
         if as_json:
-            print_json({"argv": plan.argv(), "script": allocate.render_script(plan)})
+            print_json(
+                {"argv": argv, "script": allocate.render_script(plan)}
+                if argv
+                else {"script": allocate.render_script(plan)}
+            )
         else:
-            print(f"# {plan.argv()[0]} argv:\n" + shlex.join(plan.argv()))
+            print(f"# {argv[0]} argv:\n" + shlex.join(argv) if argv else "", end="\n" if argv else "")
             print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
         return
     record = submission.submit(plan)
     if not as_json:
-        err.print(f"{record.message} for cluster {record.name}", markup=False)
+        shares = "" if argv else f": {plan.gpus_per_node} GPUs, {plan.cpus_per_task} CPUs"
+        err.print(f"{record.message} for cluster {record.name}{shares}", markup=False)
     if not no_wait:  # (the handle only for waiting: --no-wait shows what was submitted)
         say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
         cluster = Cluster(record.name, record)
@@ -352,39 +358,6 @@ def _up_on_scheduler(
             cluster.wait_ready(progress=say, timeout=timeout)
         record = cluster.snapshot()
     _show_ready(record, as_json, parsable)
-
-
-def _up_local(
-    gpus: int | None,
-    cpus: int | None,
-    profile: Profile,
-    name: str,
-    dry_run: bool,
-    no_wait: bool,
-    timeout: float | None,
-    how: tuple[bool, bool],
-) -> None:
-    as_json, parsable = how
-    plan, gpu_ids = Cluster.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
-    if dry_run:
-        script = allocate.render_script(plan, gpu_ids)
-        if as_json:
-            print_json({"script": script})
-        else:
-            print(f"# script ({plan.script_path}):\n" + script, end="")
-        return
-    cluster = Cluster.start_local(plan, gpu_ids)
-    record = cluster.snapshot()
-    if not as_json:
-        err.print(
-            f"started cluster {name} on this machine ({record.allocation_id}): "
-            f"{plan.gpus_per_node} GPUs, {plan.cpus_per_task} CPUs"
-        )
-    if not no_wait:
-        say = (lambda _m: None) if as_json else (lambda m: err.print(f"  {m}"))
-        with on_interrupt(lambda: still_starting(name)):
-            cluster.wait_ready(progress=say, timeout=timeout)
-    _show_ready(cluster.snapshot(), as_json, parsable)
 
 
 def _show_ready(record: ClusterRecord, as_json: bool, parsable: bool = False) -> None:

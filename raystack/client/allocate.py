@@ -1,7 +1,8 @@
 """Plan, then act: build the exact sbatch argv and allocation script, then submit it.
 
 `plan()` is pure (validated inputs in, an AllocationPlan out) and is what `raystack up
---dry-run` prints; `submit()` (or `start_local()`) performs it. The script is rendered by
+--dry-run` prints; `client/submission.submit()` performs it, on whichever backend the profile
+names (`up --local`: the local one). The script is rendered by
 `render_script`, a pure function snapshot-tested against golden files.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack import durations
-from raystack.adapters.allocator import NodeShape, Request, Script, allocator
+from raystack.adapters.allocator import Allocator, NodeShape, Request, Script, allocator
 from raystack.client.fits import within
 from raystack.durations import duration_text, parse_duration
 from raystack.errors import (
@@ -95,6 +96,13 @@ class AllocationPlan:
         return allocator(self.backend).argv(self.script_path or Path(paths.SCRIPT), self.request())
 
 
+def local_profile(profile: str | Profile) -> Profile:
+    """A profile for `up --local`: its setup and environment on the local backend, with all of
+    this machine's GPUs and CPUs unless `--gpus`/`--cpus` say less."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    return prof.model_copy(update={"backend": "local", "gpus_per_node": "auto", "cpus_per_task": "auto"})
+
+
 def wants_node_shape(profile: Profile, gpus_per_node: int | None, cpus_per_task: int | None) -> bool:
     """Whether planning needs the partition's node size (a count left at "auto")."""
     gpus = profile.gpus_per_node if gpus_per_node is None else gpus_per_node
@@ -126,19 +134,13 @@ def plan(
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     rayenv.check_floor()
     _check_counts(nodes, gpus_per_node, cpus_per_task, prof.max_nodes)
-    native = [allocator(prof.backend).check_native(o) for o in extra_sbatch or []]  # (each once)
+    backend = allocator(prof.backend)
+    native = [backend.check_native(o) for o in extra_sbatch or []]  # (each once)
     name = paths.validate_name(name)
     walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = _links(prof.chain if chain is None else chain)
     lead, lead_note = _signal_lead(prof, signal_lead, walltime)
-    gpus, cpus, mem, note = _node_size(
-        prof.gpus_per_node if gpus_per_node is None else gpus_per_node,
-        prof.cpus_per_task if cpus_per_task is None else cpus_per_task,
-        prof.mem,
-        shape,
-    )
-    if shape is not None:
-        within(shape, nodes, gpus, cpus)
+    gpus, cpus, mem, note = _node_size(backend, prof, nodes, (gpus_per_node, cpus_per_task), shape)
     return AllocationPlan(
         profile=prof,
         nodes=nodes,
@@ -210,10 +212,19 @@ def _signal_lead(
 
 
 def _node_size(
-    gpus: int | str, cpus: int | str | None, mem: str | None, shape: NodeShape | None
+    backend: Allocator,
+    prof: Profile,
+    nodes: int,
+    asked: tuple[int | None, int | None],
+    shape: NodeShape | None,
 ) -> tuple[int, int | None, str | None, str]:
-    """(GPUs, CPUs, memory, note) per node: counts left at "auto" become a whole node's."""
-    note = ""
+    """(GPUs, CPUs, memory, note) per node: those asked, else the profile's; counts left at "auto"
+    become a whole node's (the backend's own where it decides them), checked against `shape`."""
+    gpus, cpus = backend.counts(
+        prof.gpus_per_node if asked[0] is None else asked[0],
+        prof.cpus_per_task if asked[1] is None else asked[1],
+    )
+    mem, note = prof.mem, ""
     if "auto" in (gpus, cpus):
         if shape is None:
             raise ConfigError(
@@ -232,6 +243,8 @@ def _node_size(
             "ask less with --cpus-per-task / --gpus-per-node or a profile"
         )
     assert isinstance(gpus, int) and (cpus is None or isinstance(cpus, int))
+    if shape is not None:
+        within(shape, nodes, gpus, cpus)
     return gpus, cpus, mem, note
 
 
@@ -262,7 +275,7 @@ def environment(plan: AllocationPlan) -> list[str]:
     return lines
 
 
-def render_script(plan: AllocationPlan, gpu_ids: list[str] | None = None) -> str:
+def render_script(plan: AllocationPlan) -> str:
     """The allocation script of the plan's backend around raystack's environment lines."""
     return allocator(plan.backend).render(
         Script(
@@ -271,7 +284,6 @@ def render_script(plan: AllocationPlan, gpu_ids: list[str] | None = None) -> str
             profile=plan.profile.name,
             note=plan.note,
             path=plan.script_path,
-            gpu_ids=tuple(gpu_ids or ()),
         )
     )
 

@@ -105,7 +105,7 @@ def tunnel_line(record: ClusterRecord, local_ip: str, port: int, host: str) -> s
     ssh = f"ssh -N -L {local_ip}:{port}:{record.head_ip}:{port} {host}"
     return (
         f"none on this machine ({record.dashboard_url}); from another: {ssh}"
-        if record.backend == "local"
+        if not allocator(record.backend).remote
         else ssh
     )
 
@@ -241,26 +241,17 @@ class Cluster:
     ) -> Cluster:
         """A one-node cluster on this machine, without SLURM: the same node program, folder,
         token, queue and ledger. `gpus`/`cpus`: this machine's share (default: all of it)."""
-        plan, gpu_ids = cls.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
-        cluster = cls.start_local(plan, gpu_ids)
-        if wait:
-            cluster.wait_ready(progress=progress, timeout=timeout)
-        return cluster
-
-    @classmethod
-    def plan_local(
-        cls,
-        *,
-        gpus: int | None = None,
-        cpus: int | None = None,
-        profile: str | Profile = "generic",
-        name: str = "local",
-    ) -> tuple[allocate.AllocationPlan, Strings]:
-        return submission.plan_local(gpus=gpus, cpus=cpus, profile=profile, name=name)
-
-    @classmethod
-    def start_local(cls, plan: allocate.AllocationPlan, gpu_ids: Strings) -> Cluster:
-        return cls(str(plan.name), submission.start_local(plan, gpu_ids))
+        prof = allocate.local_profile(profile)
+        return cls.up(
+            1,
+            profile=prof,
+            name=name,
+            gpus_per_node=gpus,
+            cpus_per_task=cpus,
+            wait=wait,
+            progress=progress,
+            timeout=timeout,
+        )
 
     def wait_ready(
         self, progress: Progress | None = None, timeout: float | None = None, clock: Clock = REAL
@@ -363,7 +354,7 @@ class Cluster:
             "tunnel": tunnel_line(record, local_ip, port, host),
             "login": f'eval "$(raystack env {self.name})" && ray get-auth-token',
         }
-        if record.backend == "local" and record.dashboard_url:  # (open here as it is; the tunnel's
+        if not allocator(record.backend).remote and record.dashboard_url:  # (open here as it is; the tunnel's
             info["tunnel_url"], info["url"] = info["url"], record.dashboard_url  # from elsewhere)
         if record.tls:  # the certificate names the head's address, not the tunnel's
             info["certificate"] = (

@@ -1,29 +1,25 @@
 """An allocation plan carried out: a fresh cluster folder (its script and first record, claimed
 under the folder's lock), the scheduler asked and its answer recorded (an allocation it queued
-without answering found again), or a --local cluster planned and started on this machine."""
+without answering found again). Every backend the same way: `up --local` is the local one."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
-from dataclasses import replace
 from typing import Any
 
-from raystack.adapters import local
 from raystack.adapters.allocator import Allocator, allocator
-from raystack.client.allocate import AllocationPlan, log, plan, render_script
+from raystack.client.allocate import AllocationPlan, log, render_script
 from raystack.client.fits import why_refused
 from raystack.client.reconcile import settle
 from raystack.errors import (
     ClusterError,
-    ConfigError,
     SchedulerError,
     SchedulerMissing,
     SchedulerUnavailable,
 )
-from raystack.spec import rayenv
-from raystack.spec.profile import Profile, load_profile
+from raystack.spec.profile import Profile
 from raystack.store import claims, paths, tls
 from raystack.store import cluster as records
 from raystack.store.cluster import ClusterRecord, ClusterState
@@ -34,31 +30,9 @@ def submit(p: AllocationPlan) -> ClusterRecord:
     """Perform a plan: create the folder and token, write the script, sbatch it. The record."""
     assert p.name and p.script_path
     check_name_free(p.name)
-    # A live allocation of this name that the record does not know (submitted by hand, or
-    # its record lost) would run a second queue runner on the same queue; one that runs another
-    # RAYSTACK_HOME's cluster folder (another project's cluster of the same name) is no twin.
     mine = os.path.realpath(p.script_path)
     backend = allocator(p.backend)
-    try:
-        named = backend.named(f"raystack-{p.name}")
-    except SchedulerMissing:  # (no SLURM commands on this host: said with the fix)
-        raise
-    except SchedulerUnavailable as exc:
-        raise ClusterError(
-            f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once it "
-            "answers (`squeue` works)"
-        ) from exc
-    twins = [
-        i
-        for i in named
-        if i.state.is_active()
-        and not (i.command.endswith(f"/{p.name}/{paths.SCRIPT}") and os.path.realpath(i.command) != mine)
-    ]
-    if twins:
-        raise ClusterError(
-            f"{backend.place(twins[0].alloc_id)} ({twins[0].state_text}) already runs a cluster named "
-            f"'{p.name}': end it first (`scancel {twins[0].alloc_id}`), or choose another --name"
-        )
+    _no_twin(backend, p.name, mine)
     request = p.request()
     prepare(
         p,
@@ -67,7 +41,7 @@ def submit(p: AllocationPlan) -> ClusterRecord:
         signal_lead=p.signal_lead,
         request=request.dump(),
         backend=p.backend,
-        message="submitting",
+        message="submitting" if backend.remote else "starting",
     )
     try:
         alloc_id = backend.submit(p.script_path, request)
@@ -79,7 +53,34 @@ def submit(p: AllocationPlan) -> ClusterRecord:
             p.partition, p.nodes or 0, p.gpus_per_node, p.cpus_per_task, p.mem, p.profile.constraint
         )
         raise ClusterError(f"SLURM refused the allocation: {exc}{why}") from exc
-    return _recorded(p.name, backend, alloc_id, f"submitted as {backend.place(alloc_id)}")
+    done = "submitted as" if backend.remote else "started"
+    return _recorded(p.name, backend, alloc_id, f"{done} {backend.place(alloc_id)}")
+
+
+def _no_twin(backend: Allocator, name: str, mine: str) -> None:
+    """Refuse a live allocation of this name that the record does not know (submitted by hand, or
+    its record lost): it would run a second queue runner on the same queue. One that runs another
+    RAYSTACK_HOME's cluster folder (another project's cluster of the same name) is no twin."""
+    try:
+        named = backend.named(f"raystack-{name}")
+    except SchedulerMissing:  # (no SLURM commands on this host: said with the fix)
+        raise
+    except SchedulerUnavailable as exc:
+        raise ClusterError(
+            f"SLURM did not answer ({exc}): nothing was submitted; `raystack up` again once it "
+            "answers (`squeue` works)"
+        ) from exc
+    twins = [
+        i
+        for i in named
+        if i.state.is_active()
+        and not (i.command.endswith(f"/{name}/{paths.SCRIPT}") and os.path.realpath(i.command) != mine)
+    ]
+    if twins:
+        raise ClusterError(
+            f"{backend.place(twins[0].alloc_id)} ({twins[0].state_text}) already runs a cluster named "
+            f"'{name}': end it first (`scancel {twins[0].alloc_id}`), or choose another --name"
+        )
 
 
 def _recorded(name: str, backend: Allocator, alloc_id: str, message: str) -> ClusterRecord:
@@ -127,7 +128,7 @@ def prepare(p: AllocationPlan, script: str, note: str = "", **fields: Any) -> No
         tls=p.profile.tls,
         gpus_per_node=p.gpus_per_node,
         cpus_per_node=p.cpus_per_task or 0,
-        walltime=p.walltime if p.backend != "local" else None,
+        walltime=p.walltime if allocator(p.backend).walltime else None,
         max_nodes=p.profile.max_nodes,
         history=[{"state": "SUBMITTED", "time": time.time(), "message": note}],
         **fields,
@@ -164,45 +165,3 @@ def space_warning(profile: Profile) -> str | None:
 def check_name_free(name: str) -> None:
     if records.exists(name) and (why := claims.in_use(settle(records.read(name)))):
         raise ClusterError(why)
-
-
-def plan_local(
-    *,
-    gpus: int | None = None,
-    cpus: int | None = None,
-    profile: str | Profile = "generic",
-    name: str = "local",
-) -> tuple[AllocationPlan, list[str]]:
-    """A one-node plan for this machine, and the GPU ids it gets."""
-    prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    rayenv.check_floor()
-    ids, cores = local.gpu_ids(), local.cpu_count()
-    if cpus is not None and not 1 <= cpus <= cores:
-        raise ConfigError(
-            f"--cpus: {cpus} but this machine gives this process {cores} CPUs; use 1 to {cores}"
-        )
-    if gpus is not None and gpus < 0:
-        raise ConfigError(f"--gpus: {gpus} is negative; use 0 for a CPU-only cluster")
-    if gpus is not None and ids and gpus > len(ids):
-        raise ConfigError(
-            f"--gpus: {gpus} but this machine has {len(ids)} GPUs ({local.GPU_SOURCE}); "
-            f"use at most {len(ids)}"
-        )
-    count = len(ids) if gpus is None else gpus
-    # Without a GPU to see (a login node, CI), --gpus G gives Ray G logical GPUs, as the testbed
-    # does: placement and masking can be tested; CUDA cannot.
-    ids = ids[:count] if ids else [str(i) for i in range(count)]
-    planned = plan(1, profile=prof, name=name, gpus_per_node=count, cpus_per_task=cpus or cores)
-    return replace(planned, backend="local"), ids
-
-
-def start_local(p: AllocationPlan, gpu_ids: list[str]) -> ClusterRecord:
-    """Start a local plan's node program on this machine, detached. The record."""
-    assert p.name and p.script_path and p.cluster_paths
-    check_name_free(p.name)
-    prepare(p, render_script(p, gpu_ids), note="local", backend="local", message="starting")
-    backend = allocator("local")
-    # Its output goes where a SLURM node's does: logs/node-<host>.log, named in every error.
-    log_file = p.cluster_paths.node_log(local.this_host())
-    alloc_id = backend.submit(p.script_path, replace(p.request(), output=str(log_file)))
-    return _recorded(p.name, backend, alloc_id, f"started {backend.place(alloc_id)}")

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from raystack.adapters.allocator import allocator
 from raystack.errors import ConfigError
 from raystack.plan.batch import keep_effective_batch
 from raystack.plan.topology import (
@@ -72,7 +73,8 @@ def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRec
         return cluster
     held = cluster.held
     nodes = nodes_wanted(needs, held)
-    grows = cluster.backend != "local" and nodes is not None and held[0] < nodes <= (cluster.max_nodes or 0)
+    one_machine = not allocator(cluster.backend).remote  # (it never grows)
+    grows = not one_machine and nodes is not None and held[0] < nodes <= (cluster.max_nodes or 0)
     if nodes is None or (nodes >= held[0] and not grows):
         return cluster
     # (fewer nodes than held: its own; more, on a cluster the queue grows: the nodes it will hold)

@@ -207,10 +207,9 @@ class Profile(SpecModel):
     @field_validator("backend")
     @classmethod
     def _backend(cls, value: str) -> str:
-        from raystack.adapters.allocator import ALLOCATORS
+        from raystack.adapters.allocator import plugins
 
-        known = [b for b, a in ALLOCATORS.items() if a.remote]  # (local: `raystack up --local`)
-        if value not in known:
+        if value not in (known := plugins()):
             raise ValueError(
                 f"no scheduler {value!r} here; one of {', '.join(known)} (`up --local` for this machine)"
             )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raystack import durations
-from raystack.adapters.allocator import asked
+from raystack.adapters.allocator import allocator, asked
 from raystack.durations import duration_text
 from raystack.errors import ConfigError
 from raystack.plan.topology import plural
@@ -64,7 +64,7 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     """Refuse, before queueing, a job that cannot fit the cluster (a bundle that does not fit hangs)."""
     # (a cluster that grows for its queue, `up --max-nodes`, holds up to max_nodes)
     nodes, gpn, cpn = cluster.held
-    local = cluster.backend == "local"  # (one node of this machine: it never grows)
+    local = not allocator(cluster.backend).remote  # (one machine: it never grows)
     nodes = nodes if local else max(nodes, cluster.max_nodes or 0)
     n = spec.needs
 

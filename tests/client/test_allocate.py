@@ -304,8 +304,8 @@ def test_starting_a_cluster_says_the_space_warning_for_the_python_api_too(
     monkeypatch.setenv("RAYSTACK_HOME", str(tmp_path))
     monkeypatch.setattr(submission, "SMALL_FREE", 1 << 62)
     monkeypatch.setattr(LocalAllocator, "submit", lambda self, script, request: "local-vm-0000")
-    plan, ids = submission.plan_local(gpus=0, cpus=1, profile=Profile(gpus_per_node=0), name="w")
-    record = submission.start_local(plan, ids)
+    profile = allocate.local_profile(Profile())
+    record = submission.submit(allocate.plan(1, profile=profile, name="w", gpus_per_node=0, cpus_per_task=1))
     assert record.allocation_id == "local-vm-0000"
     assert any("raystack: warning: RAYSTACK_HOME" in r.getMessage() for r in caplog.records), caplog.text
 

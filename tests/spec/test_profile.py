@@ -95,8 +95,7 @@ def test_user_profile_dir_is_searched_first(tmp_path: Path, monkeypatch: pytest.
         ("chain: yes\n", r"field 'chain': true is a yes/no \(YAML reads yes, no, on, off so\), not a number"),
         ("prometheus: /usr/bin/prometheus\n", r"prometheus needs `metrics: true`"),
         ("grafana_host: http://g:3000\n", r"grafana_host needs `metrics: true`"),
-        ("backend: pbs\n", r"field 'backend'.*no scheduler 'pbs' here; one of slurm"),
-        ("backend: local\n", r"field 'backend'.*`up --local` for this machine"),
+        ("backend: pbs\n", r"field 'backend'.*no scheduler 'pbs' here; one of local, slurm"),
     ],
 )
 def test_bad_profile_is_one_line_naming_file_and_field(
@@ -183,3 +182,15 @@ def test_setup_as_one_line_or_a_block_is_a_list_of_lines(
     write_profile(folder, "bad", "setup: {module: cuda}\n", monkeypatch)
     with pytest.raises(ConfigError, match=r"field 'setup'"):
         load_profile("bad")
+
+
+def test_a_profile_may_name_the_local_backend_and_up_local_is_that_backend() -> None:
+    """`backend: local` is a backend as any other (`up --local` plans on it): this machine's
+    GPUs and CPUs, one node, no walltime asked."""
+    from raystack.client import allocate
+
+    prof = Profile(backend="local", gpus_per_node=0, cpus_per_task=1)
+    plan = allocate.plan(1, profile=prof, name="here")
+    assert plan.backend == "local" and plan.argv() == [] and plan.cpus_per_task == 1
+    assert allocate.local_profile("generic").backend == "local"
+    assert 'exec "$RAYSTACK_PYTHON" -m raystack.allocation.node' in allocate.render_script(plan)
