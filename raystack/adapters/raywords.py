@@ -81,8 +81,8 @@ def job_message(text: str) -> str:
     if not raised:
         return text
     node = ON_NODE.search(text)
-    where = f" on node {node.group(1)}" if node else ""
+    on_node = f" on node {node.group(1)}" if node else ""
     error = lines[raised[-1]].strip()
     rest = " ".join(ln.strip() for ln in lines[raised[-1] + 1 :] if ln.strip())  # (its message's lines:
     rest = rest if len(rest) <= TAIL else "... " + rest[-TAIL:]  # pip's output, whose end says why)
-    return f"{lines[0].strip().rstrip('.')}{where}: {error}" + (f" {rest}" if rest else "")
+    return f"{lines[0].strip().rstrip('.')}{on_node}: {error}" + (f" {rest}" if rest else "")

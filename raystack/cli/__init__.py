@@ -51,9 +51,9 @@ def main() -> None:
     except typer.Exit as exc:
         code = exc.exit_code
     except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx else "raystack"
+        command = exc.ctx.command_path if exc.ctx else "raystack"
         text = " ".join(exc.format_message().split())
-        err.print(f"{where}: error: {text} (see {where} --help)", markup=False)
+        err.print(f"{command}: error: {text} (see {command} --help)", markup=False)
         code = 2
     except (typer.Abort, KeyboardInterrupt):
         err.print("raystack: interrupted", markup=False)

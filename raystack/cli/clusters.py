@@ -193,9 +193,9 @@ def down(
     for handle, record in zip(handles, done, strict=True):
         out.print(f"cluster {record.name}: {record.state.value} ({record.message})")
         if ids := running[record.name]:  # (a local cluster whose node program was killed failed them)
-            said = ((s, ", ".join(j)) for s, j in handle.states_of(ids).items())
+            by_state = ((s, ", ".join(j)) for s, j in handle.states_of(ids).items())
             err.print(
-                "  " + "; ".join(f"{WITH.get(s, 'ended before it')} ({s}): {j}" for s, j in said),
+                "  " + "; ".join(f"{WITH.get(s, 'ended before it')} ({s}): {j}" for s, j in by_state),
                 markup=False,
             )
         if waiting := len(handle.positions()):

@@ -351,8 +351,8 @@ def _tell(target: Cluster, jobs: list[Job], follow: bool, how: str) -> None:
         )
     else:
         pos = rows[0]["position"]
-        where = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
-        err.print(f"queued job {jobs[0].id} on cluster {target.name} ({where})", markup=False)
+        position = "next" if pos == 1 else f"position {pos}" if pos else "submitting now"
+        err.print(f"queued job {jobs[0].id} on cluster {target.name} ({position})", markup=False)
     if jobs[0].queued_note:
         err.print(f"  note: {jobs[0].queued_note}", markup=False)
     if first.request.left_out:

@@ -381,9 +381,9 @@ def _show_ready(record: ClusterRecord, as_json: bool, parsable: bool = False) ->
         f"({', '.join(record.nodes)}), "
         f"{record.gpus_per_node * record.nodes_expected} GPUs"
     )
-    said = interconnect(record)
-    if said:
-        (err if "WARNING" in said else out).print(said, markup=False, soft_wrap=True)
+    canary = interconnect(record)
+    if canary:
+        (err if "WARNING" in canary else out).print(canary, markup=False, soft_wrap=True)
     out.print(f"dashboard: {record.dashboard_url}  (token: raystack dashboard {name})")
     out.print(f"tunnel:    {Cluster(name, record).tunnel()['tunnel']}", markup=False, soft_wrap=True)
     out.print(f'env:       eval "$(raystack env {name})"')

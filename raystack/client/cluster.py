@@ -264,11 +264,11 @@ class Cluster:
         """
         say = progress or (lambda _msg: None)
         last_asked, interval = -1e9, ASK_EVERY_MIN
-        last_said, estimate, unseen = "", PendingShown(), None
+        last_line, estimate, unseen = "", PendingShown(), None
         now: list[ClusterRecord] = []
 
         def step() -> ClusterRecord | None:
-            nonlocal last_asked, interval, last_said, unseen
+            nonlocal last_asked, interval, last_line, unseen
             record = records.read(self.name)
             if record.state is ClusterState.READY:  # (and its allocation still runs)
                 record = as_ended(record, pending_end(record))
@@ -285,7 +285,7 @@ class Cluster:
                 info = allocator(record.backend).info(record.allocation_id) if record.allocation_id else None
                 record = as_ended(record, pending_end(record, info))
                 if info is not None and info.state is AllocState.WAITING and estimate.moved(info):
-                    say(last_said := pending_line(record, info))
+                    say(last_line := pending_line(record, info))
                 elif (
                     record.state is ClusterState.SUBMITTED
                     and not unseen
@@ -297,9 +297,9 @@ class Cluster:
                 hint = "" if logs in record.message else f" (logs: {logs})"
                 raise ClusterError(f"cluster {self.name} {record.state.value}: {record.message}{hint}")
             if record.state is ClusterState.STARTING:
-                said = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
-                if said != last_said:
-                    say(last_said := said)
+                line = f"STARTING: {record.nodes_joined}/{record.nodes_expected} nodes joined"
+                if line != last_line:
+                    say(last_line := line)
             now[:] = [record]
             return None
 

@@ -15,10 +15,10 @@ from raystack.spec.values import size_to_mb
 def within(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
     """Refuse what the partition (as sinfo lists it) cannot hold, before SLURM answers with
     `More processors requested than permitted` or `Requested node configuration is not available`."""
-    where = f"partition {shape.partition}"
+    partition = f"partition {shape.partition}"
     if nodes > shape.nodes:
         raise ConfigError(
-            f"--nodes {nodes}: {where} has {shape.nodes} node(s) (sinfo); ask at most {shape.nodes}"
+            f"--nodes {nodes}: {partition} has {shape.nodes} node(s) (sinfo); ask at most {shape.nodes}"
         )
     if not shape.uniform:  # (shape holds the smallest node's counts: a larger one may fit them)
         return
@@ -28,7 +28,7 @@ def within(shape: NodeShape, nodes: int, gpus: int, cpus: int | None) -> None:
     ):
         if asked is not None and asked > has:
             raise ConfigError(
-                f"{option} {asked}: {where}'s nodes have {has} {what} (sinfo); ask at most {has}"
+                f"{option} {asked}: {partition}'s nodes have {has} {what} (sinfo); ask at most {has}"
             )
 
 

@@ -60,13 +60,12 @@ def find_cluster_of(job_id: str, cluster: str | None = None) -> str:
                 f"jobs; `raystack queue --all` lists them, `raystack cancel {job_id}` takes the queued ones"
             )
     if cluster and (elsewhere := deps.holder(job_id, names[0])):
-        said = f"no job '{job_id}' in cluster {names[0]}: it is in cluster {elsewhere} (-c {elsewhere})"
-        raise ClusterError(said)
+        why = f"no job '{job_id}' in cluster {names[0]}: it is in cluster {elsewhere} (-c {elsewhere})"
+        raise ClusterError(why)
     known = {job: name for name, found in ids.items() for job in found}
-    where = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
-    raise ClusterError(
-        f"no job '{job_id}' in {where}{_close_id(job_id, known, len(names))}: list jobs with `raystack queue`"
-    )
+    searched = f"cluster {cluster}" if cluster else f"any cluster in {paths.clusters_dir()}"
+    close = _close_id(job_id, known, len(names))
+    raise ClusterError(f"no job '{job_id}' in {searched}{close}: list jobs with `raystack queue`")
 
 
 def _close_id(job_id: str, known: dict[str, str], clusters: int) -> str:
@@ -290,8 +289,8 @@ class Job:
             why.append(note)
         if record.message:
             why.append(record.message)
-        where = "next" if pos == 1 else f"position {pos}" if pos else "about to start"
-        return f"{record.state.value.lower()}, {where}" + (f" ({'; '.join(why)})" if why else "")
+        place = "next" if pos == 1 else f"position {pos}" if pos else "about to start"
+        return f"{record.state.value.lower()}, {place}" + (f" ({'; '.join(why)})" if why else "")
 
     def follow(
         self,
@@ -305,20 +304,22 @@ class Job:
         printer = _Printer(out or sys.stdout)
         say = say or (lambda line: print(f"raystack: job {self.id} {line}", file=sys.stderr, flush=True))
         check = Every(2.0, clock, first=False)  # (whether the cluster ended: it asks SLURM)
-        said, said_at = "", 0.0  # the last waiting line, and when
+        shown, shown_at = "", 0.0  # the last waiting line, and when
 
         def step() -> JobRecord | None:
-            nonlocal said, said_at
+            nonlocal shown, shown_at
             record = self.record()
             ended = False
             if not record.state.is_terminal() and check():
                 ended = self.cluster_ended()
                 line = self.waiting_line(record) if not ended else None
-                if line and (without_times(line) != without_times(said) or clock.now() - said_at > SAY_AGAIN):
-                    said, said_at = line, clock.now()
+                if line and (
+                    without_times(line) != without_times(shown) or clock.now() - shown_at > SAY_AGAIN
+                ):
+                    shown, shown_at = line, clock.now()
                     say(line)
-            elif not said and (line := self.waiting_line(record)):
-                said, said_at = line, clock.now()
+            elif not shown and (line := self.waiting_line(record)):
+                shown, shown_at = line, clock.now()
                 say(line)
             grew = printer.show(self.log_files(record), record)
             if not (record.state.is_terminal() or ended):

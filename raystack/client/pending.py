@@ -101,14 +101,16 @@ def nodes_out(record: ClusterRecord, info: AllocInfo | None) -> str | None:
         return None
     usable, out = found
     listed = ", ".join(f"{node} {why}" for node, why in list(out.items())[:4])
-    where = f"partition {partition}" if partition else "the default partition"
-    said = f"{where}: {listed}{' ...' if len(out) > 4 else ''}; {usable} of its nodes can run jobs now"
+    partition_words = f"partition {partition}" if partition else "the default partition"
+    line = (
+        f"{partition_words}: {listed}{' ...' if len(out) > 4 else ''}; {usable} of its nodes can run jobs now"
+    )
     if 0 < usable < record.nodes_expected:
         return (
-            f"{said}, and it asks {record.nodes_expected}: it starts when enough return, or `raystack "
+            f"{line}, and it asks {record.nodes_expected}: it starts when enough return, or `raystack "
             f"down {record.name}` and up with --nodes {usable}"
         )
-    return said
+    return line
 
 
 def pending_line(record: ClusterRecord, info: AllocInfo) -> str:

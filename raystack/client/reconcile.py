@@ -91,9 +91,9 @@ def never_started(name: str, alloc_id: str, ended: AllocInfo) -> str:
     that is not there), which is the first thing a person needs to see."""
     reason = f", {ended.reason}" if ended.reason and ended.reason != "None" else ""
     folder = paths.cluster(name)
-    said = raylogs.last_line(folder.allocation_log(alloc_id), limit=300)
-    said = SPOOLED.sub(f"{folder.script}: ", said)  # (the line number is the launch script's)
-    return f"{ended.state_text}{reason} before the cluster started" + (f": {said}" if said else "")
+    last = raylogs.last_line(folder.allocation_log(alloc_id), limit=300)
+    last = SPOOLED.sub(f"{folder.script}: ", last)  # (the line number is the launch script's)
+    return f"{ended.state_text}{reason} before the cluster started" + (f": {last}" if last else "")
 
 
 def as_ended(record: ClusterRecord, pending: PendingEnd | None) -> ClusterRecord:

@@ -164,10 +164,10 @@ def grown_lines(st: ClusterStatus) -> list[str]:
     scaling = st.scaling or "the queue asks for none more"
     lines = [f"up to {st.max_nodes} nodes: {scaling}"] if st.max_nodes else []
     for g in st.grown or []:
-        said = f"{g['scheduler_state'] or '?'}" + (f" ({g['reason']})" if g["reason"] else "")
+        scheduler = f"{g['scheduler_state'] or '?'}" + (f" ({g['reason']})" if g["reason"] else "")
         hosts = f" on {', '.join(g['hosts'])}" if g["hosts"] else ""
         left = f", {duration_text(g['time_left_s'])} left" if g["time_left_s"] is not None else ""
-        lines.append(f"{g['allocation_id']} {g['state']}: {g['nodes']} node(s){hosts}, {said}{left}")
+        lines.append(f"{g['allocation_id']} {g['state']}: {g['nodes']} node(s){hosts}, {scheduler}{left}")
     return lines
 
 
@@ -220,12 +220,12 @@ def runner_says(name: str, record: ClusterRecord, key: str) -> dict | None:
     if record.state is not ClusterState.READY:
         return None
     lease = read_dict(paths.cluster(name).runner_lease)
-    said = lease.get(key)
+    entry = lease.get(key)
     if lease.get("allocation") != record.allocation_id:
         return None
-    if not isinstance(said, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
+    if not isinstance(entry, dict) or time.time() - float(lease.get("heartbeat", 0)) > HEAD_SILENT:
         return None
-    return said
+    return entry
 
 
 def runner_failing(name: str, record: ClusterRecord) -> str | None:

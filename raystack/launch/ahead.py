@@ -106,7 +106,7 @@ def adopt(sid: str | None) -> tuple[list, list[dict], str, list[str], tuple] | N
         return None
     _taken[sid] = host
     actors = [pool.Pooled(h, k) for h, k in zip(got["hosts"], got["keys"], strict=True)]
-    return actors, got["places"], got["how"], got["said"], tuple(got["fits"])
+    return actors, got["places"], got["how"], got["commands"], tuple(got["fits"])
 
 
 def release(sid: str | None) -> bool:

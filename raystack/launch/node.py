@@ -78,7 +78,7 @@ class NodeLauncherImpl:
         self.files: dict[str, tuple[int, bytes]] = {}  # path -> (offset read, partial line)
         self.seen_rank_files = False
 
-    def where(self) -> dict[str, Any]:
+    def place(self) -> dict[str, Any]:
         import ray
 
         with socket.socket() as sock:

@@ -137,7 +137,7 @@ class LaunchHost:
             launcher.gpus = visible_gpus(self.base, gpus).split(",")
         with self.lock:
             self.launches[key], self.title[key] = launcher, time.monotonic()
-        return launcher.where()
+        return launcher.place()
 
     def call(self, key: str, method: str, *args: Any) -> Any:
         with self.lock:
@@ -292,16 +292,23 @@ class Ahead:
         launch.pg = placement_group(
             [bundle] * nodes, strategy="STRICT_SPREAD", name=PREFIX + sid, lifetime="detached"
         )
-        where = placed(launch.pg, ADOPT)
-        opened = open_all(where, f"{sid}-ahead", procs if gpus else 0, renv.get("working_dir"), ADOPT)
+        hosts_placed = placed(launch.pg, ADOPT)
+        opened = open_all(hosts_placed, f"{sid}-ahead", procs if gpus else 0, renv.get("working_dir"), ADOPT)
         if not isinstance(opened, tuple):
             raise RuntimeError(f"no launch host on {len(opened)} of its nodes")
         actors, places = opened
-        said = start_all(actors, places, ns, procs, bool(gpus), env)
+        commands = start_all(actors, places, ns, procs, bool(gpus), env)
         after = time.monotonic() - launch.begun
         how = f"on the cluster's launch hosts, started at the submit ({after:.2f}s after the runner asked)"
         hosts, keys = [a.host for a in actors], [a.key for a in actors]
-        return {"hosts": hosts, "keys": keys, "places": places, "said": said, "fits": list(fits), "how": how}
+        return {
+            "hosts": hosts,
+            "keys": keys,
+            "places": places,
+            "commands": commands,
+            "fits": list(fits),
+            "how": how,
+        }
 
     def adopt(self, sid: str) -> dict[str, Any] | None:
         self.scan()  # (a request not read yet: the driver came first)
@@ -407,17 +414,17 @@ def find(node_ids: list[str]) -> dict[str, Any]:
 
 
 def open_all(
-    where: list[str], key: str, gpus: int, working_dir: str | None, timeout: float = 600
+    hosts_placed: list[str], key: str, gpus: int, working_dir: str | None, timeout: float = 600
 ) -> tuple[list[Pooled], list[dict[str, Any]]] | list[str]:
     """A launch (`key`-<node rank>) opened on the host of each of the job's nodes `where`, holding
     `gpus` of it, and where each runs; or the nodes that have no host (nothing opened)."""
     import ray
 
-    found = find(where)
-    missing = [n for n in where if n not in found]
+    found = find(hosts_placed)
+    missing = [n for n in hosts_placed if n not in found]
     if missing:
         return missing
-    pooled = [Pooled(found[n], f"{key}-{r}") for r, n in enumerate(where)]
+    pooled = [Pooled(found[n], f"{key}-{r}") for r, n in enumerate(hosts_placed)]
     opened = [p.host.open.remote(p.key, r, gpus, working_dir) for r, p in enumerate(pooled)]
     return pooled, ray.get(opened, timeout=timeout)
 

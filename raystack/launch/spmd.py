@@ -57,10 +57,10 @@ def main(args: list[str] | None = None) -> int:
     if isinstance(taken, str):
         print(f"raystack spmd: {taken}")
         return 2
-    actors, places, how, said, (nodes, procs, _, _) = taken
+    actors, places, how, commands, (nodes, procs, _, _) = taken
     placed = time.time()
     hosts = tuple(p["host"] for p in places)
-    for line in said:
+    for line in commands:
         print(line, flush=True)
     print(
         f"raystack spmd: {ns.launcher} on {nodes} nodes x {procs} processes ({', '.join(hosts)}), "
@@ -125,7 +125,7 @@ def launchers(
         for r in range(nodes)
     ]
     # (no wait for the placement group: the actors are scheduled as soon as their bundle is placed)
-    places = ray.get([a.where.remote() for a in actors], timeout=600)
+    places = ray.get([a.place.remote() for a in actors], timeout=600)
     return actors, places, secret_env(), f"new launcher actors ({why})"
 
 
@@ -200,12 +200,12 @@ def failed(actors: list, hosts: tuple[str, ...], failing: dict[int, int], ns: ar
 
     at_most(all_failed, POLL, REAL, FIRST_WINDOW)
     ray.get([a.stop.remote(2.0) for i, a in enumerate(actors) if i not in failing])
-    said = []
+    exits = []
     for node, code in failing.items():  # (in the order they were seen)
         tail = ray.get(actors[node].last_lines.remote())
         rank, exit_code = failure(tail, code)
-        said.append((node, tail, rank, exit_code, cause(tail, rank)))
-    node, tail, rank, exit_code, why = next((s for s in said if not noise(s[4], s[3])), said[0])
+        exits.append((node, tail, rank, exit_code, cause(tail, rank)))
+    node, tail, rank, exit_code, why = next((s for s in exits if not noise(s[4], s[3])), exits[0])
     for line in tail[-TAIL:]:
         print(f"[node {node}] | {line}", flush=True)
     who = f"node {node} rank {rank if rank is not None else '?'} exited {exit_words(exit_code)}"

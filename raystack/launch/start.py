@@ -57,7 +57,7 @@ def start_all(
     import ray
 
     hosts = tuple(p["host"] for p in places)
-    starts, said = [], []
+    starts, commands = [], []
     for r, actor in enumerate(actors):
         rdv = Rendezvous(len(actors), r, procs, places[0]["ip"], places[0]["port"], hosts, gpus)
         files = {}
@@ -67,7 +67,7 @@ def start_all(
             hf = os.path.join(places[r]["logdir"], "hostfile")
             files[hf] = hostfile(rdv)
         line = argv(ns.launcher, rdv, ns.command, ns.launcher_arg, hf, places[r]["logdir"])
-        said.append(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}")
+        commands.append(f"raystack spmd: node {r} ({hosts[r]}): {shlex.join(line)}")
         starts.append(actor.start.remote(line, files, procs, env))
     ray.get(starts)
-    return said
+    return commands

@@ -254,7 +254,7 @@ class JobSpec(SpecModel):
             raise ValueError("must map spec keys to lists of values, e.g. {env.LR: [1e-6, 3e-6]}")
         for key in value:
             try:
-                apply_sets({}, [f"{key}=0"], said=repr(key))  # (a key that is no field: named now)
+                apply_sets({}, [f"{key}=0"], given_as=repr(key))  # (a key that is no field: named now)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         if math.prod(len(v) for v in value.values()) > MAX_SWEEP:
@@ -391,36 +391,36 @@ class JobSpec(SpecModel):
 
 
 # ---------------------------------------------------------------------------- overrides
-def parse_set(item: str, said: str | None = None) -> tuple[list[str], Any]:
+def parse_set(item: str, given_as: str | None = None) -> tuple[list[str], Any]:
     """'needs.gpus=8' -> (['needs', 'gpus'], 8): the value is read as YAML (so 8 is an int),
     except under env and resume.env, where it is kept as written (env.LR=1e-6 is "1e-6").
     `said`: how an error names what was given (default: --set 'ITEM')."""
-    said = said or f"--set {quote(item)}"
+    given_as = given_as or f"--set {quote(item)}"
     key, sep, raw = item.partition("=")
     path = key.split(".")
     if not sep or not key or any(not part for part in path):
-        raise ConfigError(f"{said}: use --set key.sub=value, e.g. --set env.LR=1e-6")
+        raise ConfigError(f"{given_as}: use --set key.sub=value, e.g. --set env.LR=1e-6")
     if tuple(path[:-1]) in RAW_TEXT_PATHS or raw == "":
         return path, raw
-    value = parse_yaml(raw, said, invalid_as_text=True)
+    value = parse_yaml(raw, given_as, invalid_as_text=True)
     if value is None and raw.strip() not in ("null", "Null", "NULL", "~"):  # (YAML reads `!` as an empty tag)
         return path, raw
     return path, value
 
 
-def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) -> dict[str, Any]:
+def apply_sets(data: dict[str, Any], items: list[str], given_as: str | None = None) -> dict[str, Any]:
     """Apply --set overrides to raw spec data. Unknown paths list the valid keys at that level.
-    `said`: how an error names what was given (default: --set 'ITEM'; --sweep's and the spec's
+    `given_as`: how an error names what was given (default: --set 'ITEM'; --sweep's and the spec's
     sweep block name theirs)."""
     for item in items:
-        said_here = said or f"--set {quote(item)}"
-        path, value = parse_set(item, said_here)
+        given_as_here = given_as or f"--set {quote(item)}"
+        path, value = parse_set(item, given_as_here)
         node: dict[str, Any] = data
         model_fields: dict[str, Any] | None = dict(JobSpec.model_fields)
         for i, part in enumerate(path):
             last = i == len(path) - 1
             if model_fields is not None and part not in model_fields:
-                where = ".".join(path[:i]) or "the spec"
+                parent = ".".join(path[:i]) or "the spec"
                 valid = ", ".join(sorted(model_fields))
                 close = difflib.get_close_matches(part, model_fields, n=1, cutoff=0.75)
                 moved = alias(part, ELSEWHERE, close) if i == 0 else None
@@ -428,7 +428,7 @@ def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) 
                 if not hint and i == 0 and part.isidentifier():
                     hint = f"an environment variable is env.{part}"
                 raise ConfigError(
-                    f"{said_here}: {quote(part)} is not a field of {where}"
+                    f"{given_as_here}: {quote(part)} is not a field of {parent}"
                     + (f" ({moved})" if moved else "")
                     + f"; valid: {valid}"
                     + (f"; {hint}" if hint and not moved else "")
@@ -438,7 +438,7 @@ def apply_sets(data: dict[str, Any], items: list[str], said: str | None = None) 
                 break
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"{said_here}: {quote('.'.join(path[: i + 1]))} is not a mapping")
+                raise ConfigError(f"{given_as_here}: {quote('.'.join(path[: i + 1]))} is not a mapping")
             node = child
             model_fields = NESTED.get(part) if model_fields is not None else None
     return data

@@ -250,7 +250,7 @@ def resumed_spec(spec: JobSpec, source: str) -> JobSpec | None:
         return None
     data = spec.model_dump(exclude={"resume", *({"entrypoint"} if spec.kind == "spmd" else set())})
     for item in spec.resume.set:  # (named as the spec's resume.set, not as --set)
-        data = apply_sets(data, [item], said=f"{source}: field 'resume.set': {quote(item)}")
+        data = apply_sets(data, [item], given_as=f"{source}: field 'resume.set': {quote(item)}")
     data["env"] = {**data.get("env", {}), **spec.resume.env}
     return validate(data, f"{source} (resume)")
 
@@ -344,5 +344,5 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     if not found:
         raise ConfigError(f"--sweep {item!r}: no values; e.g. --sweep env.LR=1e-6,3e-6")
     # (a key that is no field of the spec: named now)
-    apply_sets({}, [f"{key.strip()}={found[0]}"], said=f"--sweep {item!r}")
+    apply_sets({}, [f"{key.strip()}={found[0]}"], given_as=f"--sweep {item!r}")
     return key.strip(), found

@@ -51,8 +51,8 @@ def local_folder(value: str, base: Path, excludes: list[str], source: str, what:
     folder = (base / expand(value)).resolve()
     if not folder.is_dir():
         start = "" if Path(expand(value)).is_absolute() else f": relative paths start at {base}"
-        where = "" if str(folder) == value else f" ({folder}{start})"
-        raise ConfigError(f"{source}: {what} '{value}' is not a folder{where}; fix the path")
+        resolved = "" if str(folder) == value else f" ({folder}{start})"
+        raise ConfigError(f"{source}: {what} '{value}' is not a folder{resolved}; fix the path")
     home = paths.home().resolve()
     if folder == home or folder in home.parents:
         raise ConfigError(

@@ -160,7 +160,7 @@ def one_line_error(
     other tools (`resources`, `env_vars`, `walltime`) and where raystack takes what they mean."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
-    where = printable(".".join(str(p) for p in err["loc"])) or "(top level)"
+    field = printable(".".join(str(p) for p in err["loc"])) or "(top level)"
     if err["type"] == "extra_forbidden":
         valid = keys_at(model, err["loc"])
         key = str(err["loc"][-1])
@@ -169,13 +169,13 @@ def one_line_error(
         hint = f" ({moved})" if moved else f" (did you mean '{close[0]}'?)" if close else ""
         if not hint and len(err["loc"]) == 1 and isinstance(err.get("input"), dict) and "job spec" in source:
             hint = " (a key that holds YAML anchors for `<<:` merge keys: name it x-" + printable(key) + ")"
-        return f"{source}: unknown key '{where}'{hint}; valid keys: {', '.join(valid)}"
+        return f"{source}: unknown key '{field}'{hint}; valid keys: {', '.join(valid)}"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error", "assertion_error") and "input" in err:
         message += f" (got {quote(err['input'])})"
     if not err["loc"]:  # a rule across fields (the model's own validator)
         return f"{source}: {message}"[:MAX_MESSAGE]
-    return f"{source}: field '{where}': {message}"[:MAX_MESSAGE]
+    return f"{source}: field '{field}': {message}"[:MAX_MESSAGE]
 
 
 def alias(key: str, elsewhere: Mapping[str, str], close: list[str]) -> str | None:
@@ -333,9 +333,9 @@ def parse_yaml(text: str, source: str, raw_text: bool = True, invalid_as_text: b
             return text
         problem = getattr(exc, "problem", None) or exc.__class__.__name__
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
+        at_line = f" at line {mark.line + 1}" if mark is not None else ""
         fix = _yaml_fix(text, mark.line if mark is not None else None)
-        raise ConfigError(f"{source}: not valid YAML ({str(problem)[:120]}{where}): {fix}") from None
+        raise ConfigError(f"{source}: not valid YAML ({str(problem)[:120]}{at_line}): {fix}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply; flatten it") from None
     finally:

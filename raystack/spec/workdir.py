@@ -85,10 +85,10 @@ def git_patterns(lines: list[str], source: str) -> list[str]:
             _compile([line])
         except (ValueError, IndexError) as exc:  # (pathspec's GitIgnorePatternError is a ValueError)
             # (the spec's excludes follow raystack's own: their numbers would not be the user's)
-            where = source if source == "excludes" else f"{source} line {number}"
+            origin = source if source == "excludes" else f"{source} line {number}"
             log.warning(
                 "raystack: warning: %s: %r is not a pattern git uses (%s): skipped",
-                *(where, line.rstrip("\n"), type(exc).__name__),
+                *(origin, line.rstrip("\n"), type(exc).__name__),
             )
             continue
         kept.append(line)

@@ -79,8 +79,8 @@ def unknown(name: str, after: list[str], own: set[str], label: str = "--after") 
             if elsewhere := holder(dep.target, name):
                 hint = f": it is in cluster {elsewhere}, and a job waits only for jobs of its own cluster"
             return f"{label} {item}: no job or sweep {dep.target!r} in cluster {name}{hint}"
-        if (said := verdict(name, [item], ids=ids)).never:
-            return f"{label} {item}: {said.reason}; give {dep.target}:any to run after it however it ended"
+        if (judged := verdict(name, [item], ids=ids)).never:
+            return f"{label} {item}: {judged.reason}; give {dep.target}:any to run after it however it ended"
     return None
 
 

@@ -50,7 +50,7 @@ class Frame:
     def python(self) -> bool:
         return self.line is not None
 
-    def where(self) -> str:
+    def place(self) -> str:
         return f"{self.name} ({Path(self.file).name}:{self.line})" if self.python else self.name
 
 
@@ -139,7 +139,7 @@ def state_of(proc: Process) -> tuple[str, str]:
     if not python:
         return "other", f"{state} outside Python"
     top = python[0]
-    return "other", f"{state} in {top.where() if mine is None or top is mine else top.name + at}"
+    return "other", f"{state} in {top.place() if mine is None or top is mine else top.name + at}"
 
 
 def read_dumps(folder: Path, since: float = 0.0) -> list[Process]:
@@ -180,7 +180,7 @@ def stacks_summary(procs: list[Process], most: int = MOST) -> str:
     ranked = [p for p in procs if p.rank is not None] or [p for p in procs if not idle_worker(p)]
     states = [(p, *state_of(p)) for p in ranked]
     waiting = any(kind in ("collective", "gpu", "nccl") for _, kind, _ in states)
-    said: dict[str, list[Process]] = {}
+    by_text: dict[str, list[Process]] = {}
     for p, kind, words in states:
         if kind == "collective":
             text = f"waits in {words}"
@@ -190,9 +190,9 @@ def stacks_summary(procs: list[Process], most: int = MOST) -> str:
             text = f"never arrived ({words})"
         else:
             text = words
-        said.setdefault(text, []).append(p)
+        by_text.setdefault(text, []).append(p)
     parts = []
-    for text, who in said.items():
+    for text, who in by_text.items():
         ranks = [p.rank for p in who if p.rank is not None]
         if len(ranks) == len(who):
             parts.append(f"{_ranks(ranks)} {text.replace('waits ', 'wait ', 1) if len(ranks) > 1 else text}")
@@ -247,7 +247,7 @@ def flight_summary(dumps: dict[int, dict[str, Any]]) -> str:
                 enq = int(status.get("last_enqueued_collective", -1))
                 done = int(status.get("last_completed_collective", -1))
                 groups.setdefault(str(pg), {})[rank] = (enq, done)
-    said = []
+    parts = []
     for pg, ranks in sorted(groups.items()):
         top = max(enq for enq, _ in ranks.values())
         ahead = sorted(r for r, (enq, done) in ranks.items() if enq == top and done < top)
@@ -266,13 +266,13 @@ def flight_summary(dumps: dict[int, dict[str, Any]]) -> str:
                 if last >= 0
                 else f"rank {r} never reached it (no collective yet)"
             )
-        said.append(f"{desc}: " + "; ".join(words) if desc else "; ".join(words))
+        parts.append(f"{desc}: " + "; ".join(words) if desc else "; ".join(words))
     missing = ""
     worlds = [len(_pg_ranks(d, "0")) for d in dumps.values() if _pg_ranks(d, "0")]
     if worlds and max(worlds) > len(dumps):
         absent = sorted(set(range(max(worlds))) - set(dumps))
         missing = f"; no dump from {_ranks(absent)}"
-    return f"flight recorder: {'; '.join(said)}{missing}" if said else ""
+    return f"flight recorder: {'; '.join(parts)}{missing}" if parts else ""
 
 
 def _pg_name(dumps: dict[int, dict[str, Any]], pg: str) -> str:

@@ -220,7 +220,7 @@ def set_aside(name: str) -> dict[str, Path]:
     it): id -> where it lies now, so listings and lookups can say so instead of losing them."""
     p = paths.cluster(name)
     moved = quarantined(p, p.jobs)
-    return {file.removesuffix(".json"): where for file, where in moved.items() if file.endswith(".json")}
+    return {file.removesuffix(".json"): target for file, target in moved.items() if file.endswith(".json")}
 
 
 def recently_finished(name: str, count: int) -> list[str]:

@@ -95,8 +95,8 @@ def orphan_outcome(
     next allocation when the end requeues its jobs, STOPPED when a person ended it (`down`), else
     FAILED; and the message saying so."""
     last = record.attempts[-1].allocation if record.attempts else None
-    where = f"allocation {last}" if last else "its allocation"
-    message = f"{where} ended while the job was {record.state.value} ({reason})"
+    allocation = f"allocation {last}" if last else "its allocation"
+    message = f"{allocation} ended while the job was {record.state.value} ({reason})"
     if requeue:
         return JobState.INTERRUPTED, message + "; it resumes in the next allocation"
     return (JobState.STOPPED if stopped else JobState.FAILED), message

@@ -115,15 +115,21 @@ def wait(
         return None if seen[1] else seen
 
     done, late = at_most(all_answered, 0.2, clock, timeout) or look()  # (after the timeout: who is late)
-    where = folder(cluster, job_id)
-    files = sorted(p for p in where.glob("*.txt") if p.stat().st_mtime >= asked - 1) if where.is_dir() else []
-    summary = diagnosis.diagnose(where.parent, since=asked - 1)
-    return Dumps(where, files, done, late, summary)
+    dumps_dir = folder(cluster, job_id)
+    files = (
+        sorted(p for p in dumps_dir.glob("*.txt") if p.stat().st_mtime >= asked - 1)
+        if dumps_dir.is_dir()
+        else []
+    )
+    summary = diagnosis.diagnose(dumps_dir.parent, since=asked - 1)
+    return Dumps(dumps_dir, files, done, late, summary)
 
 
 def kept(cluster: str, job_id: str) -> Dumps:
     """The dumps in a job's folder as they are (an ended job's: taken before it was stopped)."""
-    where = folder(cluster, job_id)
-    files = sorted(where.glob("*.txt")) if where.is_dir() else []
-    hosts = sorted(p.name.removeprefix(DONE) for p in where.glob(f"{DONE}*")) if where.is_dir() else []
-    return Dumps(where, files, hosts, [], diagnosis.diagnose(where.parent), kept=True)
+    dumps_dir = folder(cluster, job_id)
+    files = sorted(dumps_dir.glob("*.txt")) if dumps_dir.is_dir() else []
+    hosts = (
+        sorted(p.name.removeprefix(DONE) for p in dumps_dir.glob(f"{DONE}*")) if dumps_dir.is_dir() else []
+    )
+    return Dumps(dumps_dir, files, hosts, [], diagnosis.diagnose(dumps_dir.parent), kept=True)

@@ -211,11 +211,11 @@ def _place_events(
         if DIED.search(text):
             # A worker that died hard (os._exit, a signal, the OOM killer): Ray knows only that its
             # process went; an error it wrote last on its stderr says why, if it wrote one.
-            said, own = died_words(text), worker.error or _errors_among(worker.last_err)
+            died, own = died_words(text), worker.error or _errors_among(worker.last_err)
             if not own or says_died(own):
-                worker.error = own or said
+                worker.error = own or died
             else:
-                worker.error = f"{own} (then {said})"
+                worker.error = f"{own} (then {died})"
             worker.at = min(a for a in (at, worker.at) if a) if (at or worker.at) else None
         elif worker.error is None or (at and (worker.at is None or at < worker.at)):
             worker.error, worker.at = last_exception(text), at

@@ -190,8 +190,8 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> NodeShape:
             "name one with --partition or the profile's `partition:`"
         )
     if not rows or name is None:
-        where = f"partition '{partition}'" if partition else "the default partition"
-        raise SchedulerError(f"sinfo lists no nodes in {where}; name one with --partition")
+        partition_words = f"partition '{partition}'" if partition else "the default partition"
+        raise SchedulerError(f"sinfo lists no nodes in {partition_words}; name one with --partition")
     shapes = set(rows.values())
     return NodeShape(
         partition=name,

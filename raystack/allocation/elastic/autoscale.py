@@ -95,9 +95,9 @@ class Autoscale:
         if waiting:
             g = waiting[0]
             info = allocator(record.backend).info(g.alloc_id)
-            said = f"{info.state_text}: {info.reason}" if info and info.reason not in ("", "None") else "?"
+            words = f"{info.state_text}: {info.reason}" if info and info.reason not in ("", "None") else "?"
             self.say(
-                record, f"waiting for {plural(g.nodes, 'more node')} (allocation {g.alloc_id} {said})", jobs
+                record, f"waiting for {plural(g.nodes, 'more node')} (allocation {g.alloc_id} {words})", jobs
             )
             return
         more = want - record.nodes_held
@@ -176,6 +176,6 @@ def submit_grow(name: str, nodes: int, walltime: float | None, like: Grown | Non
     env = {k: v for k, v in os.environ.items() if not (mine and k.startswith(mine))}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
     if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        raise RaystackError(said[-1] if said else f"raystack grow: exit {done.returncode}")
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise RaystackError(lines[-1] if lines else f"raystack grow: exit {done.returncode}")
     return str(json.loads(done.stdout)["alloc_id"])

@@ -205,12 +205,12 @@ def lost_with(
             return Lost(grown, grown.leaving)
         alloc = info(record.backend, grown.alloc_id)
         if alloc is None or alloc.state is not AllocState.RUNNING:  # (PENDING again: preempted, requeued)
-            said = (
+            how = (
                 "ended"
                 if alloc is None
                 else f"{'ended:' if alloc.state.is_terminal() else 'is'} {alloc.state_text}"
             )
-            return Lost(grown, f"it {said}")
+            return Lost(grown, f"it {how}")
     return None
 
 
@@ -232,7 +232,7 @@ def drain(argvs: list[list[str]], env: dict[str, str]) -> list[str | None]:
         except OSError as exc:
             return str(exc)
 
-    def said(proc: subprocess.Popen[str]) -> str | None:
+    def answer(proc: subprocess.Popen[str]) -> str | None:
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -240,4 +240,4 @@ def drain(argvs: list[list[str]], env: dict[str, str]) -> list[str | None]:
             return "ray drain-node did not answer within 60s"
         return None if proc.returncode == 0 else (out.strip()[-300:] or f"exit {proc.returncode}")
 
-    return [p if isinstance(p, str) else said(p) for p in [start(a) for a in argvs]]
+    return [p if isinstance(p, str) else answer(p) for p in [start(a) for a in argvs]]

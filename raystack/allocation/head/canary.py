@@ -45,7 +45,7 @@ MODES = ("auto", "off", "strict")
 class Rank:
     """One GPU's part of the canary (a Ray actor holding that GPU)."""
 
-    def where(self) -> dict[str, Any]:
+    def place(self) -> dict[str, Any]:
         import ray
         import torch
 
@@ -115,7 +115,7 @@ def run() -> dict[str, Any]:
         for n in nodes
         for _ in range(int(n["Resources"]["GPU"]))
     ]
-    places = ray.get([r.where.remote() for r in ranks], timeout=TIMEOUT)
+    places = ray.get([r.place.remote() for r in ranks], timeout=TIMEOUT)
     if not all(p["cuda"] for p in places):
         return {"state": "skipped", "why": "torch in the cluster's Python sees no CUDA device"}
     world, host_of = len(ranks), {i: p["host"] for i, p in enumerate(places)}
@@ -192,11 +192,11 @@ def _run_driver(ctx: NodeContext, beat: Callable[[], None]) -> dict[str, Any]:
             proc.kill()
             proc.wait()
             return {"state": "failed", "why": f"no answer within {TIMEOUT + 30:.0f}s"}
-        said = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
+        lines = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
         try:
             return dict(json.loads(out.read_text()))
         except (OSError, ValueError):
-            return {"state": "failed", "why": (said[-1] if said else f"exit code {proc.returncode}")[:300]}
+            return {"state": "failed", "why": (lines[-1] if lines else f"exit code {proc.returncode}")[:300]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,13 +90,13 @@ class Started:
     def finish(self, timeout: float = FINISH) -> str:
         """Wait for its line (before READY), at most `timeout` seconds; what happened."""
         if self.proc is None or self.proc.stdout is None:
-            said = f"left out: {self.why}"
+            outcome = f"left out: {self.why}"
         elif select.select([self.proc.stdout], [], [], timeout)[0]:
-            said = self.proc.stdout.readline().strip() or f"ended without a word (exit {self.proc.poll()})"
+            outcome = self.proc.stdout.readline().strip() or f"ended without a word (exit {self.proc.poll()})"
         else:
-            said = f"still running after {timeout:.0f}s: READY without it"
-        log.info("warm-up job %s", said)
-        return said
+            outcome = f"still running after {timeout:.0f}s: READY without it"
+        log.info("warm-up job %s", outcome)
+        return outcome
 
 
 def launch(

@@ -150,11 +150,11 @@ def why_ray_ended(node_log: Path, tail: int = 1 << 16) -> str:
     at = text.rfind(_DIED_HEADER)
     if at < 0:
         return ""
-    said = []
+    deaths = []
     for name, code in dict(_DIED.findall(text[at:])).items():  # (each daemon once)
-        said.append(f"{name} {killed_by(int(code)) or f'exited with code {code}'}")
-    hint = " (SIGKILL: most often the kernel's out-of-memory killer)" if "SIGKILL" in "".join(said) else ""
-    return ", ".join(said) + hint
+        deaths.append(f"{name} {killed_by(int(code)) or f'exited with code {code}'}")
+    hint = " (SIGKILL: most often the kernel's out-of-memory killer)" if "SIGKILL" in "".join(deaths) else ""
+    return ", ".join(deaths) + hint
 
 
 class RayProcess:

@@ -153,7 +153,7 @@ class Runner:
             return self.cluster_up()
 
         until(ready, 0.05, self.timing)
-        said = Repeats(self.clock, log, "runner pass")
+        repeats = Repeats(self.clock, log, "runner pass")
 
         def one_pass() -> bool | None:
             if self.leaving:
@@ -161,9 +161,9 @@ class Runner:
             failed = None
             try:
                 self.tick()
-                said.over()
+                repeats.over()
             except (RayApiError, OSError, RuntimeError, ClusterError) as exc:
-                said.failed(str(exc))
+                repeats.failed(str(exc))
                 failed = str(exc)
                 self.sleep(1)
             if lease is not None:
@@ -525,8 +525,8 @@ class Runner:
             later.start()
         if error and not record.fault:  # (a stuck job's actors died because it was stopped)
             # (the driver's last line is often Ray's words for the same death: not twice)
-            said = message.split(":", 1)[0] if workerlogs.DIED.search(message) else message
-            message = f"{error} ({said})"[:1000]
+            cause = message.split(":", 1)[0] if workerlogs.DIED.search(message) else message
+            message = f"{error} ({cause})"[:1000]
         self.finish(
             record,
             state,

@@ -90,11 +90,11 @@ def conda_missing(renv: dict[str, Any], env: dict[str, str]) -> str | None:
     one; or None."""
     if not renv.get("conda"):
         return None
-    exe, where = conda_exe(env)
+    exe, source = conda_exe(env)
     if exe and runnable(exe):
         return None
     return (
-        f"runtime_env conda: no conda on the nodes (Ray runs {where}): make it one of the cluster's "
+        f"runtime_env conda: no conda on the nodes (Ray runs {source}): make it one of the cluster's "
         "(the profile's setup: [module load miniforge3], or env: {RAY_CONDA_HOME: /path/to/conda}; "
         "then raystack up again), or drop runtime_env.conda and run the env's own python "
         "(entrypoint: /path/to/env/bin/python ...)"

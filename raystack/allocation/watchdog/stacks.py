@@ -143,21 +143,21 @@ def wait_for_files(files: list[Path], since: float, timeout: float, clock: Clock
 
 def dump_job(cluster: str, host: str, job_id: str, asked: float) -> int:
     """Dump every process of `job_id` on this node into logs/jobs/<id>/stacks/; answer the request."""
-    where = store.folder(cluster, job_id)
-    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = store.folder(cluster, job_id)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     procs, exe = job_processes(job_id), py_spy()
     poked = time.time()
     recorders = ask_flight_recorders(procs)
     with ThreadPoolExecutor(max_workers=8) as pool:
         texts = list(pool.map(lambda p: (p.pid, dump(p, exe)), procs))
     for pid, text in texts:
-        store.keep_earlier(where / f"{host}-{pid}.txt")
-        (where / f"{host}-{pid}.txt").write_text(text)
+        store.keep_earlier(folder / f"{host}-{pid}.txt")
+        (folder / f"{host}-{pid}.txt").write_text(text)
     flights = wait_for_files(recorders, poked, FLIGHT_WAIT) if recorders else 0
     store.answer(cluster, job_id, host, asked, len(texts))
     log.info(
         "stacks of job %s: %d process(es) on %s dumped into %s; %d of %d flight recorder(s)",
-        *(job_id, len(texts), host, where, flights, len(recorders)),
+        *(job_id, len(texts), host, folder, flights, len(recorders)),
     )
     return len(texts)
 

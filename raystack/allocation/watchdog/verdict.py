@@ -180,7 +180,7 @@ class Watchdog:
         if not fault.startswith("hung"):
             return update_job(self.cluster, record.id, fault=fault, message=f"{fault} (stopping it)")
         w = self.watch(record)
-        where = stacks.folder(self.cluster, record.id)
+        folder = stacks.folder(self.cluster, record.id)
         now = self.clock.now()
         since = time.time() - (now - w.active)
         asked = stacks.request(self.cluster, record.id)
@@ -188,11 +188,11 @@ class Watchdog:
         hosts = {h for h, e in entries.items() if e.get("alloc_id") == self.allocation}
         self.stacks_asked[sid] = (asked, now + STACK_WAIT, hosts)
         w.suspected, w.deaf_until = now, now + STACK_WAIT
-        suspected = f"suspected hang since {clock_text(since)} (stacks: {where})"
+        suspected = f"suspected hang since {clock_text(since)} (stacks: {folder})"
         if w.action == "warn":
             message = f"{suspected}; it runs on (hang_action: warn)"
             return update_job(self.cluster, record.id, suspected=since, message=message)
-        fault = f"{fault}; stacks in {where}"
+        fault = f"{fault}; stacks in {folder}"
         message = f"{suspected}: {fault} (dumping stacks, then stopping it)"
         return update_job(self.cluster, record.id, suspected=since, fault=fault, message=message)
 
@@ -219,8 +219,8 @@ class Watchdog:
             log.warning("%s: stacks not read: %s", job_id, exc)
             found = ""
         if found and record.fault:
-            head, _, where = record.fault.partition("; stacks in ")
-            fault = f"{head}: {found}; stacks in {where}"[:1000]
+            head, _, kept_in = record.fault.partition("; stacks in ")
+            fault = f"{head}: {found}; stacks in {kept_in}"[:1000]
             update_job(self.cluster, job_id, fault=fault, message=f"{fault} (stopping it)")
         elif found:
             update_job(self.cluster, job_id, message=f"{record.message}: {found}"[:1000])
