@@ -145,3 +145,11 @@ def test_the_docs_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_docs_stay_short() -> None:
+    """docs/ (its pages and the generated references) under 25,000 words: a word holds a letter or a
+    digit (a table's pipes and rules are not words; `wc -w` counts them too)."""
+    text = " ".join(p.read_text() for p in sorted(REPO.joinpath("docs").rglob("*.md")))
+    words = [w for w in text.split() if re.search(r"[A-Za-z0-9]", w)]
+    assert len(words) < 25_000, f"docs/: {len(words)} words (at most 25,000): say it shorter"

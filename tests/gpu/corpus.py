@@ -9,6 +9,7 @@ GPU's memory activity is read per GPU: a healthy neighbour on the same GPU would
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ def submit(cluster: Cluster, case: Case, ngpu: int) -> Job:
     sets = [
         f"name={case.name}",
         f"hang_timeout={HANG}s",
-        f"env.CORPUS_SECONDS={LONG.get(case.name, 3 * HANG)}",
+        f"env.CORPUS_SECONDS={os.environ.get('GPU_CORPUS_SECONDS') or LONG.get(case.name, 3 * HANG)}",
         "env.CORPUS_DEVICE=auto",
     ]
     if case.ranks > 1:  # (one rank per GPU, as many as there are, up to the case's)
@@ -60,7 +61,8 @@ def run_corpus(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple
     """figures, checks and skipped."""
     figures: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    chosen = [c for c in cases(gpu=True) if c.name in ON_GPU]
+    only = [n for n in os.environ.get("GPU_CORPUS", "").split(",") if n]  # (a subset, by name)
+    chosen = [c for c in cases(gpu=True) if c.name in ON_GPU and (not only or c.name in only)]
     for case in [c for c in chosen if not c.healthy and c.ranks > ngpu]:
         skipped[f"corpus {case.name}"] = f"{case.ranks} ranks need {case.ranks} GPUs"
     for name, module in (("vllm_generate", "vllm"), ("deepspeed_zero", "deepspeed")):

@@ -12,6 +12,7 @@ job queued behind it (tests/gpu/suite.py runs it; `run.sh --only faults`).
   engine      grpo_tiny's vLLM engine SIGKILLed 0.05 s into its generate at step 2
   corpus      the hang corpus's GPU programs (tests/gpu/corpus.py): the healthy ones SUCCEED never
               suspected of a hang, the hung ones FAIL hung in time, saying where they wait
+              (GPU_CORPUS=hf_trainer,torch_item: those only; GPU_CORPUS_SECONDS: how long each works)
 FAULTS=hang,oom,... runs those only (one run of the device tool lasts 10 minutes; vLLM's engine
 alone takes 1.5 of them to start). Each time: the job behind it SUCCEEDED, and no process holds
 GPU memory once it ran. On one GPU the 2-rank faults are skipped (two ranks need two GPUs); oom,
