@@ -20,10 +20,10 @@ from raystack.cli.common import (
 from raystack.cli.up import (
     AccountOpt,
     GpusPerNodeOpt,
+    NativeOpt,
     NodesOpt,
     NoWaitOpt,
     PartitionOpt,
-    SbatchOpt,
     TimeOpt,
     TimeoutOpt,
     _timeout,
@@ -70,7 +70,7 @@ def grow(
     account: AccountOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_task: GrowCpusOpt = None,
-    sbatch: SbatchOpt = None,
+    native: NativeOpt = None,
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
@@ -89,7 +89,7 @@ def grow(
         "account": account,
         "gpus_per_node": gpu_count,
         "cpus_per_task": cpus_per_task,
-        "extra_sbatch": sbatch,
+        "native": native,
     }
     if profile or gpu_type:
         prof = load_profile(profile or Cluster.get(target).record().profile)

@@ -172,20 +172,20 @@ SubmissionIdOpt = Annotated[
     str | None, typer.Option("--submission-id", metavar="ID", help="The job's id (default: <name>-<8 hex>).")
 ]
 # sbatch's letters, as a SLURM user types them at submit: each means a spec field, or is the cluster's.
-SbatchNodesOpt = Annotated[
+JobNodesOpt = Annotated[
     int | None,
     typer.Option(
         "--nodes", "-N", min=1, metavar="N", help="As sbatch -N: nodes (kind spmd), else needs.nodes."
     ),
 ]
-SbatchTimeOpt = Annotated[
+JobTimeOpt = Annotated[
     str | None,
     typer.Option("--time", "-t", metavar="TIME", help="As sbatch -t: the job's timeout (10 = 10 min)."),
 ]
-SbatchGpusOpt = Annotated[
+JobGpusOpt = Annotated[
     int | None, typer.Option("--gpus", "-G", min=0, metavar="N", help="As sbatch --gpus: needs.gpus.")
 ]
-SbatchPartitionOpt = Annotated[
+JobPartitionOpt = Annotated[
     str | None,
     typer.Option(
         "--partition", "-p", metavar="NAME", hidden=True, help="Refused: the partition is the cluster's."
@@ -226,10 +226,10 @@ def submit(
     runtime_env_json: RuntimeEnvJsonOpt = None,
     submission_id: SubmissionIdOpt = None,
     secret: SecretOpt = None,
-    nodes: SbatchNodesOpt = None,
-    time: SbatchTimeOpt = None,
-    gpus: SbatchGpusOpt = None,
-    partition: SbatchPartitionOpt = None,
+    nodes: JobNodesOpt = None,
+    time: JobTimeOpt = None,
+    gpus: JobGpusOpt = None,
+    partition: JobPartitionOpt = None,
     no_wait: NoWaitOpt = False,
     follow: FollowOpt = False,
     now: NowOpt = False,

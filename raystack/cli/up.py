@@ -118,7 +118,7 @@ CpusPerTaskOpt = Annotated[
 ]
 
 
-SbatchOpt = Annotated[
+NativeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--sbatch",
@@ -213,7 +213,7 @@ def up(
     gres: GresOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_task: CpusPerTaskOpt = None,
-    sbatch: SbatchOpt = None,
+    native: NativeOpt = None,
     chain: ChainOpt = None,
     signal_lead: SignalLeadOpt = None,
     dry_run: DryRunOpt = False,
@@ -244,7 +244,7 @@ def up(
         "account": account,
         "gpus_per_node": gpu_count,
         "cpus_per_task": cpus_per_task,
-        "extra_sbatch": sbatch,
+        "native": native,
         "chain": chain,
         "signal_lead": signal_lead,
     }
@@ -316,7 +316,7 @@ def _refuse_scheduler_options(nodes: int, options: Mapping[str, object]) -> None
     """A --local cluster is one node without SLURM: name the first SLURM option given."""
     given = ["--nodes"] if nodes != 1 else []
     counts = ("gpus_per_node", "cpus_per_task")  # (0 is a value given)
-    flags = {"extra_sbatch": "--sbatch", "gpu_type": "--gpus-per-node"}
+    flags = {"native": "--sbatch", "gpu_type": "--gpus-per-node"}
     given += [
         flags.get(key, "--" + key.replace("_", "-"))
         for key, value in options.items()

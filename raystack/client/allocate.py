@@ -53,7 +53,7 @@ class AllocationPlan:
     chain: int = 1  # allocations in all: the cluster lives across this many walltimes
     signal_lead: int = 600  # seconds before the end at which SLURM sends USR1
     python: str = "python3"
-    extra_sbatch: tuple[str, ...] = ()
+    native: tuple[str, ...] = ()  # options in the scheduler's own words: the profile's, then up's
     env: dict[str, str] = field(default_factory=dict)
     backend: str = "slurm"  # which scheduler gives the allocation (adapters/allocator.py)
 
@@ -88,7 +88,7 @@ class AllocationPlan:
             output=str(self.cluster_paths.allocation_log("%j")) if self.cluster_paths else None,
             warn_before=self.signal_lead,
             after=after,
-            native=self.extra_sbatch,
+            native=self.native,
         )
 
     def argv(self) -> list[str]:
@@ -120,7 +120,7 @@ def plan(
     account: str | None = None,
     gpus_per_node: int | None = None,
     cpus_per_task: int | None = None,
-    extra_sbatch: list[str] | None = None,
+    native: list[str] | None = None,
     python: str | None = None,
     shape: NodeShape | None = None,
     chain: int | None = None,
@@ -135,7 +135,7 @@ def plan(
     rayenv.check_floor()
     _check_counts(nodes, gpus_per_node, cpus_per_task, prof.max_nodes)
     backend = allocator(prof.backend)
-    native = [backend.check_native(o) for o in extra_sbatch or []]  # (each once)
+    checked = [backend.check_native(o) for o in native or []]  # (each once)
     name = paths.validate_name(name)
     walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
     links = _links(prof.chain if chain is None else chain)
@@ -157,7 +157,7 @@ def plan(
         chain=links,
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
-        extra_sbatch=(*prof.extra_sbatch, *native),
+        native=(*prof.extra_sbatch, *checked),
         env=dict(prof.env),
         backend=prof.backend,
     )
