@@ -33,21 +33,18 @@ MAX_FUNCTION = 50  # lines; a CLI verb's typer signature (one option a line) is 
 # Not there yet (docs/development.md, "What is not yet so"): each may shrink, none may grow, and
 # nothing joins the list. The two modules are one class each (the public Cluster, the queue
 # runner's pass); the functions are each one sequence that reads top to bottom.
-LONGER_MODULES = {"raystack.client.cluster": 561, "raystack.allocation.runner.loop": 595}
+LONGER_MODULES = {"raystack.client.cluster": 552, "raystack.allocation.runner.loop": 590}
 LONGER_FUNCTIONS = {
     "raystack.adapters.slurm.script.render": 57,
     "raystack.allocation.head.program.run_head": 59,
-    "raystack.allocation.runner.loop.__init__": 51,
     "raystack.allocation.runner.loop.submit": 60,
     "raystack.allocation.runner.loop.follow": 58,
     "raystack.allocation.runner.loop.ended": 60,
     "raystack.cli.clusters.status": 56,
-    "raystack.client.allocate.plan": 57,
     "raystack.client.cluster.wait_ready": 58,
     "raystack.client.cluster.down": 57,
     "raystack.client.status.status_of": 58,
     "raystack.plan.topology.place": 56,
-    "raystack.spec.resolve.check_needs": 51,
     "raystack.spec.resolve.resolve": 54,
     "raystack.spec.workdir.scan": 58,
 }

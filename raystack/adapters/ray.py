@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ray.job_submission import JobDetails
 
+    from raystack.store.cluster import ClusterRecord
+
 from raystack.adapters.raywords import DEATHS, STATUS, actor_place, death_context, task_error
-from raystack.errors import AlreadyExists, AuthRejected, NotFound, RayApiError, RayUnreachable
+from raystack.errors import AlreadyExists, AuthRejected, ClusterError, NotFound, RayApiError, RayUnreachable
 
 TIMEOUT = 10  # seconds for one State API call
 # Each node's SPMD launch host (launch/pool.py) is the detached actor of this name + the node's id.
@@ -95,6 +97,13 @@ class Dashboard:
 
         verify = str(tls.ca_cert(cluster)) if url.startswith("https://") else True
         return cls(url, records.read_token(cluster), verify)
+
+    @classmethod
+    def on_head(cls, record: ClusterRecord) -> Dashboard:
+        """A cluster's dashboard as its head node reaches it; refused before it has one."""
+        if not record.on_head_dashboard_url:
+            raise ClusterError(f"cluster {record.name} has no dashboard yet")
+        return cls.of(record.name, record.on_head_dashboard_url)
 
     @functools.cached_property
     def jobs(self) -> Any:

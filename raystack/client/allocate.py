@@ -138,7 +138,6 @@ def plan(
     checked = [backend.check_native(o) for o in native or []]  # (each once)
     name = paths.validate_name(name)
     walltime = durations.validate_time(time) if time else prof.time  # (the profile's: read at load)
-    links = _links(prof.chain if chain is None else chain)
     lead, lead_note = _signal_lead(prof, signal_lead, walltime)
     gpus, cpus, mem, note = _node_size(backend, prof, nodes, (gpus_per_node, cpus_per_task), shape)
     return AllocationPlan(
@@ -154,7 +153,7 @@ def plan(
         cpus_per_task=cpus,
         mem=mem,
         note="; ".join(n for n in (note, lead_note) if n),
-        chain=links,
+        chain=_links(prof.chain if chain is None else chain),
         signal_lead=max(1, round(lead)),
         python=python or sys.executable,
         native=(*prof.extra_sbatch, *checked),

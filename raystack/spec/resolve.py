@@ -96,6 +96,12 @@ def check_needs(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
     if spec.kind == "spmd" and spec.procs_per_node and gpn and spec.procs_per_node > gpn:
         raise refused(f"procs_per_node={spec.procs_per_node}")
     check_time_and_resources(spec, cluster, source)
+    check_driver(spec, cluster, source)
+
+
+def check_driver(spec: JobSpec, cluster: ClusterRecord, source: str) -> None:
+    """Refuse a driver that asks more than one node of the cluster gives (it runs on one node)."""
+    _, gpn, cpn = cluster.held
     if spec.entrypoint_num_gpus > gpn:  # (the driver is one process: on one node)
         raise ConfigError(
             f"{source}: entrypoint_num_gpus={spec.entrypoint_num_gpus:g} but the driver runs on one node "

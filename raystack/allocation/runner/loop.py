@@ -91,12 +91,7 @@ class Runner:
         self.paths = paths.cluster(name)
         self.cluster = records.read(name)
         self.allocation = allocation or os.environ.get("RAYSTACK_ALLOCATION") or self.cluster.allocation_id
-        if api is None:
-            url = self.cluster.on_head_dashboard_url  # (the runner runs on the head node)
-            if not url:
-                raise ClusterError(f"cluster {name} has no dashboard yet")
-            api = Dashboard.of(name, url)
-        self.api = api
+        self.api = api if api is not None else Dashboard.on_head(self.cluster)  # (the runner runs there)
         self.clock = clock
         self.submit_timeout = float(os.environ.get("RAYSTACK_SUBMIT_TIMEOUT") or SUBMIT_TIMEOUT)
         self.resources_free = resources_free or self._resources_free
@@ -106,7 +101,7 @@ class Runner:
         self.journal = store.JournalReader(name)
         self.rescan_at = -1.0
         self.node_drains: dict[str, tuple[Drain, list[str]]] = {}  # a packed job's nodes, releasing
-        self.picker = Picker(name, api, self.allocation, self.cluster, clock)
+        self.picker = Picker(name, self.api, self.allocation, self.cluster, clock)
         # Started again after a walltime warning of this allocation: keep interrupting.
         self.interrupting = self.cluster.ending is not None and self.cluster.allocation_id == self.allocation
         # After a restart we do not know whether the last job's resources were released: check.
@@ -116,7 +111,7 @@ class Runner:
         self.drain: Drain | None = None if first else Drain("(restart)", None, clock() + FREE_TIMEOUT)
         self.held: dict | None = None  # what the ended job in self.drain still holds, and until when
         self.timing = Clock(clock, sleep)  # (the clock of everything the runner waits on)
-        self.watchdog = Watchdog(name, api, self.allocation, self.cluster.gcs_address, self.timing)
+        self.watchdog = Watchdog(name, self.api, self.allocation, self.cluster.gcs_address, self.timing)
         self.sleep = sleep
         # On the head (the node program gave its Ray logs folder): a driver's exit wakes the loop.
         self.ends = EndWatch(live=bool(os.environ.get(RAY_LOGS_VAR)))
@@ -126,7 +121,7 @@ class Runner:
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
         # The job that waits first gets its environment ready meanwhile (RAYSTACK_PREPARE=0: not).
         prepare = os.environ.get("RAYSTACK_PREPARE") != "0"
-        self.preparer = Preparer(name, api, self.timing) if prepare else None
+        self.preparer = Preparer(name, self.api, self.timing) if prepare else None
         self.considered: Entry | None = None  # the waiting job last given to the preparer
         self.last_end: dict[str, Any] | None = None  # the times of the last end (the next job's gap)
 
