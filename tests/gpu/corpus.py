@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from raystack import Cluster
@@ -57,6 +59,19 @@ def ended(jobs: dict[str, Job], healthy: set[str], timeout: float = 540) -> dict
     return suspected
 
 
+def keep_evidence(jobs: dict[str, Job]) -> None:
+    """A healthy job that was suspected: its stack dumps, its log and its ledger into
+    $OUT/corpus-suspected/<name>/ (the GPU machine is gone after the run; these say why)."""
+    out = os.environ.get("OUT")
+    for name, job in jobs.items() if out else []:
+        folder = Path(str(out)) / "corpus-suspected" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for dump in job.stacks().files:
+            shutil.copy(dump, folder / dump.name)
+        (folder / "job.log").write_text(job.logs()[-200_000:])
+        (folder / "record.json").write_text(job.record().model_dump_json(indent=1))
+
+
 def run_corpus(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple[dict, dict, dict]:
     """figures, checks and skipped."""
     figures: dict[str, Any] = {}
@@ -95,6 +110,7 @@ def run_corpus(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple
         figures[case.name]["message"] = record.message[:500]
         say(f"corpus {case.name}: {record.state.value} in {took:.1f}s: {record.message[:300]}")
     figures["suspected_healthy"] = suspected
+    keep_evidence({name: healthy[name] for name in suspected})
     checks = {
         "corpus: every healthy GPU program SUCCEEDED, never suspected of a hang": not suspected
         and all(f["state"] == "SUCCEEDED" for n, f in figures.items() if n in healthy),
