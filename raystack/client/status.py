@@ -99,23 +99,29 @@ def allocation_view(info: AllocInfo | None) -> dict[str, Any]:
     }
 
 
+def ray_view(
+    record: ClusterRecord, info: AllocInfo | None
+) -> tuple[int | None, float | None, float | None, str | None]:
+    """(nodes, GPUs, CPUs) alive in Ray for a starting or ready cluster, or why Ray was not read."""
+    if record.state not in (ClusterState.READY, ClusterState.STARTING) or not record.dashboard_url:
+        return None, None, None, None
+    try:
+        alive = live_dashboard(record, info).alive_nodes(timeout=5)
+    except (
+        RayApiError,
+        ClusterError,
+    ) as exc:  # (ClusterError: SLURM says it ended, or did not answer: no token sent)
+        return None, None, None, str(exc)
+    gpus = sum(n.resources.get("GPU", 0) for n in alive)
+    return len(alive), gpus, sum(n.resources.get("CPU", 0) for n in alive), None
+
+
 def status_of(name: str, record: ClusterRecord) -> ClusterStatus:
     """A record (in SLURM's light) joined with what SLURM and Ray say now."""
     backend = allocator(record.backend)
     info = backend.info(record.allocation_id) if record.allocation_id else None
     time_left = backend.time_left(info)
-    nodes = gpus = cpus = None
-    ray_error = None
-    if record.state in (ClusterState.READY, ClusterState.STARTING) and record.dashboard_url:
-        try:
-            alive = live_dashboard(record, info).alive_nodes(timeout=5)
-            nodes = len(alive)
-            gpus = sum(n.resources.get("GPU", 0) for n in alive)
-            cpus = sum(n.resources.get("CPU", 0) for n in alive)
-        except RayApiError as exc:
-            ray_error = str(exc)
-        except ClusterError as exc:  # (SLURM says it ended, or did not answer: no token sent)
-            ray_error = str(exc)
+    nodes, gpus, cpus, ray_error = ray_view(record, info)
     running = [] if record.state.is_terminal() else active(name)  # (an ended cluster runs nothing)
     nxt = backend.info(record.next_allocation_id) if record.next_allocation_id else None
     state, message = shown_state(name, record, info)

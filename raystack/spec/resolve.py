@@ -184,6 +184,12 @@ def warn_of_secrets(env: dict[str, str], secrets: list[str], source: str) -> Non
             )
 
 
+AS_GIVEN = (  # the fields a request takes from its spec as they are
+    "entrypoint_memory", "entrypoint_num_cpus", "entrypoint_num_gpus", "timeout", "retries", "retry_window",
+    "hang_timeout", "hang_action", "infeasible_grace", "stop_grace", "uv", "min_time",
+)  # fmt: skip
+
+
 def resolve(
     spec: JobSpec,
     cluster: ClusterRecord,
@@ -209,28 +215,17 @@ def resolve(
         name=spec.name,
         cluster=cluster.name,
         entrypoint=spec.entrypoint,
+        **{key: getattr(spec, key) for key in AS_GIVEN},
         working_dir=joined.working_dir,
         excludes=joined.excludes,
         left_out=joined.left_out,
         env=joined.env,
         runtime_env=joined.runtime_env,
-        entrypoint_memory=spec.entrypoint_memory,
         metadata=dict(spec.metadata),
-        entrypoint_num_cpus=spec.entrypoint_num_cpus,
-        entrypoint_num_gpus=spec.entrypoint_num_gpus,
         entrypoint_resources=dict(spec.entrypoint_resources),
-        timeout=spec.timeout,
-        retries=spec.retries,
-        retry_window=spec.retry_window,
-        hang_timeout=spec.hang_timeout,
-        hang_action=spec.hang_action,
-        infeasible_grace=spec.infeasible_grace,
-        stop_grace=spec.stop_grace,
         outputs=outputs,
         after=list(spec.after),
         needs=declared_needs(spec),
-        uv=spec.uv,
-        min_time=spec.min_time,
         plan=spec.plan.model_dump() if spec.plan else None,
         planned=planned,
         processes=processes,

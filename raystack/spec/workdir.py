@@ -203,22 +203,17 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
                 continue  # a broken symlink: Ray skips it too
             is_dir, is_file, size = stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode), st.st_size
             rel = path.relative_to(root)
-            if not is_dir and not is_file:
+            if is_dir:
+                real = _not_a_loop(root, path, above)
+                stack.append(
+                    (path, [*matchers, *_ignore_files(path, gitignore, up.ray_cannot)], above | {real})
+                )
+            elif not is_file:
                 raise ConfigError(
                     f"working_dir {root}: {rel} is {_kind(st.st_mode, entry.is_symlink(), path)}; Ray's "
                     f"packager would block reading it: remove it, or add '{rel}' to excludes or to .rayignore"
                 )
-            if is_dir:
-                real = os.path.realpath(path)
-                if real in above:
-                    raise ConfigError(
-                        f"working_dir {root}: {rel} is a symlink loop (it leads back to {real}); "
-                        f"Ray would follow it forever: add '{rel}' to excludes or to .rayignore"
-                    )
-                stack.append(
-                    (path, [*matchers, *_ignore_files(path, gitignore, up.ray_cannot)], above | {real})
-                )
-            elif is_file:
+            else:
                 up.add(rel, size)
                 if up.bytes > limit:
                     up.stopped = f"over {limit / 2**20:.0f} MiB"
@@ -227,6 +222,18 @@ def scan(root: Path, excludes: list[str], limit: int = UPLOAD_LIMIT, max_files: 
                     up.stopped, up.too_many_files = f"over {max_files:,} files", True
                     return up
     return up
+
+
+def _not_a_loop(root: Path, folder: Path, above: frozenset[str]) -> str:
+    """A folder's real path, refused where it is one of the folders above it (a symlink loop)."""
+    real = os.path.realpath(folder)
+    if real in above:
+        rel = folder.relative_to(root)
+        raise ConfigError(
+            f"working_dir {root}: {rel} is a symlink loop (it leads back to {real}); "
+            f"Ray would follow it forever: add '{rel}' to excludes or to .rayignore"
+        )
+    return real
 
 
 def _bulk(root: Path, excludes: list[str]) -> Callable[[Path], str | None]:
