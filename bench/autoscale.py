@@ -10,7 +10,12 @@ Reported per arm: makespan (the first submit -> the last job's end) and node-hou
 SLURM's own start and end times of every allocation the arm held until its queue was done and
 grown nodes released (the head's allocation until the last job's end, as a user would `down`).
 
+`--scenario uneven` (issue 66's queue, scaled): a 1-node debug job, a 4-node GRPO-shaped job
+(`needs.nodes: 4`), then eight 1-node evaluations, all queued at once, on the fixed 4-node
+cluster and the one that grows from 1 (the fixed 1-node cluster cannot hold the 4-node job).
+
     python bench/autoscale.py [--jobs 3] [--seconds 60] [--idle 30]
+    python bench/autoscale.py --scenario uneven [--seconds 60] [--idle 30]
 """
 
 from __future__ import annotations
@@ -47,14 +52,23 @@ def held(alloc: str, until: float) -> float:
     return max(0.0, min(end or until, until) - start) * nodes if start else 0.0
 
 
-def arm(name: str, nodes: int, jobs: int, seconds: int, idle: int, max_nodes: int | None) -> dict:
+def queue(scenario: str, jobs: int, seconds: int) -> list[tuple[int, int]]:
+    """(nodes, seconds) of each job, in the order they are queued."""
+    if scenario == "uneven":  # (a debug job, a GRPO-shaped one on 4 nodes, eight evaluations)
+        return [(1, seconds), (4, round(1.5 * seconds)), *[(1, seconds)] * 8]
+    return [(1, seconds)] * jobs
+
+
+def arm(name: str, nodes: int, work: list[tuple[int, int]], idle: int, max_nodes: int | None) -> dict:
     extra = ["--max-nodes", str(max_nodes), "--idle-timeout", f"{idle}s"] if max_nodes else []
     raystack("up", "-N", str(nodes), "--profile", "testbed", "--time", "30", "--name", name, *extra)
     cluster = Cluster(name)
-    code = f"import time; time.sleep({seconds})"
     t0 = time.time()
-    submitted = [cluster.submit(["python", "-c", code], sets=["needs.nodes=1"]) for _ in range(jobs)]
-    done = [job.wait(timeout=jobs * seconds + 600) for job in submitted]
+    submitted = [
+        cluster.submit(["python", "-c", f"import time; time.sleep({secs})"], sets=[f"needs.nodes={n}"])
+        for n, secs in work
+    ]
+    done = [job.wait(timeout=sum(secs for _, secs in work) + 900) for job in submitted]
     assert all(r.state is JobState.SUCCEEDED for r in done), [r.message for r in done]
     end = max(r.ended or 0 for r in done)
     record = records.read(name)
@@ -79,32 +93,39 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--idle", type=int, default=30)
+    parser.add_argument("--scenario", choices=("equal", "uneven"), default="equal")
     args = parser.parse_args()
     on_testbed("bench-auto-")
+    work = queue(args.scenario, args.jobs, args.seconds)
     rows = [
-        arm("fixed-1", 1, args.jobs, args.seconds, args.idle, None),
-        arm("fixed-4", 4, args.jobs, args.seconds, args.idle, None),
-        arm("auto", 1, args.jobs, args.seconds, args.idle, 4),
+        *([arm("fixed-1", 1, work, args.idle, None)] if args.scenario == "equal" else []),
+        arm("fixed-4", 4, work, args.idle, None),
+        arm("auto", 1, work, args.idle, 4),
     ]
+    what = (
+        f"{args.jobs} one-node jobs of {args.seconds}s"
+        if args.scenario == "equal"
+        else f"uneven: {', '.join(f'{n} node(s) x {secs}s' for n, secs in work[:3])}, ... ({len(work)} jobs)"
+    )
     table = "\n".join(
         [
-            f"{args.jobs} one-node jobs of {args.seconds}s; auto: up -N 1 --max-nodes 4 --idle-timeout {args.idle}s",
+            f"{what}; auto: up -N 1 --max-nodes 4 --idle-timeout {args.idle}s",
             f"{'arm':10} {'makespan s':>11} {'node-hours':>11}",
             *(f"{r['arm']:10} {r['makespan_s']:>11} {r['node_hours']:>11}" for r in rows),
         ]
     )
     by = {r["arm"]: r for r in rows}
+    ratios = {
+        "auto_node_hours_vs_fixed4": round(by["auto"]["node_hours"] / by["fixed-4"]["node_hours"], 3),
+        "auto_makespan_vs_fixed4": round(by["auto"]["makespan_s"] / by["fixed-4"]["makespan_s"], 3),
+    }
+    if "fixed-1" in by:
+        ratios["auto_makespan_vs_fixed1"] = round(by["auto"]["makespan_s"] / by["fixed-1"]["makespan_s"], 3)
+    name = "autoscale" if args.scenario == "equal" else "autoscale_uneven"
     publish(
-        "autoscale",
-        table,
-        {
-            "jobs": args.jobs,
-            "seconds": args.seconds,
-            "idle_timeout_s": args.idle,
-            "rows": rows,
-            "auto_makespan_vs_fixed1": round(by["auto"]["makespan_s"] / by["fixed-1"]["makespan_s"], 3),
-            "auto_node_hours_vs_fixed4": round(by["auto"]["node_hours"] / by["fixed-4"]["node_hours"], 3),
-        },
+        name,
+        table + "\n" + "  ".join(f"{k}: {v}" for k, v in ratios.items()),
+        {"scenario": args.scenario, "queue": work, "idle_timeout_s": args.idle, "rows": rows, **ratios},
     )
 
 
