@@ -18,6 +18,7 @@ docs/development.md ("A new scheduler").
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -272,7 +273,6 @@ class Allocator(ABC):
 
 ALLOCATORS: dict[str, Allocator] = {}
 PLUGINS = "raystack.backends"  # the entry-point group a backend of another package registers in
-_plugged: list[str] = []  # (the plug-ins loaded, once per process)
 
 
 def register(implementation: Allocator) -> Allocator:
@@ -284,11 +284,14 @@ def plugins() -> dict[str, Allocator]:
     """Every backend: raystack's own and those other packages name in the `raystack.backends`
     entry-point group (each entry a module that calls `register` when imported). Read once, and
     only where a backend is asked for by name or a node program looks for its own."""
-    if not _plugged:
-        _plugged.append(PLUGINS)
-        for entry in metadata.entry_points(group=PLUGINS):
-            entry.load()
+    _load_plugins()
     return ALLOCATORS
+
+
+@functools.cache
+def _load_plugins() -> None:
+    for entry in metadata.entry_points(group=PLUGINS):
+        entry.load()
 
 
 def allocator(backend: str) -> Allocator:
@@ -302,7 +305,7 @@ def allocator(backend: str) -> Allocator:
 def node_facts(env: Mapping[str, str]) -> tuple[str, NodeFacts]:
     """(backend, facts) of the node program this environment started; the one-machine backends
     first (their shell may run inside a SLURM job), a plug-in's before raystack's remote ones."""
-    order = {name: (a.remote, name in ("slurm",)) for name, a in plugins().items()}
+    order = {name: (a.remote, name == "slurm") for name, a in plugins().items()}
     for name in sorted(ALLOCATORS, key=order.__getitem__):
         if (found := ALLOCATORS[name].facts(env)) is not None:
             return name, found

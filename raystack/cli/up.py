@@ -337,15 +337,13 @@ def _up_on_scheduler(
         err.print(f"raystack: {plan.note}", markup=False)
     argv = plan.argv()  # (none where the backend starts it itself: --local)
     if dry_run:
+        script = allocate.render_script(plan)
         if as_json:
-            print_json(
-                {"argv": argv, "script": allocate.render_script(plan)}
-                if argv
-                else {"script": allocate.render_script(plan)}
-            )
+            print_json({**({"argv": argv} if argv else {}), "script": script})
         else:
-            print(f"# {argv[0]} argv:\n" + shlex.join(argv) if argv else "", end="\n" if argv else "")
-            print(f"# script ({plan.script_path}):\n" + allocate.render_script(plan), end="")
+            if argv:
+                print(f"# {argv[0]} argv:\n" + shlex.join(argv))
+            print(f"# script ({plan.script_path}):\n" + script, end="")
         return
     record = submission.submit(plan)
     if not as_json:

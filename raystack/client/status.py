@@ -107,10 +107,8 @@ def ray_view(
         return None, None, None, None
     try:
         alive = live_dashboard(record, info).alive_nodes(timeout=5)
-    except (
-        RayApiError,
-        ClusterError,
-    ) as exc:  # (ClusterError: SLURM says it ended, or did not answer: no token sent)
+    # (ClusterError: SLURM says the allocation ended, or did not answer: no token was sent)
+    except (RayApiError, ClusterError) as exc:
         return None, None, None, str(exc)
     gpus = sum(n.resources.get("GPU", 0) for n in alive)
     return len(alive), gpus, sum(n.resources.get("CPU", 0) for n in alive), None

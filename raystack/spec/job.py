@@ -394,7 +394,7 @@ class JobSpec(SpecModel):
 def parse_set(item: str, given_as: str | None = None) -> tuple[list[str], Any]:
     """'needs.gpus=8' -> (['needs', 'gpus'], 8): the value is read as YAML (so 8 is an int),
     except under env and resume.env, where it is kept as written (env.LR=1e-6 is "1e-6").
-    `said`: how an error names what was given (default: --set 'ITEM')."""
+    `given_as`: how an error names what was given (default: --set 'ITEM')."""
     given_as = given_as or f"--set {quote(item)}"
     key, sep, raw = item.partition("=")
     path = key.split(".")
