@@ -424,16 +424,16 @@ def test_a_full_filesystem_is_said_once_a_minute_not_on_every_pass(
     def refuse(*_: object) -> None:
         raise full
 
-    monkeypatch.setattr(progress, "watch", refuse)
-    monkeypatch.setattr(raylogs, "request_sync", refuse)
     monkeypatch.setattr(logtail.GATHERING, "clock", clock.now)
     record = read_job("c", submit())
     with caplog.at_level(logging.INFO, logger="raystack.runner"):
-        for _ in range(130):  # 130 passes, a second apart
-            dog.ask_nodes()
-            assert logtail.gather("c", "100", FakeApi(), record) is None
-            clock.t += 1.0
-        monkeypatch.undo()
+        with pytest.MonkeyPatch.context() as full_disk:  # (undone alone: not the fixture's home)
+            full_disk.setattr(progress, "watch", refuse)
+            full_disk.setattr(raylogs, "request_sync", refuse)
+            for _ in range(130):  # 130 passes, a second apart
+                dog.ask_nodes()
+                assert logtail.gather("c", "100", FakeApi(), record) is None
+                clock.t += 1.0
         dog.ask_nodes()
     lines = [r.getMessage() for r in caplog.records]
     asked = [line for line in lines if line.startswith("asking the nodes to sample stacks")]
