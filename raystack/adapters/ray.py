@@ -201,11 +201,14 @@ class Dashboard:
             f"placement group {g.placement_group_id} ({g.state})" for g in groups if g.state != "REMOVED"
         ]
 
-    def pending_demands(self, ray_job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+    def pending_demands(
+        self, ray_job_id: str, groups: tuple[str, ...] = (), limit: int = 200
+    ) -> list[dict[str, Any]]:
         """What a Ray job waits for: its actors pending creation (those in a placement group with
         no bundles: the group holds their resources), its placement groups pending (each bundle,
-        and whether Ray's scheduler marked it INFEASIBLE) and its tasks waiting for a node. Each:
-        {kind, name, bundles, ray_infeasible, pg_id}."""
+        and whether Ray's scheduler marked it INFEASIBLE), with those named in `groups` whoever
+        made them (an SPMD job's group, made for it by the launch host when it was submitted),
+        and its tasks waiting for a node. Each: {kind, name, bundles, ray_infeasible, pg_id}."""
         from ray.util.state.common import ActorState, PlacementGroupState, TaskState
 
         found: list[dict[str, Any]] = []
@@ -216,22 +219,18 @@ class Dashboard:
             if isinstance(a, ActorState) and a.required_resources:
                 bundles = [] if a.placement_group_id else [a.required_resources]
                 found.append(_demand("actor", a.class_name or "actor", bundles))
-        for g in self._state_list(
-            "placement_groups",
-            [("creator_job_id", "=", ray_job_id), ("state", "=", "PENDING")],
-            detail=True,
-            limit=limit,
-        ):
-            if isinstance(g, PlacementGroupState):
-                bundles = [
-                    dict(b.get("unit_resources") or {}) for b in g.bundles or [] if isinstance(b, dict)
-                ]
-                stats = g.stats if isinstance(g.stats, dict) else {}
-                demand = _demand("placement group", g.name or g.placement_group_id[:12], bundles)
-                demand.update(
-                    pg_id=g.placement_group_id, ray_infeasible=stats.get("scheduling_state") == "INFEASIBLE"
-                )
-                found.append(demand)
+        pending = ("state", "=", "PENDING")
+        for by in [("creator_job_id", "=", ray_job_id)] + [("name", "=", name) for name in groups]:
+            for g in self._state_list("placement_groups", [by, pending], detail=True, limit=limit):
+                if isinstance(g, PlacementGroupState):
+                    bundles = [
+                        dict(b.get("unit_resources") or {}) for b in g.bundles or [] if isinstance(b, dict)
+                    ]
+                    stats = g.stats if isinstance(g.stats, dict) else {}
+                    demand = _demand("placement group", g.name or g.placement_group_id[:12], bundles)
+                    infeasible = stats.get("scheduling_state") == "INFEASIBLE"
+                    demand.update(pg_id=g.placement_group_id, ray_infeasible=infeasible)
+                    found.append(demand)
         for t in self._state_list(
             "tasks", [job, ("state", "=", "PENDING_NODE_ASSIGNMENT")], detail=True, limit=limit
         ):

@@ -59,7 +59,7 @@ class FakeApi:
         self.entrypoints: dict[str, str] = {}
         self.jobs = FakeJobs(self)
         self.errors: dict[str, list[dict]] = {}  # by Ray job id: what job_errors reports
-        self.demands: dict[str, list[dict]] = {}  # by Ray job id: what pending_demands reports
+        self.demands: dict[str, list[dict]] = {}  # by Ray job id or group name: what pending_demands reports
         self.nodes = [NodeSummary(f"n{i}", f"10.0.0.{i}", i == 1, {"CPU": 16.0, "GPU": 4.0}) for i in (1, 2)]
 
     def alive_nodes(self) -> list[NodeSummary]:
@@ -69,8 +69,14 @@ class FakeApi:
         self.warmed = getattr(self, "warmed", 0) + 1
         return True
 
-    def pending_demands(self, ray_job_id: str) -> list[dict]:
-        return self.demands.get(ray_job_id, [])
+    def dead_nodes(self) -> list[NodeSummary]:
+        return []
+
+    def job_nodes(self, ray_job_id: str, groups: tuple[str, ...] = ()) -> set[str]:
+        return set()
+
+    def pending_demands(self, ray_job_id: str, groups: tuple[str, ...] = ()) -> list[dict]:
+        return [d for key in (ray_job_id, *groups) for d in self.demands.get(key, [])]
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict, **options: Any) -> None:
         if sid in self.ray:

@@ -179,6 +179,36 @@ def test_output_or_a_busy_process_keeps_a_job_alive(home: Path) -> None:  # noqa
     assert sample_active({"jobs": {}, "gpus": [[93.0, 10, 80]]}, job)
 
 
+@pytest.mark.parametrize("group_pending", [True, False])
+def test_an_spmd_job_whose_group_the_launch_host_made_waits_it_is_not_hung(
+    home: Path,  # noqa: F811
+    group_pending: bool,
+) -> None:
+    """GPU suite, 1 x H100: a torchrun job started ahead (its placement group made by the launch
+    host at the submit, so not its own Ray job's) waited 80 s for the GPU other jobs held, its
+    driver in ray.get, and was stopped as hung. Its group pending: waiting, never hung; without
+    it the same silence is a hang."""
+    api, clock = FakeApi(), Clock()
+    r = runner(api, clock)
+    job = submit("spmd", hang_timeout=30)
+    r.tick()
+    api.set(job, "RUNNING")
+    if group_pending:  # (by the group's name: its creator is the warm-up job that made the host)
+        whole_node = {"CPU": 16.0, "GPU": 4.0}
+        api.demands[f"raystack-spmd-{job}"] = [
+            {"kind": "placement group", "name": f"raystack-spmd-{job}", "bundles": [whole_node]}
+        ]
+    r.tick()
+    wait_until(lambda: paths.cluster("c").job_log(job).exists(), 30, "the log tail's first write")
+    t = time.time()
+    for i in range(10):  # 100 s: quiet samples every 10 s
+        write_samples(job, 0.0, t + 10 * i, 1)
+        clock.t += 10
+        r.tick()
+    assert (api.stopped == []) is group_pending
+    assert (job in stacks.requests("c")) is not group_pending
+
+
 def test_without_usage_samples_nothing_is_judged_hung(home: Path) -> None:  # noqa: F811
     api, clock = FakeApi(), Clock()
     r = runner(api, clock)

@@ -26,7 +26,7 @@ from raystack.client import Job
 from raystack.store import paths
 from raystack.store.ledger import JobState
 
-from ..conftest import module_home
+from ..conftest import module_home, wait_until
 from ..hangs.cases import HERE as CORPUS
 from ..hangs.cases import Case, cases
 from .test_cluster import raystack
@@ -184,9 +184,15 @@ BATCHES = [  # (side by side on the cluster, as many as 2 cores give time to mov
 ]
 
 
-def corpus_job(cluster: Cluster, case: Case) -> Job:
+# An SPMD job that first waits for its nodes (a job beside it holds a CPU its whole-node bundles
+# need; their placement group is the launch host's, made at the submit): waiting is not a hang (GPU
+# suite, 1 x H100: two such jobs were stopped as hung while other jobs held the GPU)
+WAITS, HOLD = Case("torch_nosync", True, ranks=2), 2 * CORPUS_HANG
+
+
+def corpus_job(cluster: Cluster, case: Case, name: str = "") -> Job:
     sets = [
-        f"name={case.name}",
+        f"name={name or case.name}",
         f"hang_timeout={CORPUS_HANG}s",
         f"env.CORPUS_SECONDS={3 * CORPUS_HANG}",
         "env.CORPUS_DEVICE=cpu",
@@ -195,6 +201,14 @@ def corpus_job(cluster: Cluster, case: Case) -> Job:
         spmd = [f"command={case.script}", f"nodes={case.ranks}", "procs_per_node=1"]
         return cluster.submit(CORPUS / "spmd.yaml", sets=sets + spmd, now=True)
     return cluster.submit(["python", case.script], sets=[*sets, f"working_dir={CORPUS}"], now=True)
+
+
+def hold_a_cpu(cluster: Cluster) -> Job:
+    """A job whose driver holds one CPU for HOLD seconds, running when this returns."""
+    sets = ["name=holds_a_cpu", "entrypoint_num_cpus=1"]
+    holder = cluster.submit(["sleep", str(HOLD)], sets=sets, now=True)
+    wait_until(lambda: holder.state is JobState.RUNNING, 60, "the CPU holder running")
+    return holder
 
 
 def started_at(job: Job) -> float:
@@ -212,6 +226,9 @@ def test_the_hang_corpus_healthy_programs_run_hung_ones_fail_naming_where(fl: di
     suspected: dict[str, str] = {}
     for batch in BATCHES:
         jobs = {name: corpus_job(cluster, by_name[name]) for name in batch}
+        if batch is BATCHES[-1]:
+            holder = hold_a_cpu(cluster)
+            jobs["waits_for_nodes"], by_name["waits_for_nodes"] = corpus_job(cluster, WAITS, "waits"), WAITS
         deadline = time.time() + 600
         while time.time() < deadline:
             records = {name: job.record() for name, job in jobs.items()}
@@ -233,5 +250,7 @@ def test_the_hang_corpus_healthy_programs_run_hung_ones_fail_naming_where(fl: di
             took = (record.ended or time.time()) - started_at(job)
             assert took <= CORPUS_HANG + 60, (name, took, record.message)
             assert job.stacks().kept and job.stacks().files, name  # (the dumps taken before the stop)
+    waited, freed = jobs["waits_for_nodes"], holder.record()  # (its ranks began once the CPU was free)
+    assert freed.state is JobState.SUCCEEDED and started_at(waited) >= (freed.ended or 0) - 1, waited.logs()
     assert suspected == {}, suspected
     assert launched(cluster.record().allocation_id or "") == []  # (no rank left behind)

@@ -31,6 +31,7 @@ from typing import Any
 from raystack.adapters import ray as rayapi
 from raystack.durations import duration_text
 from raystack.errors import RaystackError
+from raystack.launch import pool
 from raystack.plan.feasible import Demand, fmt, why_infeasible
 from raystack.store import diagnosis, node_entries, paths, stacks
 from raystack.store import progress as watched
@@ -250,7 +251,8 @@ class Watchdog:
         ray_job_id = getattr(info, "job_id", None)
         if not ray_job_id:
             return found
-        raw = self.api.pending_demands(ray_job_id)
+        # (an SPMD job's group may be the launch host's, made at the submit: launch/ahead.py)
+        raw = self.api.pending_demands(ray_job_id, groups=(pool.PREFIX + w.sid,) if w else ())
         if w is not None:  # (tasks waiting for a CPU are a task farm's normal state: not counted)
             w.waiting = any(d["kind"] != "task" for d in raw)
         raw = [d for d in raw if d["bundles"]]  # (an actor of a placed group: its worker starting)
