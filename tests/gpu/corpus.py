@@ -8,7 +8,9 @@ GPU's memory activity is read per GPU: a healthy neighbour on the same GPU would
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -19,6 +21,7 @@ from typing import Any
 
 from raystack import Cluster
 from raystack.client import Job
+from raystack.store import paths
 from raystack.store.ledger import JobState
 from tests.hangs.cases import HERE, Case, cases
 
@@ -70,6 +73,23 @@ def keep_evidence(jobs: dict[str, Job]) -> None:
             shutil.copy(dump, folder / dump.name)
         (folder / "job.log").write_text(job.logs()[-200_000:])
         (folder / "record.json").write_text(job.record().model_dump_json(indent=1))
+        (folder / "progress.jsonl").write_text("".join(progress_rows(job)))
+        for node_log in paths.cluster(job.cluster).logs.glob("node-*.log"):  # (the probe's debug lines)
+            shutil.copy(node_log, folder.parent / node_log.name)
+
+
+def progress_rows(job: Job) -> list[str]:
+    """What every node's progress probe said of the job, sample by sample (its usage lines'
+    progress rows: how many looks, when it last moved and by what, how many processes)."""
+    rows = []
+    for usage in sorted(paths.cluster(job.cluster).usage.glob("*.jsonl")):
+        for line in usage.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                sample = json.loads(line)
+                row = (sample.get("progress") or {}).get(job.id)
+                if row is not None:
+                    rows.append(json.dumps({"t": sample.get("t"), "file": usage.name, **row}) + "\n")
+    return rows
 
 
 def run_corpus(cluster: Cluster, ngpu: int, say: Callable[[str], None]) -> tuple[dict, dict, dict]:

@@ -42,7 +42,7 @@ log = logging.getLogger("raystack.node")
 def setup_process() -> None:
     """Logging, umask, subreaper and signals of the node program's own process."""
     logging.basicConfig(
-        level=logging.INFO,
+        level=os.environ.get("RAYSTACK_LOG_LEVEL", "INFO").upper(),
         stream=sys.stdout,
         format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
     )

@@ -48,6 +48,7 @@ Ray's job supervisor (it only waits for the entrypoint) is not looked at.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -291,11 +292,31 @@ class ProgressProbe:
                 dump = spy(exe, key[0], pause=not look.disk_wait)
                 look.samples, look.readable = ([to_sample(dump)], True) if dump is not None else ([], False)
         why = self.judge(exe, p, looks, now_t - p.at, wrote) if p.samples else None
+        if log.isEnabledFor(logging.DEBUG):  # (RAYSTACK_LOG_LEVEL=DEBUG: what each look saw)
+            seen = self.seen(p, looks, procs)
+            log.debug("progress %s look %d: %s; %s", job, p.samples, why or "not moved", seen)
         with self.lock:
             if why:
                 p.moved, p.why = time.time(), why
             p.looks, p.procs, p.samples, p.at, p.written = looks, len(looks), p.samples + 1, now_t, written
             p.opaque = sum(1 for look in looks.values() if not look.readable)
+
+    def seen(self, p: JobProgress, looks: dict[tuple[int, float], Look], procs: dict[Any, Any]) -> str:
+        """One look's processes as the debug log shows them: pid, name, CPU since the last look,
+        threads that ran, readable by py-spy, threads in the last sample."""
+        parts = []
+        for key, look in looks.items():
+            before = p.looks.get(key)
+            used = look.used(before) if before else 0.0
+            busy = len(look.busy(before, max(self.clock.now() - p.at, 1e-3))) if before else 0
+            name = "?"
+            with contextlib.suppress(Exception):
+                name = procs[key].name()
+            parts.append(
+                f"{key[0]} {name} cpu+{used:.2f}s busy={busy}"
+                f" py={'y' if look.readable else 'n'} threads={len(look.samples[-1]) if look.samples else 0}"
+            )
+        return ", ".join(parts) or "no process"
 
     def judge(
         self, exe: str, p: JobProgress, looks: dict[tuple[int, float], Look], dt: float, wrote: bool = False
