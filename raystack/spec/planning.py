@@ -82,6 +82,24 @@ def occupied(cluster: ClusterRecord, needs: dict[str, Any] | None) -> ClusterRec
     return cluster.model_copy(update={"nodes_expected": nodes, "grown": [], **shape})
 
 
+def grown_for(plan: PlanSpec, cluster: ClusterRecord) -> int | None:
+    """The fewest nodes, up to the cluster's max_nodes, on which a GRPO plan's learners and
+    engines fit, where they do not fit the nodes it holds (None: they fit, the plan is not a
+    GRPO one, verl's takes every GPU it finds, or the cluster never grows)."""
+    held = cluster.held
+    grows = allocator(cluster.backend).remote and (cluster.max_nodes or 0) > held[0]
+    if plan.kind != "grpo" or plan.framework == "verl" or not grows or not held[1] or not held[2]:
+        return None
+    args = (plan.learners, plan.engines, plan.tp, plan.per_bundle, plan.cpus_per_learner_gpu)
+    for nodes in range(held[0], (cluster.max_nodes or 0) + 1):
+        try:
+            plan_grpo(Shape(nodes, held[1], held[2]), *args)
+        except (Infeasible, ConfigError):
+            continue
+        return nodes if nodes > held[0] else None
+    return None
+
+
 def shape_of(cluster: ClusterRecord) -> Shape:
     """The nodes the cluster holds (grown ones of its shape too), their GPUs and CPUs."""
     return Shape(*cluster.held)

@@ -25,7 +25,7 @@ from raystack.plan.topology import plural
 from raystack.spec import rayenv, runtime_env
 from raystack.spec.job import MAX_SWEEP, JobSpec, apply_sets
 from raystack.spec.load import command_spec, load_spec, validate
-from raystack.spec.planning import occupied, substitute
+from raystack.spec.planning import grown_for, occupied, substitute
 from raystack.spec.runtime_env import expand
 from raystack.spec.values import quote
 from raystack.spec.workdir import DEFAULT_EXCLUDES
@@ -54,7 +54,7 @@ def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | No
     occupies (a packed job plans on its own nodes); (None, None) for a Ray job without a plan."""
     if spec.plan is None and spec.kind != "spmd":
         return None, None
-    mine = occupied(cluster, declared_needs(spec))
+    mine = occupied(cluster, declared_needs(spec, cluster))
     processes = spmd_processes(spec, mine)
     planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
     return planned, processes
@@ -225,7 +225,7 @@ def resolve(
         entrypoint_resources=dict(spec.entrypoint_resources),
         outputs=outputs,
         after=list(spec.after),
-        needs=declared_needs(spec),
+        needs=declared_needs(spec, cluster),
         plan=spec.plan.model_dump() if spec.plan else None,
         planned=planned,
         processes=processes,
@@ -235,12 +235,15 @@ def resolve(
     )
 
 
-def declared_needs(spec: JobSpec) -> dict[str, Any]:
-    """What the job occupies, as the queue packs and grows the cluster for it: its `needs`, and
-    an SPMD job's `nodes` (its ranks take whole nodes) where needs.nodes is not given."""
+def declared_needs(spec: JobSpec, cluster: ClusterRecord) -> dict[str, Any]:
+    """What the job occupies, as the queue packs and grows the cluster for it: its `needs`; an
+    SPMD job's `nodes` (its ranks take whole nodes) where needs.nodes is not given; a GRPO plan's
+    nodes where its learners and engines do not fit the cluster as it is but fit it grown."""
     needs = spec.needs.model_dump(exclude_none=True)
     if spec.kind == "spmd" and spec.nodes and "nodes" not in needs:
         needs["nodes"] = spec.nodes
+    if spec.plan is not None and not needs and (nodes := grown_for(spec.plan, cluster)):
+        needs["nodes"] = nodes
     return needs
 
 

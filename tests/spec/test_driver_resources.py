@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from raystack.errors import ConfigError
+from raystack.spec.job import JobSpec
 from raystack.spec.load import command_spec
 from raystack.spec.resolve import resolve
 from raystack.store.cluster import ClusterRecord
@@ -50,3 +51,25 @@ def test_a_plan_of_more_nodes_than_held_is_laid_out_on_the_nodes_an_elastic_clus
     too_big = command_spec(["python", "grpo.py"], sets=["needs.nodes=4"])
     with pytest.raises(ConfigError, match=r"needs.nodes=4"):
         resolve(too_big, elastic, tmp_path, "command")
+
+
+def test_a_grpo_plan_that_fits_only_a_grown_cluster_asks_for_its_nodes(tmp_path: Path) -> None:
+    """Issue 66, item 4: without `needs`, the plan itself is the demand. 4 learners and 4 engines on
+    a 4-GPU node that grows to 3: it asks for 2 nodes and is laid out on them; 2 and 2 fit the node
+    it holds and ask for nothing (it takes the cluster as it is); 16 and 16 fit no cluster of 3 and
+    are refused at submit; a cluster that never grows (local) asks for nothing."""
+
+    def grpo(learners: int, engines: int) -> JobSpec:
+        sets = ["plan.kind=grpo", f"plan.learners={learners}", f"plan.engines={engines}"]
+        return command_spec(["python", "grpo.py", "{plan.flags}"], sets=sets)
+
+    elastic = ClusterRecord(name="c", nodes_expected=1, gpus_per_node=4, cpus_per_node=72, max_nodes=3)
+    request = resolve(grpo(4, 4), elastic, tmp_path, "command")
+    assert request.needs == {"nodes": 2}
+    assert "--num_learners_per_node 2 2 --vllm_num_engines 4 " in (request.planned or ""), request.planned
+    assert resolve(grpo(2, 2), elastic, tmp_path, "command").needs == {}
+    with pytest.raises(ConfigError, match=r"field 'plan'"):
+        resolve(grpo(16, 16), elastic, tmp_path, "command")
+    local = elastic.model_copy(update={"backend": "local"})
+    with pytest.raises(ConfigError, match=r"field 'plan'"):
+        resolve(grpo(4, 4), local, tmp_path, "command")
