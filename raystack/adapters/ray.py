@@ -353,13 +353,16 @@ class Dashboard:
             if isinstance(n, NodeState)
         ]
 
-    def job_nodes(self, ray_job_id: str) -> set[str]:
+    def job_nodes(self, ray_job_id: str, groups: tuple[str, ...] = ()) -> set[str]:
         """The ids of the nodes where a Ray job's actors and tasks ran, whatever became of them, and
-        those its placement groups hold (an SPMD job's ranks on the launch hosts: launch/pool.py)."""
+        those its placement groups hold (an SPMD job's ranks on the launch hosts: launch/pool.py),
+        with the groups named in `groups` whoever made them (the launch host, at the submit)."""
         job = [("job_id", "=", ray_job_id)]
         work = [*self._state_list("actors", job, limit=10000), *self._state_list("tasks", job, limit=10000)]
-        groups = self._state_list("placement_groups", [("creator_job_id", "=", ray_job_id)], detail=True)
-        bundles = [b for g in groups for b in (getattr(g, "bundles", None) or []) if isinstance(b, dict)]
+        found = []
+        for by in [("creator_job_id", "=", ray_job_id)] + [("name", "=", name) for name in groups]:
+            found += self._state_list("placement_groups", [by], detail=True)
+        bundles = [b for g in found for b in (getattr(g, "bundles", None) or []) if isinstance(b, dict)]
         held = {str(b["node_id"]) for b in bundles if b.get("node_id")}
         return {str(w.node_id) for w in work if getattr(w, "node_id", None)} | held
 

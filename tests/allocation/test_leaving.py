@@ -3,6 +3,7 @@ its nodes run nothing or its deadline has passed; the head's own nodes are never
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,7 +177,7 @@ class DeadRay(FakeRay):
             NodeSummary("n-grown-2", "10.0.0.4", False, {}),
         ]
 
-    def job_nodes(self, ray_job: str) -> set[str]:
+    def job_nodes(self, ray_job: str, groups: tuple[str, ...] = ()) -> set[str]:
         return self.used.get(ray_job, set())
 
 
@@ -197,8 +198,7 @@ def running_job(cluster: str, job_id: str, ray_job: str) -> None:
 
 def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: str) -> None:
     """scancel or preemption: no drain came first. A job with an actor on one of its dead nodes
-    lost its work with it; one whose work was on the head's nodes, or whose node died while its
-    allocation runs on (a crash of its own), did not."""
+    lost its work with it; one whose work was on the head's nodes did not."""
     from raystack.allocation.elastic.leaving import lost_with
 
     record, ray = records.read(cluster), DeadRay()
@@ -206,7 +206,9 @@ def test_work_lost_with_an_allocation_that_ended_unannounced_is_found(cluster: s
     assert found is not None and found.grown.alloc_id == "8" and found.how == "it ended: CANCELLED"
     assert found.why == "allocation 8 left the cluster under it (it ended: CANCELLED)"
     assert lost_with(record, ray, "04000000", lambda b, a: parse.answer(a, "CANCELLED"), SOON) is None  # type: ignore[arg-type]
-    assert lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "RUNNING"), SOON) is None  # type: ignore[arg-type]
+    # (issue 68) its node died while the allocation runs on: lost with it, the allocation kept
+    died = lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "RUNNING"), SOON)  # type: ignore[arg-type]
+    assert died is not None and died.why == "node c died under it" and not died.left
     requeued = lost_with(record, ray, "03000000", lambda b, a: parse.answer(a, "PENDING"), SOON)  # type: ignore[arg-type]
     assert requeued is not None and requeued.how == "it is PENDING"  # (preempted and requeued)
     # A node that left long before the job failed (a shrink that found no work of it there then):
@@ -229,3 +231,83 @@ def test_a_job_on_an_allocation_that_ended_unreleased_is_evicted(cluster: str) -
         read_job(cluster, "lost-1").evicted == "allocation 8 left the cluster under it (it ended: CANCELLED)"
     )
     assert read_job(cluster, "safe-1").evicted is None
+
+
+class DeadWorker(DeadRay):
+    """A worker node of the main allocation died (b, 10.0.0.2) 10 s ago; job 05000000's ranks ran
+    there through the launch host's placement group (named, made by another Ray job)."""
+
+    def dead_nodes(self) -> list[NodeSummary]:
+        return [NodeSummary("n-mine", "10.0.0.2", False, {}, time.time() - 10)]
+
+    def job_nodes(self, ray_job: str, groups: tuple[str, ...] = ()) -> set[str]:
+        return {"n-head", "n-mine"} if "raystack-spmd-lost-2" in groups else {"n-head"}
+
+
+def test_a_job_whose_node_died_goes_back_to_the_queue_a_few_times_then_fails(cluster: str) -> None:
+    """Issue 68: a node of the main allocation died under an SPMD job (its ranks in the launch
+    host's group): the job is evicted (the runner puts it back as INTERRUPTED); after
+    MOST_NODE_LOSSES such losses it FAILS as its own. A job without work there is not touched."""
+    from raystack.allocation.runner.retry import MOST_NODE_LOSSES, lost
+    from raystack.store.ledger import JobState, read_job, update_job
+
+    running_job(cluster, "lost-2", "05000000")
+    record = read_job(cluster, "lost-2")
+    ray = DeadWorker()
+    found = lost(cluster, ray, record, "05000000")  # type: ignore[arg-type]
+    assert found.evicted == "node b died under it"
+    running_job(cluster, "safe-2", "06000000")
+    assert lost(cluster, ray, read_job(cluster, "safe-2"), "06000000").evicted is None  # type: ignore[arg-type]
+    history = [{"state": "INTERRUPTED", "time": 1.0, "message": "stopped: node b died under it"}]
+    update_job(cluster, "lost-2", evicted=None, history=history * MOST_NODE_LOSSES, state=JobState.RUNNING)
+    assert lost(cluster, ray, read_job(cluster, "lost-2"), "05000000").evicted is None  # type: ignore[arg-type]
+
+
+def test_a_node_whose_raylet_stops_answering_is_lost_before_ray_marks_it_dead(
+    cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Testbed: a job with an actor on a SIGKILLed node failed within a second ('actor temporarily
+    unavailable: Socket closed'), 15-30 s before Ray marked the node DEAD. A node that Ray still
+    lists alive, whose raylet port (named by its node program) takes no connection, is lost; one
+    that answers is not, and no node is asked about when the job had no work there."""
+    from raystack.allocation.elastic import leaving
+
+    entry = {"ip": "10.0.0.2", "alloc_id": "7", "raylet_port": 4321}
+    node_entries.write_node_entry(cluster, "b", entry)
+    asked: list[tuple[str, int]] = []
+    answering = {"10.0.0.2": False}
+    monkeypatch.setattr(leaving, "answers", lambda ip, port: asked.append((ip, port)) or answering[ip])
+
+    class Alive(FakeRay):
+        def dead_nodes(self) -> list[NodeSummary]:
+            return []
+
+        def job_nodes(self, ray_job: str, groups: tuple[str, ...] = ()) -> set[str]:
+            return {"n-head", "n-mine"} if ray_job == "07000000" else set()
+
+    record, ray = records.read(cluster), Alive()
+    found = leaving.lost_with(record, ray, "07000000")  # type: ignore[arg-type]
+    assert found is not None and found.why == "node b died under it" and asked == [("10.0.0.2", 4321)]
+    answering["10.0.0.2"] = True
+    assert leaving.lost_with(record, ray, "07000000") is None  # type: ignore[arg-type]
+    asked.clear()
+    assert leaving.lost_with(record, ray, "08000000") is None and asked == []  # type: ignore[arg-type]
+
+
+def test_a_node_ray_names_in_the_jobs_log_counts_where_its_state_api_forgot_the_work(cluster: str) -> None:
+    """Soak: an actor on a SIGKILLed node; by the job's end Ray had marked the node DEAD and its
+    State API no longer placed the actor there; the job's log said `The actor died because its
+    node has died. Node Id: <id>`. That id counts as a node of the job."""
+    from raystack.allocation.runner.retry import lost
+    from raystack.store import paths
+    from raystack.store.ledger import read_job
+
+    node = "ab" * 28
+    ray = DeadWorker()
+    ray.dead_nodes = lambda: [NodeSummary(node, "10.0.0.2", False, {}, time.time() - 5)]  # type: ignore[method-assign]
+    running_job(cluster, "named-1", "09000000")
+    log_file = paths.cluster(cluster).job_log("named-1")
+    log_file.write_text(f"ActorDiedError: The actor died because its node has died. Node Id: {node}\n")
+    assert lost(cluster, ray, read_job(cluster, "named-1"), "09000000").evicted == "node b died under it"  # type: ignore[arg-type]
+    running_job(cluster, "named-2", "09000001")
+    assert lost(cluster, ray, read_job(cluster, "named-2"), "09000001").evicted is None  # type: ignore[arg-type]

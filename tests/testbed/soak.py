@@ -8,7 +8,8 @@ Allocation 1 of a chain of 2 (4 nodes):
   runner SIGKILLed twice, the cluster folder's filesystem full for 30 s, readers (`queue --all`,
   `list`, `logs`) in a loop all along; then the head's node program SIGKILLed while a job runs:
   the allocation must end and be released within a minute, the job resume in allocation 2.
-Allocation 2: more jobs, and a node SIGKILLed under a job that spans every node.
+Allocation 2: more jobs, and a node SIGKILLed under a job that spans every node: it goes back to
+the queue and runs again on the nodes that remain.
 """
 
 from __future__ import annotations
@@ -256,10 +257,13 @@ class Soak:
         later += self.oks(4)
         wait_until(lambda: self.state(spans) is JobState.RUNNING, 600, "the job on every node")
         wait_until(lambda: any("tick" in ln for ln in self.logs(spans)), 120, "the ticks")
-        t = time.monotonic()
+        t, killed = time.monotonic(), time.time()
         self.kill_node("node4")
-        wait_until(lambda: self.state(spans).is_terminal(), 180, "the job of the lost node to end")
+        wait_until(lambda: self.state(spans).is_terminal(), 240, "the job of the lost node to end")
         self.figures["node_kill_to_job_end_s"] = round(time.monotonic() - t, 1)
+        attempts = read_job(NAME, spans.id).attempts  # (issue 68: back in the queue, run on the rest)
+        rerun = round(attempts[-1].at - killed, 1) if len(attempts) > 1 else None
+        self.figures["node_kill_to_rerun_s"] = rerun
         every = oks + fails + later + [flaky, big, hang, fifo, long, spans]
         for job in every:
             wait_until(lambda j=job: self.state(j).is_terminal(), 600, f"job {job.id} to end")
@@ -292,9 +296,7 @@ class Soak:
             j for j, r in records.items() if sum(JobState(h["state"]).is_terminal() for h in r.history) != 1
         ]
         ran_twice = [
-            j
-            for j, r in records.items()
-            if starts[j] > len(r.attempts) or ends[j] > max(1, r.request.retries + 1)
+            j for j, r in records.items() if starts[j] > len(r.attempts) or ends[j] > max(1, len(r.attempts))
         ]
         left = {a: processes_of_job(a) for a in allocations}
         alive = [a for a in allocations if slurm_state(a) in ("RUNNING", "PENDING", "COMPLETING")]
@@ -316,6 +318,10 @@ class Soak:
             messages={k: read_job(NAME, j.id).message[:1000] for k, j in named.items()},
             seconds=round(time.monotonic() - self.t0, 1),
         )
+        spans = records[named["spans"].id]
+        self.figures["spans_state"], self.figures["spans_attempts"] = spans.state.value, len(spans.attempts)
+        interrupted = [h["message"] for h in spans.history if h["state"] == "INTERRUPTED"]
+        self.figures["spans_interrupted"] = interrupted
         for kind in ("infeasible", "hung"):
             job = next(j for j, k in self.jobs.items() if k == kind)
             r = records[job]

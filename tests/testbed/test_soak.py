@@ -39,4 +39,8 @@ def test_a_queue_survives_a_night_of_faults(testbed: Path, monkeypatch: pytest.M
     assert "stacks in" in messages["hang"], messages
     assert "FIFO" in messages["fifo"], messages
     states = figures["by_state"]
-    assert states["SUCCEEDED"] >= 15 and states["FAILED"] >= 9, states
+    assert states["SUCCEEDED"] >= 15 and states["FAILED"] >= 8, states
+    # (issue 68) the job of the node SIGKILLed went back to the queue and ran on the nodes left
+    rerun = "stopped: node node4 died under it; it starts again on the nodes that remain"
+    assert figures["spans_interrupted"] == [rerun], figures
+    assert figures["spans_state"] == "SUCCEEDED" and figures["spans_attempts"] == 2, figures

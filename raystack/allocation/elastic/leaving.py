@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from raystack.adapters.allocator import AllocInfo, AllocState, allocator
 from raystack.adapters.ray import Dashboard, NodeSummary, drain_argv
+from raystack.allocation.node.rayproc import tcp_open
 from raystack.errors import RayApiError, RaystackError
 from raystack.store import cluster as records
 from raystack.store import node_entries, paths
@@ -29,6 +30,7 @@ from raystack.store.ledger import JobRecord, read_job, update_job
 
 log = logging.getLogger("raystack.node")
 CHECK_ENDED = 10.0  # seconds between the scheduler's answers on whether a grown allocation ended
+ANSWER = 2.0  # seconds a node's raylet may take to accept a connection before it counts as lost
 LOST_RECENT = 120.0  # seconds after its node's death within which a job's failure is put on it
 
 
@@ -173,12 +175,22 @@ def ask(backend: str, alloc_id: str) -> AllocInfo | None:
 
 
 class Lost(NamedTuple):
-    grown: Grown
-    how: str  # how it ended: "it ended: CANCELLED"
+    how: str  # how it ended: "it ended: CANCELLED", "node node4 died"
+    grown: Grown | None = None  # the grown allocation of the node, if it was one
+    left: bool = False  # that grown allocation no longer runs (its nodes are no longer counted)
+    node_id: str = ""  # the Ray node that died
 
     @property
     def why(self) -> str:
+        if not self.left or self.grown is None:
+            return f"{self.how} under it"
         return f"allocation {self.grown.alloc_id} left the cluster under it ({self.how})"
+
+
+def answers(ip: str, port: int) -> bool:
+    """Whether a node's raylet takes a connection (refused at once where the node lives but its
+    Ray died; no answer within ANSWER seconds where the node itself is gone)."""
+    return tcp_open(ip, port, ANSWER)
 
 
 def lost_with(
@@ -187,30 +199,44 @@ def lost_with(
     ray_job: str,
     info: Callable[[str, str], AllocInfo | None] = ask,
     now: Callable[[], float] = time.time,
+    groups: tuple[str, ...] = (),
+    named: frozenset[str] | set[str] = frozenset(),
 ) -> Lost | None:
-    """The grown allocation, and why, with which a Ray job's work was lost: one that no longer runs
-    (scancel, a preemption, a walltime past unwarned: SLURM ends Ray's processes before any drain),
-    on whose Ray nodes, DEAD within the last LOST_RECENT seconds, the job had an actor or a task.
-    None for a failure of its own, a node that died while its allocation runs on, or one that left
-    long before (its work there had ended: it was not evicted then)."""
+    """Why a Ray job's work was lost with a node of the cluster: one of its Ray nodes, DEAD within
+    the last LOST_RECENT seconds, on which the job had an actor, a task or a placement group's
+    bundle (`groups`: by name, an SPMD job's made for it by the launch host; `named`: the ids
+    Ray's own errors in its log gave), died (hardware, its
+    node program killed, its Ray killed), or its grown allocation no longer runs (scancel, a
+    preemption, a walltime past unwarned: SLURM ends Ray's processes before any drain). None for
+    a failure of its own, or a node that died long before (its work there had ended then)."""
     by_ip = {ip: g for g in record.grown for ip in node_entries.allocation_ips(record.name, g.alloc_id)}
-    dead = {
-        n.node_id: by_ip[n.ip]
-        for n in (api.dead_nodes() if by_ip else [])
-        if n.ip in by_ip and (not n.ended or now() - n.ended <= LOST_RECENT)
-    }
-    for node_id in sorted(api.job_nodes(ray_job) & dead.keys() if dead else ()):
-        grown = dead[node_id]
-        if grown.leaving:
-            return Lost(grown, grown.leaving)
-        alloc = info(record.backend, grown.alloc_id)
-        if alloc is None or alloc.state is not AllocState.RUNNING:  # (PENDING again: preempted, requeued)
+    entries = node_entries.read_node_entries(record.name)
+    hosts = {str(e.get("ip")): host for host, e in entries.items()}
+    used = api.job_nodes(ray_job, groups) | named
+    dead = {n.node_id: n for n in api.dead_nodes() if not n.ended or now() - n.ended <= LOST_RECENT}
+    # (Ray marks a node DEAD 15-30 s after it stopped answering; a job fails at once: its raylet's
+    # port, which its node program names, says sooner)
+    for n in api.alive_nodes() if used - dead.keys() else []:
+        port = next((e.get("raylet_port") for e in entries.values() if e.get("ip") == n.ip), None)
+        if n.node_id in used and not n.is_head and port and not answers(n.ip, int(port)):
+            dead[n.node_id] = n
+    for node_id in sorted(used & dead.keys()):
+        node = dead[node_id]
+        grown = by_ip.get(node.ip)
+        if grown is not None and grown.leaving:
+            return Lost(grown.leaving, grown, left=True)
+        alloc = info(record.backend, grown.alloc_id) if grown is not None else None
+        if grown is not None and (alloc is None or alloc.state is not AllocState.RUNNING):
             how = (
                 "ended"
                 if alloc is None
                 else f"{'ended:' if alloc.state.is_terminal() else 'is'} {alloc.state_text}"
             )
-            return Lost(grown, f"it {how}")
+            return Lost(f"it {how}", grown, left=True)  # (PENDING again: preempted, requeued)
+        return Lost(f"node {hosts.get(node.ip, node.ip)} died", grown, node_id=node_id)
+    if dead:  # (said in the runner's log: why a failure near a node's death was the job's own)
+        gone = sorted(hosts.get(n.ip, n.ip) for n in dead.values())
+        log.info("Ray job %s: nodes %s died, none with its work (on %d nodes)", ray_job, gone, len(used))
     return None
 
 

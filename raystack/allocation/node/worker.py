@@ -26,7 +26,7 @@ from raystack.allocation.watchdog.progress import ProgressProbe
 from raystack.allocation.watchdog.stacks import StackRequests
 from raystack.errors import RaystackError
 from raystack.store import cluster as records
-from raystack.store import files, paths
+from raystack.store import files, node_entries, paths
 from raystack.store.cluster import ClusterRecord, ClusterState, EndKind, read_heartbeat
 from raystack.waiting import REAL, Backoff, Clock, Every, Guarded, until
 from raystack.walltime import end_allocation, ending
@@ -201,7 +201,12 @@ class Worker:
 
     def _start_ray(self) -> RayProcess:
         # Fresh ports on every try: the last try's processes may not have released theirs yet.
-        ray = RayProcess(ray_start_argv(self.ctx, node_ports(head=False), self.gcs), ray_env(self.ctx))
+        ports = node_ports(head=False)
+        ray = RayProcess(ray_start_argv(self.ctx, ports, self.gcs), ray_env(self.ctx))
+        # (the runner asks it whether this node still answers when a job with work here fails)
+        self.ctx.entry["raylet_port"] = ports["node_manager"]
+        with contextlib.suppress(OSError):
+            node_entries.write_node_entry(self.ctx.cluster, self.ctx.host, self.ctx.entry)
         self.reap.owned.add(ray.proc.pid)
         return ray
 

@@ -35,7 +35,7 @@ from raystack.allocation.runner.lease import Lease
 from raystack.allocation.runner.logtail import Tails, gather
 from raystack.allocation.runner.picker import Picker
 from raystack.allocation.runner.prepare import Preparer
-from raystack.allocation.runner.retry import evicted_outcome, lost, may_retry
+from raystack.allocation.runner.retry import evicted_outcome, lost, may_retry, still_dying
 from raystack.allocation.runner.schedule import Board
 from raystack.allocation.watchdog.verdict import Watchdog
 from raystack.errors import AlreadyExists, ClusterError, ConfigError, RayApiError, RayUnreachable
@@ -119,6 +119,7 @@ class Runner:
         self.pause = self.ends.pause if self.ends.live and sleep is REAL.sleep else sleep
         self.leaving = False  # SIGTERM: finish this pass, then leave
         self.abandoned: set[str] = set()  # submissions that timed out: stopped if they ever arrive
+        self.dying: dict[str, float] = {}  # Ray nodes that died under a job, until Ray says so
         # The job that waits first gets its environment ready meanwhile (RAYSTACK_PREPARE=0: not).
         prepare = os.environ.get("RAYSTACK_PREPARE") != "0"
         self.preparer = Preparer(name, self.api, self.timing) if prepare else None
@@ -137,9 +138,8 @@ class Runner:
         if NODE_TMP_ENV in os.environ and self.pause == self.ends.pause and self.ends.listen(pipe):
             with contextlib.suppress(OSError, ClusterError):  # (a wake-up is a shortcut only)
                 records.update(self.name, runner_wake=pipe)  # (a submit on this machine pokes it)
-        # Started while the head still warms the cluster up: its own first submit is paid
-        # meanwhile (about a second; tried again until the Jobs API answers), and the first pass
-        # waits for READY.
+        # Started while the head still warms the cluster up: its own first submit is paid meanwhile
+        # (about a second; tried again until the Jobs API answers), and the first pass waits for READY.
         warm, warmed = Every(0.5, self.timing), [False]
 
         def ready() -> bool | None:
@@ -222,7 +222,7 @@ class Runner:
                 else:
                     board.whole = True
         self.release(board)
-        if not self.interrupting:
+        if not self.interrupting and not still_dying(self.api, self.dying):
             self.start_what_may(board)
             self.prepare_next()
         for sid in list(self.abandoned):  # (a submit that timed out but went through after all)
@@ -408,6 +408,7 @@ class Runner:
             return False
         self.watchdog.forget(attempt.id)
         self.ends.forget(attempt.id)
+        self.tails.close(record, attempt.id)  # (its log complete: whether a node died under it says so)
         return self.put_back(record, state, attempt.id, info.job_id) or self.ended(record, state, info, seen)
 
     def put_back(self, record: JobRecord, state: JobState, sid: str, ray_job: str | None) -> bool:
@@ -415,10 +416,9 @@ class Runner:
         shrink`, or lost with them): back at the head of the queue (FAILED where the nodes left can
         never hold it)."""
         if state is JobState.FAILED and not (record.evicted or record.stop_requested or self.interrupting):
-            record = lost(self.name, self.api, record, ray_job)
+            record = lost(self.name, self.api, record, ray_job, self.dying)
         if state is JobState.SUCCEEDED or record.stop_requested or not (self.interrupting or record.evicted):
             return False
-        self.tails.close(record, sid)
         if self.interrupting:
             recovery.requeue(self.name, record.id, self.interrupted_message())
             log.info("%s INTERRUPTED: back at the head of the queue", record.id)
@@ -478,8 +478,6 @@ class Runner:
     def ended(self, record: JobRecord, state: JobState, info: Any, seen: float | None = None) -> bool:
         """The attempt ended in Ray (the runner saw it at `seen`): retry it, or record the job's
         final state."""
-        sid = record.attempts[-1].id
-        self.tails.close(record, sid)
         nodes, _ = self.nodes_of(record)
         end = (info.end_time or 0) / 1000 or time.time()
         if nodes:  # (a packed job: its nodes, once its actors are gone)

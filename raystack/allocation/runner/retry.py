@@ -5,19 +5,26 @@ scancel or preemption: allocation/elastic/leaving.py)."""
 from __future__ import annotations
 
 import logging
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from raystack.adapters.ray import Dashboard
 from raystack.allocation.elastic.leaving import lost_with
 from raystack.errors import RayApiError
+from raystack.launch import pool
 from raystack.plan.topology import plural
 from raystack.store import cluster as records
-from raystack.store import recovery
+from raystack.store import paths, recovery
 from raystack.store.ledger import JobRecord, JobState, update_job
 
 log = logging.getLogger("raystack.runner")
 RETRY_WINDOW = 300.0  # seconds after its start within which a failed attempt is retried
+MOST_NODE_LOSSES = 3  # times a job is put back in the queue after nodes died under it
+# Where Ray says a job's actor or task died with its node: "... its node has died. Node Id: 4e6d..."
+NODE_ID = re.compile(r"node id:?\s*([0-9a-f]{56})", re.IGNORECASE)
+DYING = 60.0  # seconds the queue waits for Ray to mark such a node dead before it starts more
 
 
 def may_retry(record: JobRecord, state: JobState, info: Any) -> bool:
@@ -55,21 +62,58 @@ def evicted_outcome(name: str, record: JobRecord) -> tuple[JobState, str] | None
     return None
 
 
-def lost(name: str, api: Dashboard, record: JobRecord, ray_job: str | None) -> JobRecord:
-    """A job that FAILED because a grown allocation it had work on ended under it, before the head
-    could drain it (SLURM ends every process of a cancelled or preempted allocation at once): it
-    is evicted too, and put back in the queue like a job on nodes that `shrink` drains."""
-    cluster = records.read(name)
-    if not cluster.grown or not ray_job:
+def lost(
+    name: str, api: Dashboard, record: JobRecord, ray_job: str | None, dying: dict[str, float] | None = None
+) -> JobRecord:
+    """A job that FAILED because a node it had work on died under it (hardware, its node program
+    or its Ray killed), or a grown allocation it had work on ended under it before the head could
+    drain it (SLURM ends every process of a cancelled or preempted allocation at once): it is
+    evicted, and put back in the queue like a job on nodes that `shrink` drains, at most
+    MOST_NODE_LOSSES times (a job whose own memory use kills its nodes FAILS then)."""
+    if not ray_job:
         return record
+    cluster = records.read(name)
+    groups = (pool.PREFIX + record.attempts[-1].id,) if record.attempts else ()
+    log_file = paths.cluster(name).job_log(record.id, max(1, len(record.attempts)))
+    named = set(NODE_ID.findall(tail(log_file)))  # (Ray's words: its State API may have lost them)
     try:
-        found = lost_with(cluster, api, ray_job)
+        found = lost_with(cluster, api, ray_job, groups=groups, named=named)
     except RayApiError as exc:
         log.warning("%s failed; whether its nodes left the cluster is unknown: %s", record.id, exc)
         return record
     if found is None:
         return record
-    if not found.grown.leaving:  # (its nodes are no longer counted; the head's Leaving releases it)
+    losses = sum(" under it" in str(h.get("message")) for h in record.history if h["state"] == "INTERRUPTED")
+    if losses >= MOST_NODE_LOSSES:
+        log.info("%s failed with its nodes (%s), %d times: it fails", record.id, found.why, losses + 1)
+        return record
+    if found.left and found.grown and not found.grown.leaving:  # (the head's Leaving releases it)
         records.note_grown(name, found.grown.alloc_id, leaving=found.how)
     log.info("%s failed with its nodes: %s", record.id, found.why)
+    if found.node_id and dying is not None:  # (no job starts while Ray may still place work there)
+        dying[found.node_id] = time.time() + DYING
     return update_job(name, record.id, evicted=found.why)
+
+
+def tail(path: Path, size: int = 64 << 10) -> str:
+    """The end of a file ("" where it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def still_dying(api: Dashboard, dying: dict[str, float]) -> bool:
+    """Whether a node that died under a job is still listed alive by Ray (for DYING seconds at
+    most): nothing starts meanwhile, or Ray would place the job's work on it again."""
+    if not dying:
+        return False
+    try:
+        alive = {n.node_id for n in api.alive_nodes()}
+    except RayApiError:
+        return True
+    for node_id in [n for n, until in dying.items() if n not in alive or time.time() > until]:
+        del dying[node_id]
+    return bool(dying)
