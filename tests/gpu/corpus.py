@@ -21,6 +21,7 @@ from typing import Any
 
 from raystack import Cluster
 from raystack.client import Job
+from raystack.errors import ClusterError
 from raystack.store import paths
 from raystack.store.ledger import JobState
 from tests.hangs.cases import HERE, Case, cases
@@ -69,8 +70,9 @@ def keep_evidence(jobs: dict[str, Job]) -> None:
     for name, job in jobs.items() if out else []:
         folder = Path(str(out)) / "corpus-suspected" / name
         folder.mkdir(parents=True, exist_ok=True)
-        for dump in job.stacks().files:
-            shutil.copy(dump, folder / dump.name)
+        with contextlib.suppress(ClusterError):  # (cleared before any dump was taken: none to keep)
+            for dump in job.stacks().files:
+                shutil.copy(dump, folder / dump.name)
         (folder / "job.log").write_text(job.logs()[-200_000:])
         (folder / "record.json").write_text(job.record().model_dump_json(indent=1))
         (folder / "progress.jsonl").write_text("".join(progress_rows(job)))
