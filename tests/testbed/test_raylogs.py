@@ -124,9 +124,9 @@ def test_a_node_killed_mid_job_left_its_logs_up_to_the_last_pass(rl: dict) -> No
     kept = max(int(n) for n in TICK.findall(raylogs.read_copy(copy)))
     # 10 ticks a second; a pass every CAPS.every s (plus a slow pass on 2 busy cores)
     assert printed - 10 * (CAPS.every + 5) <= kept <= printed, (kept, printed)
-    job.stop()
+    job.stop()  # (or, where the runner saw its node die first, it was run again without node4: done)
     record = job.wait(timeout=180)
-    assert record.state in (JobState.STOPPED, JobState.FAILED), record
+    assert record.state in (JobState.STOPPED, JobState.FAILED, JobState.SUCCEEDED), record
 
 
 def test_after_down_logs_all_shows_the_traceback_with_node_and_actor(rl: dict) -> None:
