@@ -408,13 +408,13 @@ class Runner:
             return False
         self.watchdog.forget(attempt.id)
         self.ends.forget(attempt.id)
-        self.tails.close(record, attempt.id)  # (its log complete: whether a node died under it says so)
         return self.put_back(record, state, attempt.id, info.job_id) or self.ended(record, state, info, seen)
 
     def put_back(self, record: JobRecord, state: JobState, sid: str, ray_job: str | None) -> bool:
         """An attempt stopped because the allocation ends, or its nodes leave the cluster (`raystack
         shrink`, or lost with them): back at the head of the queue (FAILED where the nodes left can
-        never hold it)."""
+        never hold it). Its log is completed first (whether a node died under it may say so)."""
+        self.tails.close(record, sid)
         if state is JobState.FAILED and not (record.evicted or record.stop_requested or self.interrupting):
             record = lost(self.name, self.api, record, ray_job, self.dying)
         if state is JobState.SUCCEEDED or record.stop_requested or not (self.interrupting or record.evicted):
