@@ -203,12 +203,12 @@ def lost_with(
     named: frozenset[str] | set[str] = frozenset(),
 ) -> Lost | None:
     """Why a Ray job's work was lost with a node of the cluster: one of its Ray nodes, DEAD within
-    the last LOST_RECENT seconds, on which the job had an actor, a task or a placement group's
-    bundle (`groups`: by name, an SPMD job's made for it by the launch host; `named`: the ids
-    Ray's own errors in its log gave), died (hardware, its
-    node program killed, its Ray killed), or its grown allocation no longer runs (scancel, a
-    preemption, a walltime past unwarned: SLURM ends Ray's processes before any drain). None for
-    a failure of its own, or a node that died long before (its work there had ended then)."""
+    the last LOST_RECENT seconds or not answering, on which the job had an actor, a task or a
+    placement group's bundle (`groups`: by name, an SPMD job's made for it by the launch host;
+    `named`: the ids Ray's own errors in its log gave), died (hardware, its node program killed,
+    its Ray killed), or its grown allocation no longer runs (scancel, a preemption, a walltime
+    past unwarned: SLURM ends Ray's processes before any drain). None for a failure of its own,
+    or a node that died long before (its work there had ended then)."""
     by_ip = {ip: g for g in record.grown for ip in node_entries.allocation_ips(record.name, g.alloc_id)}
     entries = node_entries.read_node_entries(record.name)
     hosts = {str(e.get("ip")): host for host, e in entries.items()}
