@@ -186,15 +186,16 @@ BATCHES = [  # (side by side on the cluster, as many as 2 cores give time to mov
 
 # An SPMD job that first waits for its nodes (a job beside it holds a CPU its whole-node bundles
 # need; their placement group is the launch host's, made at the submit): waiting is not a hang (GPU
-# suite, 1 x H100: two such jobs were stopped as hung while other jobs held the GPU)
+# suite, 1 x H100: two such jobs were stopped as hung while other jobs held the GPU); its point is
+# the wait, so it works hang_timeout seconds once its ranks run
 WAITS, HOLD = Case("torch_nosync", True, ranks=2), 2 * CORPUS_HANG
 
 
-def corpus_job(cluster: Cluster, case: Case, name: str = "") -> Job:
+def corpus_job(cluster: Cluster, case: Case, name: str = "", seconds: int = 3 * CORPUS_HANG) -> Job:
     sets = [
         f"name={name or case.name}",
         f"hang_timeout={CORPUS_HANG}s",
-        f"env.CORPUS_SECONDS={3 * CORPUS_HANG}",
+        f"env.CORPUS_SECONDS={seconds}",
         "env.CORPUS_DEVICE=cpu",
     ]
     if case.ranks > 1:  # (one rank on each node)
@@ -228,7 +229,8 @@ def test_the_hang_corpus_healthy_programs_run_hung_ones_fail_naming_where(fl: di
         jobs = {name: corpus_job(cluster, by_name[name]) for name in batch}
         if batch is BATCHES[-1]:
             holder = hold_a_cpu(cluster)
-            jobs["waits_for_nodes"], by_name["waits_for_nodes"] = corpus_job(cluster, WAITS, "waits"), WAITS
+            by_name["waits_for_nodes"] = WAITS
+            jobs["waits_for_nodes"] = corpus_job(cluster, WAITS, "waits", CORPUS_HANG)
         deadline = time.time() + 600
         while time.time() < deadline:
             records = {name: job.record() for name, job in jobs.items()}
