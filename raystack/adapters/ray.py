@@ -219,18 +219,15 @@ class Dashboard:
             if isinstance(a, ActorState) and a.required_resources:
                 bundles = [] if a.placement_group_id else [a.required_resources]
                 found.append(_demand("actor", a.class_name or "actor", bundles))
-        pending = ("state", "=", "PENDING")
-        for by in [("creator_job_id", "=", ray_job_id)] + [("name", "=", name) for name in groups]:
-            for g in self._state_list("placement_groups", [by, pending], detail=True, limit=limit):
-                if isinstance(g, PlacementGroupState):
-                    bundles = [
-                        dict(b.get("unit_resources") or {}) for b in g.bundles or [] if isinstance(b, dict)
-                    ]
-                    stats = g.stats if isinstance(g.stats, dict) else {}
-                    demand = _demand("placement group", g.name or g.placement_group_id[:12], bundles)
-                    infeasible = stats.get("scheduling_state") == "INFEASIBLE"
-                    demand.update(pg_id=g.placement_group_id, ray_infeasible=infeasible)
-                    found.append(demand)
+        for g in self._job_groups(ray_job_id, groups, [("state", "=", "PENDING")], limit):
+            if isinstance(g, PlacementGroupState):
+                units = [b.get("unit_resources") for b in g.bundles or [] if isinstance(b, dict)]
+                bundles = [dict(u or {}) for u in units]
+                stats = g.stats if isinstance(g.stats, dict) else {}
+                demand = _demand("placement group", g.name or g.placement_group_id[:12], bundles)
+                infeasible = stats.get("scheduling_state") == "INFEASIBLE"
+                demand.update(pg_id=g.placement_group_id, ray_infeasible=infeasible)
+                found.append(demand)
         for t in self._state_list(
             "tasks", [job, ("state", "=", "PENDING_NODE_ASSIGNMENT")], detail=True, limit=limit
         ):
@@ -353,15 +350,28 @@ class Dashboard:
             if isinstance(n, NodeState)
         ]
 
+    def _job_groups(
+        self,
+        ray_job_id: str,
+        groups: tuple[str, ...],
+        filters: list[tuple[str, str, str]] | None = None,
+        limit: int | None = None,
+    ) -> list[Any]:
+        """The placement groups a Ray job created, and those named in `groups` whoever made them
+        (an SPMD job's, made for it by the launch host at the submit), as the State API details
+        them; `filters` narrow both."""
+        found: list[Any] = []
+        for by in [("creator_job_id", "=", ray_job_id)] + [("name", "=", name) for name in groups]:
+            found += self._state_list("placement_groups", [by, *(filters or [])], detail=True, limit=limit)
+        return found
+
     def job_nodes(self, ray_job_id: str, groups: tuple[str, ...] = ()) -> set[str]:
         """The ids of the nodes where a Ray job's actors and tasks ran, whatever became of them, and
         those its placement groups hold (an SPMD job's ranks on the launch hosts: launch/pool.py),
         with the groups named in `groups` whoever made them (the launch host, at the submit)."""
         job = [("job_id", "=", ray_job_id)]
         work = [*self._state_list("actors", job, limit=10000), *self._state_list("tasks", job, limit=10000)]
-        found = []
-        for by in [("creator_job_id", "=", ray_job_id)] + [("name", "=", name) for name in groups]:
-            found += self._state_list("placement_groups", [by], detail=True)
+        found = self._job_groups(ray_job_id, groups)
         bundles = [b for g in found for b in (getattr(g, "bundles", None) or []) if isinstance(b, dict)]
         held = {str(b["node_id"]) for b in bundles if b.get("node_id")}
         return {str(w.node_id) for w in work if getattr(w, "node_id", None)} | held

@@ -49,12 +49,15 @@ def spmd_processes(spec: JobSpec, cluster: ClusterRecord) -> int | None:
     return (spec.nodes or nodes) * (spec.procs_per_node or gpus_per_node or 1)
 
 
-def layout(spec: JobSpec, cluster: ClusterRecord, source: str) -> tuple[str | None, int | None]:
+def layout(
+    spec: JobSpec, cluster: ClusterRecord, needs: dict[str, Any], source: str
+) -> tuple[str | None, int | None]:
     """A job's entrypoint with its {plan.*} filled, and an SPMD job's processes, on the nodes it
-    occupies (a packed job plans on its own nodes); (None, None) for a Ray job without a plan."""
+    occupies (`needs`: a packed job plans on its own nodes); (None, None) for a Ray job without
+    a plan."""
     if spec.plan is None and spec.kind != "spmd":
         return None, None
-    mine = occupied(cluster, declared_needs(spec, cluster))
+    mine = occupied(cluster, needs)
     processes = spmd_processes(spec, mine)
     planned = substitute(spec.entrypoint, spec.plan, mine, source, processes) if spec.plan else None
     return planned, processes
@@ -202,7 +205,8 @@ def resolve(
     """Check and resolve a spec for a cluster; nothing is written. `submit_dir`: the folder the
     job was submitted from (it runs there unless it has a working_dir)."""
     check_needs(spec, cluster, source)
-    planned, processes = layout(spec, cluster, source)
+    needs = declared_needs(spec, cluster)
+    planned, processes = layout(spec, cluster, needs, source)
     excludes = [*DEFAULT_EXCLUDES, *spec.excludes]
     joined = runtime_env.resolve(
         spec.working_dir, excludes, dict(spec.env), spec.runtime_env, base_dir, source
@@ -225,7 +229,7 @@ def resolve(
         entrypoint_resources=dict(spec.entrypoint_resources),
         outputs=outputs,
         after=list(spec.after),
-        needs=declared_needs(spec, cluster),
+        needs=needs,
         plan=spec.plan.model_dump() if spec.plan else None,
         planned=planned,
         processes=processes,

@@ -176,17 +176,21 @@ def newest_part(path: Path) -> Path:
     return tail if tail.exists() else path
 
 
+def log_end(path: os.PathLike[str] | str, size: int = 8192) -> str:
+    """The last `size` bytes of a log, from the part that holds its end ("" where unreadable)."""
+    try:
+        with open(newest_part(Path(path)), "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def last_line(path: os.PathLike[str] | str, limit: int = 400) -> str:
     """The last non-empty line of a log (read from its end: logs can be large), without colour
     codes; lines Ray relays from the actors (`(Worker pid=42) ...`, printed late) come second,
     Ray's own preamble never ("" for a job that printed nothing)."""
-    try:
-        with open(newest_part(Path(path)), "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - 8192))
-            text = ANSI.sub("", fh.read().decode(errors="replace"))
-    except OSError:
-        return ""
+    text = ANSI.sub("", log_end(path))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not PREAMBLE.search(ln)]
     own = [ln for ln in lines if not RELAYED.match(ln)]
     return (own or lines or [""])[-1][:limit]

@@ -212,13 +212,13 @@ def lost_with(
     by_ip = {ip: g for g in record.grown for ip in node_entries.allocation_ips(record.name, g.alloc_id)}
     entries = node_entries.read_node_entries(record.name)
     hosts = {str(e.get("ip")): host for host, e in entries.items()}
+    ports = {str(e.get("ip")): e["raylet_port"] for e in entries.values() if e.get("raylet_port")}
     used = api.job_nodes(ray_job, groups) | named
     dead = {n.node_id: n for n in api.dead_nodes() if not n.ended or now() - n.ended <= LOST_RECENT}
     # (Ray marks a node DEAD 15-30 s after it stopped answering; a job fails at once: its raylet's
     # port, which its node program names, says sooner)
     for n in api.alive_nodes() if used - dead.keys() else []:
-        port = next((e.get("raylet_port") for e in entries.values() if e.get("ip") == n.ip), None)
-        if n.node_id in used and not n.is_head and port and not answers(n.ip, int(port)):
+        if n.node_id in used and not n.is_head and n.ip in ports and not answers(n.ip, int(ports[n.ip])):
             dead[n.node_id] = n
     for node_id in sorted(used & dead.keys()):
         node = dead[node_id]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from raystack.adapters.ray import Dashboard
@@ -16,7 +15,7 @@ from raystack.errors import RayApiError
 from raystack.launch import pool
 from raystack.plan.topology import plural
 from raystack.store import cluster as records
-from raystack.store import paths, recovery
+from raystack.store import paths, raylogs, recovery
 from raystack.store.ledger import JobRecord, JobState, update_job
 
 log = logging.getLogger("raystack.runner")
@@ -75,7 +74,8 @@ def lost(
     cluster = records.read(name)
     groups = (pool.PREFIX + record.attempts[-1].id,) if record.attempts else ()
     log_file = paths.cluster(name).job_log(record.id, max(1, len(record.attempts)))
-    named = set(NODE_ID.findall(tail(log_file)))  # (Ray's words: its State API may have lost them)
+    # (Ray's own words name the node where its State API may have lost the work)
+    named = set(NODE_ID.findall(raylogs.log_end(log_file, 64 << 10)))
     try:
         found = lost_with(cluster, api, ray_job, groups=groups, named=named)
     except RayApiError as exc:
@@ -93,16 +93,6 @@ def lost(
     if found.node_id and dying is not None:  # (no job starts while Ray may still place work there)
         dying[found.node_id] = time.time() + DYING
     return update_job(name, record.id, evicted=found.why)
-
-
-def tail(path: Path, size: int = 64 << 10) -> str:
-    """The end of a file ("" where it cannot be read)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - size))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def still_dying(api: Dashboard, dying: dict[str, float]) -> bool:
